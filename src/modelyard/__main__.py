@@ -1,0 +1,3 @@
+from modelyard.cli import main
+
+main()

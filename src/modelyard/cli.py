@@ -1,0 +1,251 @@
+"""The `modelyard` command: serve, and the client commands ls, ps, run."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from modelyard import __version__
+from modelyard.config import Settings, load_settings
+
+app = typer.Typer(
+    help="modelyard: one endpoint for every model on your GPUs.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+console = Console()
+err_console = Console(stderr=True)
+
+DEFAULT_URL = "http://127.0.0.1:8770"
+UrlOption = Annotated[
+    str, typer.Option("--url", envvar="MODELYARD_URL", help="The modelyard server to talk to.")
+]
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option("--config", "-c", help="YAML config file (default: $MODELYARD_HOME/config.yaml)."),
+]
+
+
+def _setup_logging(settings: Settings, name: str, level: str) -> None:
+    settings.logs_dir.mkdir(parents=True, exist_ok=True)
+    handlers: list[logging.Handler] = [
+        logging.StreamHandler(sys.stderr),
+        logging.FileHandler(settings.logs_dir / f"{name}.log"),
+    ]
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        handlers=handlers,
+        force=True,
+    )
+    # httpx logs every request at INFO: that is our hot path, not news.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+@app.command()
+def serve(
+    host: Annotated[str | None, typer.Option(help="Bind address (default 127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option(help="Public port (default 8770).")] = None,
+    config: ConfigOption = None,
+    single_process: Annotated[
+        bool, typer.Option("--single-process", help="Run the front and one engine in one process.")
+    ] = False,
+    engine_only: Annotated[
+        bool, typer.Option("--engine-only", help="Run one engine (started by the front).")
+    ] = False,
+    internal_port: Annotated[
+        int | None, typer.Option(help="Loopback port of an --engine-only process.")
+    ] = None,
+    engine_index: Annotated[int, typer.Option(help="Index of an --engine-only process.")] = 0,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+) -> None:
+    """Serve the OpenAI, Ollama and native APIs (or, with --engine-only, one engine)."""
+    import uvicorn
+
+    try:
+        settings = load_settings(
+            config, host=host, port=port, single_process=single_process or None
+        )
+    except (FileNotFoundError, ValueError) as exc:
+        err_console.print(f"[red]config error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    settings.home.mkdir(parents=True, exist_ok=True)
+    settings.models_dir.mkdir(parents=True, exist_ok=True)
+
+    if engine_only:
+        if internal_port is None:
+            err_console.print("--engine-only needs --internal-port")
+            raise typer.Exit(2)
+        from modelyard.engine.app import create_engine_app
+        from modelyard.engine.loop import Engine
+        from modelyard.store.registry import ModelRegistry
+
+        _setup_logging(settings, f"engine-{engine_index}", log_level)
+        engine = Engine(settings, ModelRegistry.build(settings), index=engine_index)
+        engine_app = create_engine_app(engine, watch_parent=True)
+        uvicorn.run(
+            engine_app, host="127.0.0.1", port=internal_port, log_level="warning",
+            access_log=False,
+        )
+        return
+
+    from modelyard.front.app import create_app
+    from modelyard.store.registry import ModelRegistry
+
+    _setup_logging(settings, "modelyard", log_level)
+    registry = ModelRegistry.build(settings)
+    names = ", ".join(e.id for e in registry.entries()) or "none yet"
+    logging.getLogger("modelyard").info(
+        "modelyard %s on http://%s:%s — models: %s", __version__, settings.host, settings.port,
+        names,
+    )
+    front = create_app(settings, registry=registry, config_file=config)
+    uvicorn.run(
+        front, host=settings.host, port=settings.port, log_level="warning", access_log=False
+    )
+
+
+def _get(url: str, path: str) -> Any:
+    try:
+        r = httpx.get(url.rstrip("/") + path, timeout=10.0)
+    except httpx.HTTPError as exc:
+        raise ConnectionError(f"cannot reach modelyard at {url}: {exc}") from exc
+    r.raise_for_status()
+    return r.json()
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if size < 1000 or unit == "TB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return str(n)
+
+
+@app.command("ls")
+def list_models(url: UrlOption = DEFAULT_URL, config: ConfigOption = None) -> None:
+    """List models: id, format, size, path (and whether loaded, when the server is up)."""
+    try:
+        models = _get(url, "/models")["models"]
+        online = True
+    except ConnectionError:
+        from modelyard.store.registry import ModelRegistry
+
+        registry = ModelRegistry.build(load_settings(config))
+        models = [
+            {"model": e.id, "format": e.format, "size_bytes": e.size_bytes,
+             "local_path": str(e.path) if e.path else None}
+            for e in registry.entries()
+        ]
+        online = False
+    table = Table("ID", "FORMAT", "SIZE", "PATH", *(["LOADED"] if online else []))
+    for m in models:
+        row = [m["model"], m["format"], _size(m.get("size_bytes")), m.get("local_path") or "-"]
+        if online:
+            row.append(f"yes ({m['engine']})" if m.get("loaded") else "no")
+        table.add_row(*row)
+    console.print(table)
+
+
+@app.command()
+def ps(url: UrlOption = DEFAULT_URL) -> None:
+    """Show the models that are loaded, on which engine, and their requests in flight."""
+    try:
+        status = _get(url, "/status")
+    except ConnectionError as exc:
+        err_console.print(str(exc))
+        raise typer.Exit(1) from exc
+    table = Table("MODEL", "ENGINE", "STATE", "PID", "IN FLIGHT", "LOAD TIME")
+    for engine in status["engines"]:
+        for m in engine.get("models", []):
+            load = m.get("load_duration_s")
+            table.add_row(
+                m["model"], engine["name"], m["state"], str(m.get("pid") or "-"),
+                str(m["leases"]), f"{load:.2f} s" if load else "-",
+            )
+    console.print(table)
+
+
+def _stream_chat(client: httpx.Client, model: str, messages: list[dict[str, str]]) -> str:
+    answer = ""
+    with client.stream(
+        "POST", "/chat", json={"model": model, "messages": messages, "stream": True}
+    ) as r:
+        if r.status_code != 200:
+            r.read()
+            raise RuntimeError(r.json().get("message", r.text))
+        for line in r.iter_lines():
+            if not line.startswith("data:"):
+                continue
+            event = json.loads(line[5:])
+            if "error" in event and event.get("done") is None:
+                raise RuntimeError(event.get("message", event["error"]))
+            text = event.get("delta", {}).get("content", "")
+            answer += text
+            sys.stdout.write(text)
+            sys.stdout.flush()
+    sys.stdout.write("\n")
+    return answer
+
+
+@app.command()
+def run(
+    model: Annotated[str, typer.Argument(help="Model id or alias.")],
+    prompt: Annotated[str | None, typer.Argument(help="One prompt; omit for a chat.")] = None,
+    url: UrlOption = DEFAULT_URL,
+) -> None:
+    """Stream an answer to PROMPT, or open an interactive chat when no prompt is given."""
+    messages: list[dict[str, str]] = []
+    with httpx.Client(base_url=url, timeout=httpx.Timeout(10.0, read=None)) as client:
+        try:
+            if prompt is not None:
+                _stream_chat(client, model, [{"role": "user", "content": prompt}])
+                return
+            err_console.print(f"chatting with {model}; Ctrl-D or /bye to quit")
+            while True:
+                try:
+                    line = input(">>> ")
+                except EOFError:
+                    break
+                if line.strip() in ("/bye", "/exit"):
+                    break
+                if not line.strip():
+                    continue
+                messages.append({"role": "user", "content": line})
+                answer = _stream_chat(client, model, messages)
+                messages.append({"role": "assistant", "content": answer})
+        except httpx.HTTPError as exc:
+            err_console.print(f"cannot reach modelyard at {url}: {exc}")
+            raise typer.Exit(1) from exc
+        except RuntimeError as exc:
+            err_console.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(1) from exc
+
+
+@app.command("config-schema")
+def config_schema() -> None:
+    """Print the JSON schema of the configuration file."""
+    console.print_json(json.dumps(Settings.model_json_schema()))
+
+
+@app.command()
+def version() -> None:
+    """Print modelyard's version."""
+    console.print(__version__)
+
+
+def main() -> None:
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    app()

@@ -1,0 +1,114 @@
+"""A child server that speaks the OpenAI API (llama-server, vLLM, TGI…): start, ready, stop.
+
+The engine hands the front the server's loopback URL with each lease, so request bytes go from the
+front straight to the child; this class only owns the child's lifecycle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import string
+from collections.abc import Mapping
+from pathlib import Path
+
+import httpx
+
+from modelyard.config import LlamaCppModel, OpenAIServerModel, Settings
+from modelyard.engine.backends.llamacpp import llama_server_argv
+from modelyard.engine.process import ChildProcess
+from modelyard.engine.readiness import NotReady, wait_ready
+from modelyard.errors import ModelLoadFailed
+
+LOOPBACK = "127.0.0.1"
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def render_argv(template: list[str], values: Mapping[str, str]) -> list[str]:
+    return [string.Template(arg).safe_substitute(values) for arg in template]
+
+
+class ChildServer:
+    def __init__(
+        self,
+        spec: LlamaCppModel | OpenAIServerModel,
+        settings: Settings,
+        *,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.settings = settings
+        if isinstance(spec, LlamaCppModel):
+            template, values = llama_server_argv(spec, settings)
+        else:
+            template = spec.argv + spec.extra_args
+            ctx = spec.ctx_size or settings.default_ctx_size
+            values = {"path": str(spec.path or ""), "id": spec.id, "ctx": str(ctx)}
+        self.port = free_port()
+        self.url = f"http://{LOOPBACK}:{self.port}"
+        argv = render_argv(template, {**values, "host": LOOPBACK, "port": str(self.port)})
+        self._output = asyncio.Event()
+        self.process = ChildProcess(
+            argv,
+            name=spec.id,
+            log_file=log_path(settings, spec.id),
+            tail_lines=settings.log_tail_lines,
+            env=env,
+            on_line=lambda _line: self._output.set(),
+        )
+
+    async def start(self) -> None:
+        """Spawn the child and return when it is ready; ModelLoadFailed (child stopped) if not."""
+        try:
+            await self.process.start()
+        except OSError as exc:
+            raise ModelLoadFailed(
+                f"could not start '{self.spec.id}': {exc}", model=self.spec.id
+            ) from exc
+        async with httpx.AsyncClient(base_url=self.url, timeout=2.0) as client:
+
+            async def probe() -> bool:
+                try:
+                    r = await client.get(self.spec.health_path)
+                except httpx.HTTPError:
+                    return False
+                return r.status_code == 200
+
+            try:
+                await wait_ready(
+                    probe=probe,
+                    exit_code=lambda: self.process.returncode,
+                    progress=lambda: self.process.lines_seen,
+                    stall_timeout_s=self.settings.load_stall_timeout_s,
+                    total_timeout_s=self.settings.load_timeout_s,
+                    output=self._output,
+                )
+            except NotReady as exc:
+                await self.stop()
+                raise ModelLoadFailed(
+                    f"model '{self.spec.id}' failed to load: {exc}",
+                    model=self.spec.id,
+                    log_tail=list(self.process.tail)[-self.settings.log_tail_lines :],
+                ) from exc
+            except BaseException:
+                await self.stop()
+                raise
+
+    async def stop(self) -> None:
+        await self.process.stop(self.settings.stop_grace_s)
+
+    async def wait_exit(self) -> int:
+        return await self.process.wait()
+
+
+def _safe(model_id: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in model_id)
+
+
+def log_path(settings: Settings, model_id: str) -> Path:
+    return settings.logs_dir / "models" / f"{_safe(model_id)}.log"

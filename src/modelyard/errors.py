@@ -1,0 +1,166 @@
+"""The one error tree of modelyard, and how each API renders it (DESIGN.md §3.8).
+
+    ModelyardError                  500 internal_error
+    ├── InvalidRequest              400 invalid_request      (names the offending field in `param`)
+    ├── ModelNotFound               404 model_not_found
+    ├── RouteNotFound               404 not_found            (no such endpoint)
+    ├── MethodNotAllowed            405 method_not_allowed
+    ├── BackendUnavailable          503 backend_unavailable  (e.g. no llama-server binary)
+    ├── ModelLoadFailed             503 model_load_failed    (carries the child's last log lines)
+    ├── EngineUnavailable           503 engine_unavailable   (with Retry-After)
+    └── UpstreamError               502 upstream_error       (a backend broke the protocol)
+
+Every leaf has an HTTP status and a string `code`; engines send errors to the front in the native
+shape and the front rebuilds the same class from `code`, so a client sees one error whichever
+process raised it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class ModelyardError(Exception):
+    status: ClassVar[int] = 500
+    code: ClassVar[str] = "internal_error"
+    openai_type: ClassVar[str] = "server_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        model: str | None = None,
+        retry_after_s: float | None = None,
+        log_tail: list[str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.model = model
+        self.retry_after_s = retry_after_s
+        self.log_tail = log_tail or []
+
+    @property
+    def retryable(self) -> bool:
+        return self.retry_after_s is not None
+
+    def full_message(self) -> str:
+        if not self.log_tail:
+            return self.message
+        return self.message + "\nlast log lines:\n" + "\n".join(self.log_tail)
+
+    def headers(self) -> dict[str, str]:
+        if self.retry_after_s is None:
+            return {}
+        return {"Retry-After": str(max(1, round(self.retry_after_s)))}
+
+    def openai_body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.full_message(),
+                "type": self.openai_type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def ollama_body(self) -> dict[str, Any]:
+        return {"error": self.full_message()}
+
+    def native_body(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "error": self.code,
+            "message": self.message,
+            "consumer": self.model,
+            "retryable": self.retryable,
+        }
+        if self.param is not None:
+            body["param"] = self.param
+        if self.retry_after_s is not None:
+            body["retry_after_s"] = self.retry_after_s
+        if self.log_tail:
+            body["log_tail"] = self.log_tail
+        return body
+
+
+class InvalidRequest(ModelyardError):
+    status = 400
+    code = "invalid_request"
+    openai_type = "invalid_request_error"
+
+
+class ModelNotFound(ModelyardError):
+    status = 404
+    code = "model_not_found"
+    openai_type = "invalid_request_error"
+
+    def __init__(self, model: str) -> None:
+        super().__init__(
+            f"model '{model}' not found; `modelyard ls` lists the models this server knows",
+            param="model",
+            model=model,
+        )
+
+
+class RouteNotFound(ModelyardError):
+    status = 404
+    code = "not_found"
+    openai_type = "invalid_request_error"
+
+
+class MethodNotAllowed(ModelyardError):
+    status = 405
+    code = "method_not_allowed"
+    openai_type = "invalid_request_error"
+
+
+class BackendUnavailable(ModelyardError):
+    status = 503
+    code = "backend_unavailable"
+
+
+class ModelLoadFailed(ModelyardError):
+    status = 503
+    code = "model_load_failed"
+
+
+class EngineUnavailable(ModelyardError):
+    status = 503
+    code = "engine_unavailable"
+
+
+class UpstreamError(ModelyardError):
+    status = 502
+    code = "upstream_error"
+
+
+_BY_CODE: dict[str, type[ModelyardError]] = {
+    cls.code: cls
+    for cls in (
+        ModelyardError,
+        InvalidRequest,
+        ModelNotFound,
+        RouteNotFound,
+        MethodNotAllowed,
+        BackendUnavailable,
+        ModelLoadFailed,
+        EngineUnavailable,
+        UpstreamError,
+    )
+}
+
+
+def from_native_body(body: dict[str, Any]) -> ModelyardError:
+    """Rebuild the error an engine raised from its native-shape body."""
+    cls = _BY_CODE.get(str(body.get("error")), ModelyardError)
+    model = body.get("consumer")
+    if cls is ModelNotFound:
+        return ModelNotFound(str(model))
+    return cls(
+        str(body.get("message", "engine error")),
+        param=body.get("param"),
+        model=model,
+        retry_after_s=body.get("retry_after_s"),
+        log_tail=list(body.get("log_tail") or []),
+    )

@@ -1,0 +1,211 @@
+"""modelyard's native API: /chat, /models, /health, /status, /diag.
+
+`/chat` answers with Ollama-style statistics (nanoseconds); `stream: true` gives SSE chunks
+`{"delta": {"content": …}, "done": false}` and a final `{"delta": {}, "done": true, …stats}`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+import psutil
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from modelyard import __version__
+from modelyard.errors import ModelyardError
+from modelyard.front.proxy import LeasedStream, Relay, broken_stream, iter_sse_json, sse_event
+from modelyard.front.state import FrontState, read_json_object, state_of, upstream_message, validate
+from modelyard.front.translate import Generation, now_rfc3339
+
+
+class NativeMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: str = Field(min_length=1)
+    content: str | list[Any] = ""
+
+
+class NativeChatRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(min_length=1)
+    messages: list[NativeMessage] = Field(min_length=1)
+    stream: bool = False
+    max_tokens: int | None = Field(None, ge=0)
+    temperature: float | None = Field(None, ge=0)
+    top_p: float | None = Field(None, ge=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+
+
+def _json(payload: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(payload), status_code=status, media_type="application/json")
+
+
+def _final(model: str, gen: Generation) -> dict[str, Any]:
+    return {
+        "model": model,
+        "created_at": now_rfc3339(),
+        "message": {"role": "assistant", "content": gen.content},
+        "done": True,
+        "done_reason": gen.done_reason,
+        **gen.stats(),
+    }
+
+
+async def chat(request: Request) -> Response:
+    state = state_of(request)
+    req = validate(NativeChatRequest, await read_json_object(request))
+    params = req.model_dump(exclude_none=True)
+    if req.stream:
+        params["stream_options"] = {"include_usage": True}
+    gen = Generation.start()
+    relay = await state.open_relay(
+        req.model, "/v1/chat/completions", orjson.dumps(params), stream=req.stream
+    )
+    gen.load_duration_ns = relay.lease.load_duration_ns
+    response = relay.response
+    assert response is not None
+    if response.status_code != 200 or not req.stream:
+        try:
+            body = await response.aread()
+        finally:
+            relay.close()
+        if response.status_code != 200:
+            err = ModelyardError(upstream_message(body), model=req.model)
+            payload = {**err.native_body(), "error": "upstream_error"}
+            return _json(payload, response.status_code)
+        gen.absorb(orjson.loads(body))
+        return _json(_final(req.model, gen))
+    return LeasedStream(_stream(relay, gen, req.model), relay, "text/event-stream")
+
+
+async def _stream(relay: Relay, gen: Generation, model: str) -> AsyncIterator[bytes]:
+    assert relay.response is not None
+    try:
+        async for event in iter_sse_json(relay.response):
+            text = gen.absorb(event)
+            if text:
+                yield sse_event({"delta": {"content": text}, "done": False})
+        final = _final(model, gen)
+        final.pop("message")
+        yield sse_event({"delta": {}, **final})
+    except ModelyardError as exc:
+        yield sse_event(exc.native_body())
+    except Exception as exc:  # the connection broke mid-stream
+        yield sse_event(broken_stream(relay.lease, exc).native_body())
+    finally:
+        relay.close()
+
+
+async def _engine_models(state: FrontState) -> dict[str, dict[str, Any]]:
+    loaded: dict[str, dict[str, Any]] = {}
+    for engine in state.engines:
+        try:
+            status = await engine.status()
+        except ModelyardError:
+            continue
+        for m in status["models"]:
+            loaded[m["model"]] = {**m, "engine": engine.name}
+    return loaded
+
+
+async def models(request: Request) -> Response:
+    state = state_of(request)
+    running = await _engine_models(state)
+    out = []
+    for entry in state.registry.entries():
+        m = running.get(entry.id, {})
+        out.append(
+            {
+                "model": entry.id,
+                "aliases": entry.spec.aliases,
+                "loaded": m.get("state") == "ready",
+                "backend": entry.spec.backend,
+                "format": entry.format,
+                "source": entry.source,
+                "size_bytes": entry.size_bytes,
+                "local_path": str(entry.path) if entry.path else None,
+                "load_duration": m.get("load_duration_s"),
+                "engine": m.get("engine"),
+            }
+        )
+    return _json({"models": out})
+
+
+async def health(request: Request) -> Response:
+    state = state_of(request)
+    engines_up = sum(1 for e in state.engines if e.up)
+    running = await _engine_models(state)
+    mem = psutil.virtual_memory()
+    healthy = engines_up == len(state.engines) and engines_up > 0
+    return _json(
+        {
+            "status": "healthy" if healthy else "degraded",
+            "version": __version__,
+            "uptime_seconds": round(time.time() - state.started_at, 3),
+            "engines": {"total": len(state.engines), "up": engines_up},
+            "models_available": len(state.registry.entries()),
+            "models_cached": sum(1 for m in running.values() if m["state"] == "ready"),
+            "cache_limit": None,
+            "downloads_active": 0,
+            "downloads_queued": 0,
+            "gpu_status": "unavailable" if state.settings.devices == "cpu" else "auto",
+            "memory": {
+                "host_total_bytes": mem.total,
+                "host_available_bytes": mem.available,
+                "host_used_percent": mem.percent,
+            },
+        }
+    )
+
+
+async def status(request: Request) -> Response:
+    state = state_of(request)
+    engines = []
+    for engine in state.engines:
+        try:
+            engines.append({"name": engine.name, "up": True, **await engine.status()})
+        except ModelyardError as exc:
+            engines.append({"name": engine.name, "up": False, "error": exc.message})
+    return _json(
+        {
+            "version": __version__,
+            "uptime_seconds": round(time.time() - state.started_at, 3),
+            "engines": engines,
+        }
+    )
+
+
+async def diag(request: Request) -> Response:
+    state = state_of(request)
+    engines = []
+    for engine in state.engines:
+        try:
+            engines.append({"name": engine.name, "up": True, **await engine.diag()})
+        except ModelyardError as exc:
+            engines.append({"name": engine.name, "up": False, "error": exc.message})
+    llama = state.settings.resolve_llama_server()
+    return _json(
+        {
+            "engines": engines,
+            "llama_server": str(llama) if llama else None,
+            "home": str(state.settings.home),
+        }
+    )
+
+
+routes = [
+    Route("/chat", chat, methods=["POST"]),
+    Route("/models", models, methods=["GET"]),
+    Route("/health", health, methods=["GET"]),
+    Route("/status", status, methods=["GET"]),
+    Route("/diag", diag, methods=["GET"]),
+]

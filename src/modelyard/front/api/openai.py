@@ -1,0 +1,114 @@
+"""OpenAI API: /v1/chat/completions, /v1/completions (JSON or SSE), /v1/models.
+
+The request is validated here, then its bytes go to the backend unchanged and the answer comes
+back unchanged: the cheapest relay is the one that does not re-encode.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from modelyard.errors import ModelyardError
+from modelyard.front.proxy import LeasedStream, passthrough_error, relay_raw, sse_event
+from modelyard.front.state import read_json_object, state_of, validate
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(min_length=1)
+    stream: bool = False
+    max_tokens: int | None = Field(None, ge=0)
+    temperature: float | None = Field(None, ge=0)
+    top_p: float | None = Field(None, ge=0, le=1)
+    n: int | None = Field(None, ge=1, le=1)
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: str = Field(min_length=1)
+    content: str | list[Any] | None = None
+
+
+class ChatCompletionRequest(_Request):
+    messages: list[ChatMessage] = Field(min_length=1)
+
+
+class CompletionRequest(_Request):
+    prompt: str | list[str] | list[int]
+
+
+def openai_error_event(exc: ModelyardError) -> bytes:
+    return sse_event(exc.openai_body())
+
+
+async def _relay(request: Request, path: str, schema: type[_Request]) -> Response:
+    state = state_of(request)
+    body = await request.body()
+    data = await read_json_object(request)
+    req = validate(schema, data)
+    relay = await state.open_relay(req.model, path, body, stream=req.stream)
+    response = relay.response
+    assert response is not None
+    if not req.stream:
+        try:
+            content = await response.aread()
+        finally:
+            relay.close()
+        if response.status_code != 200:
+            return passthrough_error(response, content)
+        return Response(content, media_type="application/json")
+    if response.status_code != 200:
+        try:
+            return passthrough_error(response, await response.aread())
+        finally:
+            relay.close()
+    return LeasedStream(relay_raw(relay, openai_error_event), relay, "text/event-stream")
+
+
+async def chat_completions(request: Request) -> Response:
+    return await _relay(request, "/v1/chat/completions", ChatCompletionRequest)
+
+
+async def completions(request: Request) -> Response:
+    return await _relay(request, "/v1/completions", CompletionRequest)
+
+
+async def list_models(request: Request) -> Response:
+    state = state_of(request)
+    created = int(state.started_at)
+    data: list[dict[str, Any]] = [
+        {"id": e.id, "object": "model", "created": created, "owned_by": "modelyard"}
+        for e in state.registry.entries()
+    ]
+    return Response(
+        orjson.dumps({"object": "list", "data": data}), media_type="application/json"
+    )
+
+
+async def retrieve_model(request: Request) -> Response:
+    state = state_of(request)
+    entry = state.registry.resolve(request.path_params["model"])
+    return Response(
+        orjson.dumps(
+            {"id": entry.id, "object": "model", "created": int(time.time()),
+             "owned_by": "modelyard"}
+        ),
+        media_type="application/json",
+    )
+
+
+routes = [
+    Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    Route("/v1/completions", completions, methods=["POST"]),
+    Route("/v1/models", list_models, methods=["GET"]),
+    Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
+]

@@ -1,0 +1,123 @@
+"""The public front: the OpenAI, Ollama and native APIs over one or more engines.
+
+`create_app` builds the ASGI app. Without `engines` it starts its own on startup: one engine in
+this process for `single_process`, otherwise one supervised engine process per GPU (one CPU engine
+when there is none). Errors are rendered in the shape of the API that was called.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import orjson
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from modelyard.config import Settings
+from modelyard.errors import MethodNotAllowed, ModelyardError, RouteNotFound
+from modelyard.front.api import native, ollama, openai
+from modelyard.front.engines import EngineClient, HttpEngineClient, LocalEngineClient
+from modelyard.front.proxy import new_upstream_client
+from modelyard.front.state import FrontState
+from modelyard.front.supervisor import EngineSupervisor, plan_engines
+from modelyard.hw.smi import query_gpus
+from modelyard.store.registry import ModelRegistry
+
+log = logging.getLogger("modelyard.front")
+
+
+def render_error(request: Request, exc: ModelyardError) -> Response:
+    path = request.url.path
+    if path.startswith("/v1/"):
+        body = exc.openai_body()
+    elif path.startswith("/api/"):
+        body = exc.ollama_body()
+    else:
+        body = exc.native_body()
+    return Response(
+        orjson.dumps(body),
+        status_code=exc.status,
+        headers=exc.headers(),
+        media_type="application/json",
+    )
+
+
+async def _on_modelyard_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ModelyardError)
+    return render_error(request, exc)
+
+
+async def _on_http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    message = f"{request.method} {request.url.path}: {exc.detail}"
+    if exc.status_code == 404:
+        return render_error(request, RouteNotFound(message))
+    if exc.status_code == 405:
+        return render_error(request, MethodNotAllowed(message))
+    return render_error(request, ModelyardError(message))
+
+
+async def _on_unexpected(request: Request, exc: Exception) -> Response:
+    log.exception("unhandled error on %s", request.url.path)
+    return render_error(request, ModelyardError(f"internal error: {type(exc).__name__}: {exc}"))
+
+
+def create_app(
+    settings: Settings,
+    *,
+    engines: list[EngineClient] | None = None,
+    registry: ModelRegistry | None = None,
+    config_file: Path | None = None,
+) -> Starlette:
+    registry = registry or ModelRegistry.build(settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with contextlib.AsyncExitStack() as stack:
+            clients = engines
+            if clients is None:
+                clients = await _start_engines(settings, registry, config_file, stack)
+            upstream = new_upstream_client(settings.request_timeout_s)
+            stack.push_async_callback(upstream.aclose)
+            app.state.front = FrontState(settings, registry, clients, upstream)
+            yield
+
+    app = Starlette(
+        routes=[*openai.routes, *ollama.routes, *native.routes],
+        lifespan=lifespan,
+        exception_handlers={
+            ModelyardError: _on_modelyard_error,
+            HTTPException: _on_http_error,
+            Exception: _on_unexpected,
+        },
+    )
+    return app
+
+
+async def _start_engines(
+    settings: Settings,
+    registry: ModelRegistry,
+    config_file: Path | None,
+    stack: contextlib.AsyncExitStack,
+) -> list[EngineClient]:
+    if settings.single_process:
+        from modelyard.engine.loop import Engine
+
+        engine = Engine(settings, registry)
+        stack.push_async_callback(engine.shutdown)
+        return [LocalEngineClient(engine)]
+    gpus = [] if settings.devices == "cpu" else query_gpus()
+    clients: list[EngineClient] = []
+    for plan in plan_engines(settings, len(gpus)):
+        client = HttpEngineClient(f"engine-{plan.index}")
+        supervisor = EngineSupervisor(settings, plan, client, config_file=config_file)
+        stack.push_async_callback(supervisor.stop)
+        await supervisor.start()
+        clients.append(client)
+    return clients
+

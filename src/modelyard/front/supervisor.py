@@ -1,0 +1,158 @@
+"""The front's engine supervisor: one engine process per GPU (or one CPU engine).
+
+Each engine runs `python -m modelyard serve --engine-only --internal-port N` with its own
+CUDA_VISIBLE_DEVICES. The supervisor waits until the engine answers /health, watches its exit,
+restarts it with a doubling backoff (its HttpEngineClient answers 503 engine_unavailable in the
+meantime), and on shutdown stops it with TERM → grace → KILL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from modelyard.config import Settings
+from modelyard.engine.backends.openai_server import LOOPBACK, free_port
+from modelyard.engine.process import ChildProcess
+from modelyard.engine.readiness import NotReady, wait_ready
+from modelyard.front.engines import HttpEngineClient
+
+log = logging.getLogger("modelyard.supervisor")
+
+MAX_BACKOFF_S = 30.0
+
+
+@dataclass(frozen=True)
+class EnginePlan:
+    index: int
+    cuda_visible_devices: str  # "" hides every GPU: a CPU engine
+
+
+class EngineSupervisor:
+    def __init__(
+        self,
+        settings: Settings,
+        plan: EnginePlan,
+        client: HttpEngineClient,
+        *,
+        config_file: Path | None = None,
+    ) -> None:
+        self.settings = settings
+        self.plan = plan
+        self.client = client
+        self.config_file = config_file
+        self.process: ChildProcess | None = None
+        self.restarts = 0
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._first_start: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def _argv(self, port: int) -> list[str]:
+        argv = [
+            sys.executable, "-m", "modelyard", "serve", "--engine-only",
+            "--internal-port", str(port), "--engine-index", str(self.plan.index),
+        ]
+        if self.config_file is not None:
+            argv += ["--config", str(self.config_file)]
+        return argv
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["CUDA_VISIBLE_DEVICES"] = self.plan.cuda_visible_devices
+        # The engine must build the same settings as the front, including CLI overrides.
+        env["MODELYARD_HOME"] = str(self.settings.home)
+        return env
+
+    async def start(self) -> None:
+        """Start the engine and keep it running; returns once the first start is ready."""
+        self._task = asyncio.create_task(self._run(), name=f"supervise:{self.client.name}")
+        await self._first_start
+
+    async def _run(self) -> None:
+        backoff = self.settings.engine_restart_backoff_s
+        while not self._stopping:
+            try:
+                await self._start_once()
+            except (NotReady, OSError) as exc:
+                log.error("%s failed to start: %s", self.client.name, exc)
+                if not self._first_start.done():
+                    self._first_start.set_exception(
+                        RuntimeError(f"{self.client.name} failed to start: {exc}")
+                    )
+                    return
+            else:
+                if not self._first_start.done():
+                    self._first_start.set_result(None)
+                backoff = self.settings.engine_restart_backoff_s
+                assert self.process is not None
+                code = await self.process.wait()
+                await self.client.detach()
+                if self._stopping:
+                    return
+                log.error(
+                    "%s exited with status %s; restarting in %.1f s. Last lines:\n%s",
+                    self.client.name, code, backoff, "\n".join(self.process.tail),
+                )
+            self.restarts += 1
+            await asyncio.sleep(backoff)
+            backoff = min(MAX_BACKOFF_S, max(backoff * 2, 0.5))
+
+    async def _start_once(self) -> None:
+        port = free_port()
+        self.process = ChildProcess(
+            self._argv(port),
+            name=self.client.name,
+            log_file=self.settings.logs_dir / f"{self.client.name}.log",
+            tail_lines=self.settings.log_tail_lines,
+            env=self._env(),
+        )
+        await self.process.start()
+        base_url = f"http://{LOOPBACK}:{port}"
+        async with httpx.AsyncClient(base_url=base_url, timeout=2.0) as probe_client:
+
+            async def probe() -> bool:
+                try:
+                    return (await probe_client.get("/health")).status_code == 200
+                except httpx.HTTPError:
+                    return False
+
+            try:
+                await wait_ready(
+                    probe=probe,
+                    exit_code=lambda: self.process.returncode if self.process else None,
+                    progress=lambda: self.process.lines_seen if self.process else 0,
+                    stall_timeout_s=self.settings.engine_start_timeout_s,
+                    total_timeout_s=self.settings.engine_start_timeout_s,
+                    poll_interval_s=0.02,
+                )
+            except NotReady as exc:
+                await self.process.stop(self.settings.stop_grace_s)
+                tail = "\n".join(self.process.tail)
+                raise NotReady(f"{exc}; last lines:\n{tail}") from exc
+        self.client.attach(base_url)
+        log.info("%s ready at %s (pid %s)", self.client.name, base_url, self.process.pid)
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.client.detach()
+        if self.process is not None:
+            # The engine stops its own children on TERM; give it their grace plus its own.
+            await self.process.stop(self.settings.stop_grace_s * 2 + 5)
+
+
+def plan_engines(settings: Settings, gpu_count: int) -> list[EnginePlan]:
+    """One engine per GPU; one CPU engine when there are none (or `devices: cpu`)."""
+    if settings.devices == "cpu" or gpu_count == 0:
+        return [EnginePlan(0, "")]
+    return [EnginePlan(i, str(i)) for i in range(gpu_count)]

