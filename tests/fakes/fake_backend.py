@@ -33,6 +33,9 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+if __name__ == "__main__" and "--ignore-sigterm" in sys.argv:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # now, not after the slow imports below
+
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -127,7 +130,7 @@ class Fake:
         """As llama-server: handlers only once loaded; until then TERM/INT kill the process."""
         graceful = self._on_signal if self.ready else signal.SIG_DFL
         signal.signal(signal.SIGINT, graceful)
-        signal.signal(signal.SIGTERM, graceful)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN if self.opts.ignore_sigterm else graceful)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         log("srv    operator(): operator(): cleaning up before exit...")
