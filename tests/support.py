@@ -1,0 +1,89 @@
+"""Test helpers: real `modelyard serve` processes, configs that use the fake backend."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+FAKE_BACKEND = ROOT / "tests" / "fakes" / "fake_backend.py"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def fake_model(model_id: str, *flags: str, **fields: Any) -> dict[str, Any]:
+    """A config entry whose backend is the fake llama-server process with fault `flags`."""
+    argv = [sys.executable, str(FAKE_BACKEND), "--host", "$host", "--port", "$port",
+            "--alias", "$id", *flags]
+    return {"id": model_id, "backend": "openai", "argv": argv, **fields}
+
+
+class Server:
+    """A `modelyard serve` process on a free port, with its own MODELYARD_HOME."""
+
+    def __init__(self, home: Path, config: dict[str, Any], *args: str) -> None:
+        self.home = home
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        home.mkdir(parents=True, exist_ok=True)
+        self.config_file = home / "config.yaml"
+        self.config_file.write_text(yaml.safe_dump(config))
+        env = {**os.environ, "MODELYARD_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+        env.pop("MODELYARD_CONFIG", None)
+        self.log = (home / "serve.out").open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "modelyard", "serve", "--port", str(self.port),
+             "--config", str(self.config_file), *args],
+            env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+
+    def wait_healthy(self, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"modelyard exited: {self.output()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1.0).json()["status"] == "healthy":
+                    return
+            except (httpx.HTTPError, ValueError, KeyError):
+                pass
+            time.sleep(0.05)
+        raise TimeoutError(f"modelyard not healthy: {self.output()}")
+
+    def output(self) -> str:
+        return (self.home / "serve.out").read_text()
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self.log.close()
+        return self.proc.returncode
+
+
+def require_e2e_artifact(path: Path | None, what: str) -> Path:
+    """Skip when a real artefact is missing locally; fail when `make test` should have made it."""
+    if path is not None and path.exists():
+        return path
+    message = f"{what} is missing: run `make test` (it provides it)"
+    if os.environ.get("MODELYARD_REQUIRE_E2E") == "1":
+        pytest.fail(message)
+    pytest.skip(message)
