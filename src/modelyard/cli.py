@@ -35,12 +35,15 @@ ConfigOption = Annotated[
 ]
 
 
-def _setup_logging(settings: Settings, name: str, level: str) -> None:
-    settings.logs_dir.mkdir(parents=True, exist_ok=True)
-    handlers: list[logging.Handler] = [
-        logging.StreamHandler(sys.stderr),
-        logging.FileHandler(settings.logs_dir / f"{name}.log"),
-    ]
+def _setup_logging(settings: Settings, log_file: str | None, level: str) -> None:
+    """Log to stderr, and to `log_file` under the logs directory when given.
+
+    Engines pass None: their supervisor already keeps their output in `logs/engine-N.log`.
+    """
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if log_file is not None:
+        settings.logs_dir.mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.FileHandler(settings.logs_dir / log_file))
     logging.basicConfig(
         level=level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -89,7 +92,7 @@ def serve(
         from modelyard.engine.loop import Engine
         from modelyard.store.registry import ModelRegistry
 
-        _setup_logging(settings, f"engine-{engine_index}", log_level)
+        _setup_logging(settings, None, log_level)
         engine = Engine(settings, ModelRegistry.build(settings), index=engine_index)
         engine_app = create_engine_app(engine, watch_parent=True)
         uvicorn.run(
@@ -101,7 +104,7 @@ def serve(
     from modelyard.front.app import create_app
     from modelyard.store.registry import ModelRegistry
 
-    _setup_logging(settings, "modelyard", log_level)
+    _setup_logging(settings, "modelyard.log", log_level)
     registry = ModelRegistry.build(settings)
     names = ", ".join(e.id for e in registry.entries()) or "none yet"
     logging.getLogger("modelyard").info(
