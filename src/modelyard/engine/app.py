@@ -1,6 +1,6 @@
 """The engine's internal HTTP API, on a loopback port, called only by the front.
 
-    GET    /health                      liveness of the engine process
+    GET    /health                      liveness, and the port of the lease channel
     POST   /leases        {"model"}     a ready model and where to send its requests
     DELETE /leases/{id}                 the request is done
     GET    /status                      models, their state and leases
@@ -8,7 +8,9 @@
     POST   /models/{name}/unload        stop a model once its requests are done
     GET    /models/{name}/logs?lines=N  the child's last log lines
 
-Errors use the native shape so the front can rebuild the same ModelyardError.
+The front takes leases over the lease channel (engine/lease_channel.py), which is cheaper and
+releases a dead front's leases; the HTTP lease routes serve tools and tests. Errors use the
+native shape so the front can rebuild the same ModelyardError.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from modelyard import __version__
+from modelyard.engine.lease_channel import serve_lease_channel
 from modelyard.engine.loop import Engine
 from modelyard.errors import InvalidRequest, ModelyardError
 from modelyard.hw.devices import describe_devices
@@ -35,8 +38,13 @@ def _error(exc: ModelyardError) -> Response:
 
 
 def create_engine_app(engine: Engine, *, watch_parent: bool = False) -> Starlette:
+    lease_port: int | None = None
+
     async def health(_: Request) -> Response:
-        return JSONResponse({"status": "ok", "engine": engine.index, "version": __version__})
+        return JSONResponse(
+            {"status": "ok", "engine": engine.index, "version": __version__,
+             "lease_port": lease_port}
+        )
 
     async def acquire(request: Request) -> Response:
         try:
@@ -79,10 +87,14 @@ def create_engine_app(engine: Engine, *, watch_parent: bool = False) -> Starlett
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        nonlocal lease_port
         watcher = asyncio.create_task(_exit_with_parent()) if watch_parent else None
+        channel = await serve_lease_channel(engine)
+        lease_port = int(channel.sockets[0].getsockname()[1])
         try:
             yield
         finally:
+            channel.close()
             if watcher is not None:
                 watcher.cancel()
             await engine.shutdown()

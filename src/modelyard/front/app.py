@@ -22,7 +22,7 @@ from modelyard.config import Settings
 from modelyard.errors import MethodNotAllowed, ModelyardError, RouteNotFound
 from modelyard.front.api import native, ollama, openai
 from modelyard.front.engines import EngineClient, HttpEngineClient, LocalEngineClient
-from modelyard.front.proxy import new_upstream_client
+from modelyard.front.proxy import new_upstream_session
 from modelyard.front.state import FrontState
 from modelyard.front.supervisor import EngineSupervisor, plan_engines
 from modelyard.hw.smi import query_gpus
@@ -82,8 +82,8 @@ def create_app(
             clients = engines
             if clients is None:
                 clients = await _start_engines(settings, registry, config_file, stack)
-            upstream = new_upstream_client(settings.request_timeout_s)
-            stack.push_async_callback(upstream.aclose)
+            upstream = new_upstream_session(settings.request_timeout_s)
+            stack.push_async_callback(upstream.close)
             app.state.front = FrontState(settings, registry, clients, upstream)
             yield
 

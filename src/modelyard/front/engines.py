@@ -1,21 +1,21 @@
 """How the front talks to engines: one interface, an in-process and an HTTP implementation.
 
 The rest of the front only sees `EngineClient`, so `--single-process`, engine subprocesses and (in
-a later step) Ray actors are interchangeable. Releasing a lease never blocks the response: it is
-scheduled as a task, which also makes it safe from a cancelled scope (client disconnect).
+a later step) Ray actors are interchangeable. Releasing a lease never awaits, so it is safe in the
+`finally` of a cancelled scope (client disconnect).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from typing import Any, Protocol
 
-import httpx
+import aiohttp
 import orjson
 
+from modelyard.engine.backends.openai_server import LOOPBACK
 from modelyard.engine.loop import Engine, Lease
 from modelyard.errors import EngineUnavailable, ModelyardError, from_native_body
+from modelyard.front.lease_client import LeaseClient
 
 ENGINE_RETRY_AFTER_S = 2.0
 
@@ -77,30 +77,33 @@ class HttpEngineClient:
     def __init__(self, name: str, base_url: str | None = None) -> None:
         self.name = name
         self.base_url = base_url
-        self._ready = False
-        self._client: httpx.AsyncClient | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._session: aiohttp.ClientSession | None = None
+        self._leases: LeaseClient | None = None
 
     @property
     def up(self) -> bool:
-        return self._ready and self._client is not None
+        return self._session is not None and self._leases is not None and not self._leases.closed
 
-    def attach(self, base_url: str) -> None:
-        """The supervisor says the engine answers at `base_url`."""
+    async def attach(self, base_url: str, lease_port: int) -> None:
+        """The supervisor says the engine answers at `base_url` and takes leases on `lease_port`."""
         self.base_url = base_url
-        self._client = httpx.AsyncClient(
+        self._leases = await LeaseClient.connect(LOOPBACK, lease_port)
+        # No overall timeout: a lease waits for a model load, which may take minutes; the
+        # engine bounds that wait itself.
+        self._session = aiohttp.ClientSession(
             base_url=base_url,
-            timeout=httpx.Timeout(connect=5.0, read=None, write=10.0, pool=10.0),
-            limits=httpx.Limits(max_connections=512, max_keepalive_connections=64),
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
         )
-        self._ready = True
 
     async def detach(self) -> None:
         """The engine went away; requests get 503 engine_unavailable until it is back."""
-        self._ready = False
-        client, self._client = self._client, None
-        if client is not None:
-            await client.aclose()
+        session, self._session = self._session, None
+        leases, self._leases = self._leases, None
+        if leases is not None:
+            await leases.close()
+        if session is not None:
+            await session.close()
 
     def _unavailable(self, why: str) -> EngineUnavailable:
         return EngineUnavailable(
@@ -108,58 +111,45 @@ class HttpEngineClient:
             retry_after_s=ENGINE_RETRY_AFTER_S,
         )
 
-    async def _call(self, method: str, path: str, **kw: Any) -> httpx.Response:
-        client = self._client
-        if not self._ready or client is None:
+    async def _call(self, method: str, path: str, body: Any = None, **kw: Any) -> Any:
+        """The engine's JSON answer, or the ModelyardError it sent."""
+        session = self._session
+        if session is None:
             raise self._unavailable("down")
+        data = orjson.dumps(body) if body is not None else None
         try:
-            response = await client.request(method, path, **kw)
-        except httpx.TransportError as exc:
+            async with session.request(method, path, data=data, **kw) as response:
+                content = await response.read()
+                status = response.status
+        except (aiohttp.ClientError, TimeoutError) as exc:
             raise self._unavailable(type(exc).__name__) from exc
-        if response.status_code >= 400:
-            raise _engine_error(response)
-        return response
+        payload = orjson.loads(content) if content else None
+        if status >= 400:
+            if isinstance(payload, dict) and "error" in payload:
+                raise from_native_body(payload)
+            raise ModelyardError(f"engine answered {status}: {content[:200]!r}")
+        return payload
 
     async def acquire(self, model: str) -> Lease:
-        r = await self._call("POST", "/leases", content=orjson.dumps({"model": model}))
-        data = orjson.loads(r.content)
-        return Lease(
-            id=data["lease_id"],
-            model=data["model"],
-            upstream=data["upstream"],
-            load_duration_ns=data["load_duration_ns"],
-        )
+        leases = self._leases
+        if leases is None or leases.closed:
+            raise self._unavailable("down")
+        return await leases.acquire(model)
 
     def release(self, lease: Lease) -> None:
-        task = asyncio.get_running_loop().create_task(self._release(lease))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _release(self, lease: Lease) -> None:
-        # An engine that restarted has forgotten the lease already; nothing to do.
-        with contextlib.suppress(ModelyardError):
-            await self._call("DELETE", f"/leases/{lease.id}")
+        # An engine that restarted has forgotten the lease already; nothing to do then.
+        if self._leases is not None:
+            self._leases.release(lease.id)
 
     async def status(self) -> dict[str, Any]:
-        return dict((await self._call("GET", "/status")).json())
+        return dict(await self._call("GET", "/status"))
 
     async def diag(self) -> dict[str, Any]:
-        return dict((await self._call("GET", "/diag")).json())
+        return dict(await self._call("GET", "/diag"))
 
     async def unload(self, model: str) -> bool:
-        r = await self._call("POST", f"/models/{model}/unload", timeout=120.0)
-        return bool(r.json().get("unloaded"))
+        return bool((await self._call("POST", f"/models/{model}/unload"))["unloaded"])
 
     async def logs(self, model: str, lines: int) -> list[str]:
-        r = await self._call("GET", f"/models/{model}/logs", params={"lines": lines})
-        return list(r.json().get("lines", []))
-
-
-def _engine_error(response: httpx.Response) -> ModelyardError:
-    try:
-        body = response.json()
-    except ValueError:
-        body = None
-    if isinstance(body, dict) and "error" in body:
-        return from_native_body(body)
-    return ModelyardError(f"engine answered {response.status_code}: {response.text[:200]}")
+        data = await self._call("GET", f"/models/{model}/logs", params={"lines": lines})
+        return list(data["lines"])

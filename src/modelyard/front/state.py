@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import httpx
+import aiohttp
 import orjson
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
@@ -26,7 +26,7 @@ class FrontState:
     settings: Settings
     registry: ModelRegistry
     engines: list[EngineClient]
-    upstream: httpx.AsyncClient
+    upstream: aiohttp.ClientSession
     started_at: float = field(default_factory=time.time)
     # Where each model was last granted: the routing hint "already resident".
     residency: dict[str, str] = field(default_factory=dict)
@@ -50,9 +50,7 @@ class FrontState:
             )
         return next(e for e in self.engines if e.name == name)
 
-    async def open_relay(
-        self, model: str, path: str, payload: bytes, *, stream: bool
-    ) -> Relay:
+    async def open_relay(self, model: str, path: str, payload: bytes) -> Relay:
         """Lease `model` on an engine and send it the request; the caller owns `relay.close()`."""
         entry = self.registry.resolve(model)
         engine = self.engine_for(entry.id)
@@ -60,7 +58,7 @@ class FrontState:
         self.residency[entry.id] = engine.name
         relay = Relay(engine, lease)
         try:
-            await relay.open(self.upstream, path, payload, stream=stream)
+            await relay.open(self.upstream, path, payload)
         except BaseException:
             relay.close()
             raise

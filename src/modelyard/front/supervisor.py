@@ -117,11 +117,16 @@ class EngineSupervisor:
         base_url = f"http://{LOOPBACK}:{port}"
         async with httpx.AsyncClient(base_url=base_url, timeout=2.0) as probe_client:
 
+            lease_port = 0
+
             async def probe() -> bool:
+                nonlocal lease_port
                 try:
-                    return (await probe_client.get("/health")).status_code == 200
+                    r = await probe_client.get("/health")
                 except httpx.HTTPError:
                     return False
+                lease_port = int(r.json()["lease_port"]) if r.status_code == 200 else 0
+                return lease_port > 0
 
             try:
                 await wait_ready(
@@ -136,7 +141,7 @@ class EngineSupervisor:
                 await self.process.stop(self.settings.stop_grace_s)
                 tail = "\n".join(self.process.tail)
                 raise NotReady(f"{exc}; last lines:\n{tail}") from exc
-        self.client.attach(base_url)
+        await self.client.attach(base_url, lease_port)
         log.info("%s ready at %s (pid %s)", self.client.name, base_url, self.process.pid)
 
     async def stop(self) -> None:

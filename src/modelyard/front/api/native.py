@@ -67,30 +67,22 @@ async def chat(request: Request) -> Response:
     if req.stream:
         params["stream_options"] = {"include_usage": True}
     gen = Generation.start()
-    relay = await state.open_relay(
-        req.model, "/v1/chat/completions", orjson.dumps(params), stream=req.stream
-    )
+    relay = await state.open_relay(req.model, "/v1/chat/completions", orjson.dumps(params))
     gen.load_duration_ns = relay.lease.load_duration_ns
-    response = relay.response
-    assert response is not None
-    if response.status_code != 200 or not req.stream:
-        try:
-            body = await response.aread()
-        finally:
-            relay.close()
-        if response.status_code != 200:
+    if relay.status != 200 or not req.stream:
+        body = await relay.read()
+        if relay.status != 200:
             err = ModelyardError(upstream_message(body), model=req.model)
             payload = {**err.native_body(), "error": "upstream_error"}
-            return _json(payload, response.status_code)
+            return _json(payload, relay.status)
         gen.absorb(orjson.loads(body))
         return _json(_final(req.model, gen))
     return LeasedStream(_stream(relay, gen, req.model), relay, "text/event-stream")
 
 
 async def _stream(relay: Relay, gen: Generation, model: str) -> AsyncIterator[bytes]:
-    assert relay.response is not None
     try:
-        async for event in iter_sse_json(relay.response):
+        async for event in iter_sse_json(relay):
             text = gen.absorb(event)
             if text:
                 yield sse_event({"delta": {"content": text}, "done": False})

@@ -92,6 +92,9 @@ def _openai_params(req: _OllamaRequest) -> dict[str, Any]:
         target = _OPTION_MAP.get(name)
         if target is not None and value is not None:
             params[target] = value
+    tools = (req.model_extra or {}).get("tools")
+    if tools:
+        params["tools"] = tools
     if req.format == "json":
         params["response_format"] = {"type": "json_object"}
     elif isinstance(req.format, dict):
@@ -140,19 +143,14 @@ async def _answer(
 ) -> Response:
     """Run the call upstream; `shape(gen, text, done)` builds each Ollama message."""
     gen = Generation.start()
-    relay = await state.open_relay(req.model, path, orjson.dumps(params), stream=req.stream)
+    relay = await state.open_relay(req.model, path, orjson.dumps(params))
     gen.load_duration_ns = relay.lease.load_duration_ns
-    response = relay.response
-    assert response is not None
-    if response.status_code != 200 or not req.stream:
-        try:
-            body = await response.aread()
-        finally:
-            relay.close()
-        if response.status_code != 200:
+    if relay.status != 200 or not req.stream:
+        body = await relay.read()
+        if relay.status != 200:
             return Response(
                 orjson.dumps({"error": upstream_message(body)}),
-                status_code=response.status_code,
+                status_code=relay.status,
                 media_type="application/json",
             )
         gen.absorb(orjson.loads(body))
@@ -161,9 +159,8 @@ async def _answer(
 
 
 async def _stream(relay: Relay, gen: Generation, shape: Any) -> AsyncIterator[bytes]:
-    assert relay.response is not None
     try:
-        async for event in iter_sse_json(relay.response):
+        async for event in iter_sse_json(relay):
             text = gen.absorb(event)
             if text:
                 yield _ndjson(shape(gen, text, False))

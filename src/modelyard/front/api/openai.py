@@ -55,22 +55,11 @@ async def _relay(request: Request, path: str, schema: type[_Request]) -> Respons
     body = await request.body()
     data = await read_json_object(request)
     req = validate(schema, data)
-    relay = await state.open_relay(req.model, path, body, stream=req.stream)
-    response = relay.response
-    assert response is not None
+    relay = await state.open_relay(req.model, path, body)
+    if relay.status != 200:
+        return passthrough_error(relay, await relay.read())
     if not req.stream:
-        try:
-            content = await response.aread()
-        finally:
-            relay.close()
-        if response.status_code != 200:
-            return passthrough_error(response, content)
-        return Response(content, media_type="application/json")
-    if response.status_code != 200:
-        try:
-            return passthrough_error(response, await response.aread())
-        finally:
-            relay.close()
+        return Response(await relay.read(), media_type="application/json")
     return LeasedStream(relay_raw(relay, openai_error_event), relay, "text/event-stream")
 
 

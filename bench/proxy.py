@@ -1,0 +1,775 @@
+"""What modelyard's relay costs: the same requests straight to llama-server, through modelyard, and
+through llama-server's own router mode (`--models-dir`), interleaved so load drift hits all three.
+
+    make bench-proxy                      # defaults: about 3-4 minutes on 2 cores
+    .venv/bin/python bench/proxy.py --help
+
+Every llama-server runs the same binary with the same arguments (modelyard's own command line for
+the demo model; the router passes the same options to the child it spawns). Only one target is
+driven at a time. Results are printed as markdown tables and written to
+bench/results/proxy-<timestamp>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import psutil
+import yaml
+
+from modelyard.config import DEMO_MODEL_FILE, DEMO_MODEL_ID, LlamaCppModel, Settings, cache_dir
+from modelyard.engine.backends.llamacpp import llama_server_argv
+from modelyard.engine.backends.openai_server import free_port, render_argv
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS_DIR = ROOT / "bench" / "results"
+HOST = "127.0.0.1"
+MODEL = DEMO_MODEL_ID
+MESSAGES = [{"role": "user", "content": "Name one colour of the rainbow."}]
+# Options that name one model instance; the router sets these itself for the child it spawns.
+INSTANCE_OPTIONS = {"--model", "--host", "--port", "--alias"}
+TARGET_NAMES = ("direct", "modelyard", "router")
+GOALS = {"added_p50_c1_ms": 2.0, "ratio_c8": 0.95, "cold_overhead_ms": 50.0}
+
+
+# --------------------------------------------------------------------------------------------
+# Options
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--requests", type=int, default=200, help="1-token requests per target, c=1")
+    p.add_argument("--concurrent-requests", type=int, default=240,
+                   help="1-token requests per target at --concurrency")
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--batch", type=int, default=48,
+                   help="requests per target per interleaved batch at --concurrency")
+    p.add_argument("--streams", type=int, default=16, help="128-token streams per target")
+    p.add_argument("--stream-tokens", type=int, default=128)
+    p.add_argument("--cold-repeats", type=int, default=4, help="cold loads per target (0: skip)")
+    p.add_argument("--warmup", type=int, default=10, help="unmeasured requests per target")
+    p.add_argument("--ctx-size", type=int, default=2048)
+    p.add_argument("--no-router", action="store_true", help="leave out the router column")
+    p.add_argument("--single-process", action="store_true",
+                   help="run modelyard with --single-process (front and engine in one process)")
+    p.add_argument("--llama-server", type=Path, help="binary (default: modelyard's resolution)")
+    p.add_argument("--model", type=Path, help=f"GGUF (default: the cached {DEMO_MODEL_FILE})")
+    p.add_argument("--wait-binary", type=float, default=900.0,
+                   help="seconds to wait for the llama-server binary (it may be building)")
+    p.add_argument("--keep-workdir", action="store_true", help="keep the temp dir with the logs")
+    return p.parse_args(argv)
+
+
+# --------------------------------------------------------------------------------------------
+# Processes: each in its own session; stopping one also stops everything it spawned.
+
+
+_LIVE: set[Proc] = set()
+
+
+class Proc:
+    def __init__(
+        self, name: str, argv: list[str], log: Path, env: dict[str, str] | None = None
+    ) -> None:
+        self.name = name
+        self.argv = argv
+        self.log = log
+        self._log_handle = log.open("ab")
+        self.popen = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=self._log_handle, stderr=subprocess.STDOUT,
+            env=env, start_new_session=True,
+        )
+        _LIVE.add(self)
+
+    def exited(self) -> int | None:
+        return self.popen.poll()
+
+    def tail(self, lines: int = 15) -> str:
+        text = self.log.read_text(errors="replace").splitlines()
+        return "\n".join(text[-lines:])
+
+    def descendants(self) -> list[psutil.Process]:
+        try:
+            return psutil.Process(self.popen.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        """TERM the group (a clean shutdown stops grandchildren), then KILL whatever is left."""
+        if self not in _LIVE:
+            return
+        _LIVE.discard(self)
+        family = self.descendants()
+        if self.popen.poll() is None:
+            _signal_group(self.popen.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                _signal_group(self.popen.pid, signal.SIGKILL)
+                self.popen.wait(10)
+        _signal_group(self.popen.pid, signal.SIGKILL)
+        _, alive = psutil.wait_procs(family, timeout=grace_s)
+        for child in alive:
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+        self._log_handle.close()
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+def stop_all() -> None:
+    for proc in list(_LIVE):
+        proc.stop()
+
+
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+# --------------------------------------------------------------------------------------------
+# Inputs
+
+
+def find_binary(args: argparse.Namespace) -> Path:
+    if args.llama_server is not None:
+        return Path(args.llama_server)
+    deadline = time.monotonic() + args.wait_binary
+    announced = False
+    while True:
+        found = Settings().resolve_llama_server()
+        if found is not None and os.access(found, os.X_OK):
+            return found
+        if time.monotonic() >= deadline:
+            sys.exit("no llama-server binary: run `make llama-server` or pass --llama-server")
+        if not announced:
+            print(f"waiting up to {args.wait_binary:.0f} s for llama-server to be built…",
+                  flush=True)
+            announced = True
+        time.sleep(5)
+
+
+def find_model(args: argparse.Namespace) -> Path:
+    candidates = [args.model] if args.model else [
+        cache_dir() / "models" / DEMO_MODEL_FILE, Settings().models_dir / DEMO_MODEL_FILE,
+    ]
+    for path in candidates:
+        if path.is_file():
+            return Path(path).resolve()
+    sys.exit(f"no model at {', '.join(map(str, candidates))}: run `make demo-model`")
+
+
+@dataclass(frozen=True)
+class Inputs:
+    binary: Path
+    model: Path
+    ctx_size: int
+    workdir: Path
+
+    def instance_argv(self, port: int) -> list[str]:
+        """modelyard's own llama-server command line for the demo model (what the engine runs)."""
+        settings = Settings(
+            home=self.workdir / "unused", llama_server_path=self.binary,
+            default_ctx_size=self.ctx_size, scan_hf_cache=False,
+        )
+        template, values = llama_server_argv(LlamaCppModel(id=MODEL, path=self.model), settings)
+        return render_argv(template, {**values, "host": HOST, "port": str(port)})
+
+    def shared_args(self) -> list[str]:
+        """The instance argv minus the binary and the options that name one instance."""
+        argv, out, i = self.instance_argv(0)[1:], [], 0
+        while i < len(argv):
+            if argv[i] in INSTANCE_OPTIONS:
+                i += 2
+                continue
+            out.append(argv[i])
+            i += 1
+        return out
+
+
+# --------------------------------------------------------------------------------------------
+# Targets
+
+
+@dataclass
+class Target:
+    name: str
+    url: str
+    proc: Proc
+    notes: list[str] = field(default_factory=list)
+
+
+def spawn_direct(inputs: Inputs, tag: str = "direct") -> tuple[Proc, str]:
+    port = free_port()
+    proc = Proc(tag, inputs.instance_argv(port), inputs.workdir / f"{tag}.log")
+    return proc, f"http://{HOST}:{port}"
+
+
+def spawn_router(inputs: Inputs, tag: str = "router") -> tuple[Proc, str]:
+    models_dir = inputs.workdir / "router-models"
+    models_dir.mkdir(exist_ok=True)
+    link = models_dir / f"{MODEL}.gguf"  # the router names a model after its file stem
+    if not link.exists():
+        link.symlink_to(inputs.model)
+    port = free_port()
+    argv = [str(inputs.binary), "--models-dir", str(models_dir), "--host", HOST,
+            "--port", str(port), *inputs.shared_args()]
+    return Proc(tag, argv, inputs.workdir / f"{tag}.log"), f"http://{HOST}:{port}"
+
+
+def modelyard_home(inputs: Inputs, single_process: bool) -> Path:
+    home = inputs.workdir / "modelyard-home"
+    (home / "models").mkdir(parents=True, exist_ok=True)
+    link = home / "models" / DEMO_MODEL_FILE  # served as the demo model, `smollm2`
+    if not link.exists():
+        link.symlink_to(inputs.model)
+    config = {
+        "scan_hf_cache": False,
+        "default_ctx_size": inputs.ctx_size,
+        "llama_server_path": str(inputs.binary),
+        "devices": "cpu",
+        "single_process": single_process,
+    }
+    (home / "config.yaml").write_text(yaml.safe_dump(config))
+    return home
+
+
+def spawn_modelyard(inputs: Inputs, home: Path, tag: str = "modelyard") -> tuple[Proc, str]:
+    port = free_port()
+    env = {**os.environ, "MODELYARD_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+    env.pop("MODELYARD_CONFIG", None)
+    argv = [sys.executable, "-m", "modelyard", "serve", "--port", str(port),
+            "--config", str(home / "config.yaml")]
+    return Proc(tag, argv, inputs.workdir / f"{tag}.log", env), f"http://{HOST}:{port}"
+
+
+async def wait_until(
+    client: httpx.AsyncClient,
+    url: str,
+    proc: Proc,
+    ok: Callable[[httpx.Response], bool],
+    *,
+    interval_s: float = 0.05,
+    timeout_s: float = 120.0,
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.exited() is not None:
+            raise RuntimeError(f"{proc.name} exited ({proc.exited()}):\n{proc.tail()}")
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            if ok(await client.get(url, timeout=2.0)):
+                return
+        await asyncio.sleep(interval_s)
+    raise TimeoutError(f"{proc.name}: {url} not ready after {timeout_s:g} s:\n{proc.tail()}")
+
+
+def is_200(r: httpx.Response) -> bool:
+    return r.status_code == 200
+
+
+def is_healthy(r: httpx.Response) -> bool:
+    return r.status_code == 200 and r.json().get("status") == "healthy"
+
+
+async def start_targets(
+    client: httpx.AsyncClient, inputs: Inputs, args: argparse.Namespace
+) -> list[Target]:
+    targets: list[Target] = []
+    proc, url = spawn_direct(inputs)
+    targets.append(Target("direct", url, proc))
+    await wait_until(client, url + "/health", proc, is_200)
+
+    proc, url = spawn_modelyard(inputs, modelyard_home(inputs, args.single_process))
+    targets.append(Target("modelyard", url, proc))
+    await wait_until(client, url + "/health", proc, is_healthy)
+
+    if not args.no_router:
+        proc, url = spawn_router(inputs)
+        router = Target("router", url, proc)
+        try:
+            await wait_until(client, url + "/health", proc, is_200, timeout_s=30)
+            await one_shot(client, router, chat_payload(max_tokens=1))  # loads the model
+            targets.append(router)
+        except (RuntimeError, TimeoutError, httpx.HTTPError) as exc:
+            print(f"router mode unavailable, continuing without it: {exc}", flush=True)
+            proc.stop()
+    return targets
+
+
+def llama_server_cmdlines(target: Target) -> list[str]:
+    """What the target's llama-server processes really run, for the record."""
+    procs = [target.proc.popen.pid, *(p.pid for p in target.proc.descendants())]
+    lines = []
+    for pid in procs:
+        with contextlib.suppress(psutil.Error):
+            cmd = psutil.Process(pid).cmdline()
+            if cmd and Path(cmd[0]).name == "llama-server":
+                lines.append(" ".join(cmd))
+    return lines
+
+
+# --------------------------------------------------------------------------------------------
+# Requests
+
+
+def chat_payload(*, max_tokens: int, stream: bool = False) -> bytes:
+    body: dict[str, Any] = {
+        "model": MODEL, "messages": MESSAGES, "temperature": 0, "max_tokens": max_tokens,
+    }
+    if stream:
+        body |= {"stream": True, "ignore_eos": True}
+    return orjson.dumps(body)
+
+
+HEADERS = {"content-type": "application/json"}
+
+
+async def one_shot(client: httpx.AsyncClient, target: Target, payload: bytes) -> float:
+    """One non-streaming request; its latency in seconds."""
+    start = time.perf_counter()
+    r = await client.post(target.url + "/v1/chat/completions", content=payload, headers=HEADERS)
+    elapsed = time.perf_counter() - start
+    if r.status_code != 200:
+        raise RuntimeError(f"{target.name}: HTTP {r.status_code}: {r.text[:300]}")
+    return elapsed
+
+
+@dataclass
+class StreamTiming:
+    ttft_s: float
+    total_s: float
+    chunks: int
+
+
+def has_content(line: str) -> bool:
+    if not line.startswith("data:") or line.endswith("[DONE]"):
+        return False
+    choices = orjson.loads(line[5:]).get("choices") or [{}]
+    return bool((choices[0].get("delta") or {}).get("content"))
+
+
+async def stream_once(
+    client: httpx.AsyncClient, url: str, payload: bytes, *, since: float | None = None,
+    first_only: bool = False,
+) -> StreamTiming:
+    """One SSE request; times to the first content chunk and to the end, from `since`."""
+    start = time.perf_counter() if since is None else since
+    ttft, chunks = math.nan, 0
+    async with client.stream("POST", url + "/v1/chat/completions", content=payload,
+                             headers=HEADERS) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"{url}: HTTP {r.status_code}: {(await r.aread())[:300]!r}")
+        async for line in r.aiter_lines():
+            if math.isnan(ttft):
+                if has_content(line):
+                    ttft, chunks = time.perf_counter() - start, 1
+                    if first_only:
+                        break
+            elif line.startswith("data:") and not line.endswith("[DONE]"):
+                chunks += 1
+    return StreamTiming(ttft, time.perf_counter() - start, chunks)
+
+
+# --------------------------------------------------------------------------------------------
+# Workloads, interleaved: round i drives the targets in an order rotated by i.
+
+
+def rotated(targets: Sequence[Target], i: int) -> list[Target]:
+    k = i % len(targets)
+    return [*targets[k:], *targets[:k]]
+
+
+@dataclass
+class Samples:
+    latencies_s: list[float] = field(default_factory=list)
+    busy_s: float = 0.0  # wall time spent driving this target
+    ttft_s: list[float] = field(default_factory=list)
+    chunks: list[int] = field(default_factory=list)
+
+
+async def warm_up(
+    client: httpx.AsyncClient, targets: Sequence[Target], n: int, concurrency: int
+) -> None:
+    """Connections opened and every parallel slot's prompt cache filled, for every target."""
+    payload = chat_payload(max_tokens=1)
+    for target in targets:
+        for _ in range(n):
+            await one_shot(client, target, payload)
+        await burst(client, target, payload, 2 * concurrency, concurrency)
+        await stream_once(client, target.url, chat_payload(max_tokens=8, stream=True))
+
+
+async def serial_1tok(
+    client: httpx.AsyncClient, targets: Sequence[Target], n: int
+) -> dict[str, Samples]:
+    payload, out = chat_payload(max_tokens=1), {t.name: Samples() for t in targets}
+    for i in range(n):
+        for target in rotated(targets, i):
+            latency = await one_shot(client, target, payload)
+            out[target.name].latencies_s.append(latency)
+            out[target.name].busy_s += latency
+    return out
+
+
+async def burst(
+    client: httpx.AsyncClient, target: Target, payload: bytes, n: int, concurrency: int
+) -> tuple[list[float], float]:
+    """`n` requests from `concurrency` workers; their latencies and the burst's wall time."""
+    remaining, latencies = n, []
+
+    async def worker() -> None:
+        nonlocal remaining
+        while remaining > 0:
+            remaining -= 1
+            latencies.append(await one_shot(client, target, payload))
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return latencies, time.perf_counter() - start
+
+
+async def concurrent_1tok(
+    client: httpx.AsyncClient, targets: Sequence[Target], n: int, concurrency: int, batch: int
+) -> dict[str, Samples]:
+    payload, out = chat_payload(max_tokens=1), {t.name: Samples() for t in targets}
+    sizes = [min(batch, n - done) for done in range(0, n, batch)]
+    for i, size in enumerate(sizes):
+        for target in rotated(targets, i):
+            latencies, wall = await burst(client, target, payload, size, concurrency)
+            out[target.name].latencies_s += latencies
+            out[target.name].busy_s += wall
+    return out
+
+
+async def streams(
+    client: httpx.AsyncClient, targets: Sequence[Target], n: int, tokens: int
+) -> dict[str, Samples]:
+    payload = chat_payload(max_tokens=tokens, stream=True)
+    out = {t.name: Samples() for t in targets}
+    for i in range(n):
+        for target in rotated(targets, i):
+            timing = await stream_once(client, target.url, payload)
+            s = out[target.name]
+            s.latencies_s.append(timing.total_s)
+            s.ttft_s.append(timing.ttft_s)
+            s.chunks.append(timing.chunks)
+            s.busy_s += timing.total_s
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Cold load: request → first token for a model that is not loaded yet.
+
+
+async def cold_bare(client: httpx.AsyncClient, inputs: Inputs) -> float:
+    """The floor: spawn llama-server, poll /health every 5 ms, then the same request."""
+    start = time.perf_counter()
+    proc, url = spawn_direct(inputs, "cold-bare")
+    try:
+        await wait_until(client, url + "/health", proc, is_200, interval_s=0.005)
+        timing = await stream_once(client, url, cold_payload(), since=start, first_only=True)
+        return timing.ttft_s
+    finally:
+        proc.stop()
+
+
+async def cold_modelyard(client: httpx.AsyncClient, inputs: Inputs, home: Path) -> float:
+    proc, url = spawn_modelyard(inputs, home, "cold-modelyard")
+    try:
+        await wait_until(client, url + "/health", proc, is_healthy)
+        timing = await stream_once(client, url, cold_payload(), first_only=True)
+        return timing.ttft_s
+    finally:
+        proc.stop()
+
+
+async def cold_router(client: httpx.AsyncClient, inputs: Inputs) -> float:
+    proc, url = spawn_router(inputs, "cold-router")
+    try:
+        await wait_until(client, url + "/v1/models", proc, is_200)
+        timing = await stream_once(client, url, cold_payload(), first_only=True)
+        return timing.ttft_s
+    finally:
+        proc.stop()
+
+
+def cold_payload() -> bytes:
+    return chat_payload(max_tokens=8, stream=True)
+
+
+async def cold_loads(
+    client: httpx.AsyncClient, inputs: Inputs, args: argparse.Namespace, with_router: bool
+) -> dict[str, list[float]]:
+    home = modelyard_home(inputs, args.single_process)
+    runs: dict[str, Callable[[], Awaitable[float]]] = {
+        "bare": lambda: cold_bare(client, inputs),
+        "modelyard": lambda: cold_modelyard(client, inputs, home),
+    }
+    if with_router:
+        runs["router"] = lambda: cold_router(client, inputs)
+    out: dict[str, list[float]] = {name: [] for name in runs}
+    names = list(runs)
+    for i in range(args.cold_repeats):
+        for name in names[i % len(names):] + names[: i % len(names)]:
+            out[name].append(await runs[name]())
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Statistics and report
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    xs = sorted(values)
+    if not xs:
+        return math.nan
+    pos = (len(xs) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def ms(seconds: float) -> float:
+    return seconds * 1000.0
+
+
+def summarize(s: Samples) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "n": len(s.latencies_s),
+        "rps": len(s.latencies_s) / s.busy_s if s.busy_s else math.nan,
+        "p50_ms": ms(percentile(s.latencies_s, 0.5)),
+        "p99_ms": ms(percentile(s.latencies_s, 0.99)),
+        "latencies_ms": [round(ms(x), 3) for x in s.latencies_s],
+    }
+    if s.ttft_s:
+        out |= {
+            "ttft_p50_ms": ms(percentile(s.ttft_s, 0.5)),
+            "ttft_p99_ms": ms(percentile(s.ttft_s, 0.99)),
+            "ttft_ms": [round(ms(x), 3) for x in s.ttft_s],
+            "chunks_min": min(s.chunks),
+        }
+    return out
+
+
+def fmt(x: float, spec: str = ".1f", sign: bool = False) -> str:
+    if math.isnan(x):
+        return "n/a"
+    return format(x, ("+" if sign else "") + spec)
+
+
+def md_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows, strict=True)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(str(c).rjust(w) for c, w in zip(cells, widths, strict=True)) + " |"
+
+    rule = "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|"
+    return "\n".join([line(headers), rule, *(line(r) for r in rows)])
+
+
+def request_table(summary: dict[str, dict[str, Any]]) -> str:
+    base = summary["direct"]
+    rows = []
+    for name, s in summary.items():
+        rows.append([
+            name, fmt(s["rps"]), fmt(s["rps"] / base["rps"], ".3f"),
+            fmt(s["p50_ms"], ".2f"), fmt(s["p99_ms"], ".2f"),
+            fmt(s["p50_ms"] - base["p50_ms"], ".2f", sign=True),
+            fmt(s["p99_ms"] - base["p99_ms"], ".2f", sign=True),
+        ])
+    return md_table(["target", "req/s", "vs direct", "p50 ms", "p99 ms", "added p50", "added p99"],
+                    rows)
+
+
+def stream_table(summary: dict[str, dict[str, Any]]) -> str:
+    base = summary["direct"]
+    rows = []
+    for name, s in summary.items():
+        rows.append([
+            name, fmt(s["ttft_p50_ms"], ".2f"), fmt(s["ttft_p99_ms"], ".2f"),
+            fmt(s["ttft_p50_ms"] - base["ttft_p50_ms"], ".2f", sign=True),
+            fmt(s["p50_ms"], ".1f"), fmt(s["p50_ms"] - base["p50_ms"], ".1f", sign=True),
+            str(s["chunks_min"]),
+        ])
+    return md_table(["target", "TTFT p50 ms", "TTFT p99 ms", "added TTFT p50", "total p50 ms",
+                     "added total p50", "min chunks"], rows)
+
+
+def cold_summary(runs: dict[str, list[float]]) -> dict[str, Any]:
+    medians = {name: ms(percentile(xs, 0.5)) for name, xs in runs.items()}
+    return {
+        name: {
+            "runs_ms": [round(ms(x), 1) for x in xs],
+            "median_ms": medians[name],
+            "overhead_ms": medians[name] - medians["bare"],
+        }
+        for name, xs in runs.items()
+    }
+
+
+def cold_table(cold: dict[str, Any]) -> str:
+    rows = [[name, fmt(c["median_ms"]), fmt(c["overhead_ms"], ".1f", sign=True),
+             " ".join(f"{x:.0f}" for x in c["runs_ms"])] for name, c in cold.items()]
+    return md_table(["path", "median ms to 1st token", "overhead vs bare", "runs ms"], rows)
+
+
+def verdicts(results: dict[str, Any]) -> list[str]:
+    w, lines = results["workloads"], []
+
+    def check(label: str, value: float, ok: bool) -> None:
+        lines.append(f"- {label}: {fmt(value, '.2f')} → {'PASS' if ok else 'FAIL'}")
+
+    c1 = w["chat_1tok_c1"]
+    added = c1["modelyard"]["p50_ms"] - c1["direct"]["p50_ms"]
+    check(f"modelyard added p50 at concurrency 1 ≤ {GOALS['added_p50_c1_ms']:g} ms", added,
+          added <= GOALS["added_p50_c1_ms"])
+    c8 = w["chat_1tok_cN"]
+    ratio = c8["modelyard"]["rps"] / c8["direct"]["rps"]
+    check(f"modelyard req/s ratio at concurrency {results['args']['concurrency']} "
+          f"≥ {GOALS['ratio_c8']:g}", ratio, ratio >= GOALS["ratio_c8"])
+    if "modelyard" in results.get("cold", {}):
+        over = results["cold"]["modelyard"]["overhead_ms"]
+        check(f"modelyard cold-load overhead ≤ {GOALS['cold_overhead_ms']:g} ms", over,
+              over <= GOALS["cold_overhead_ms"])
+    return lines
+
+
+def render(results: dict[str, Any]) -> str:
+    a, w = results["args"], results["workloads"]
+    parts = [
+        f"# modelyard relay benchmark — {results['started_at']}",
+        f"{results['machine']['cpus']} CPUs, load avg {results['machine']['loadavg_start']} → "
+        f"{results['machine']['loadavg_end']}; llama-server: {results['binary']}",
+        "",
+        f"## 1-token chat completions, concurrency 1 ({a['requests']} per target)",
+        request_table(w["chat_1tok_c1"]),
+        "",
+        f"## 1-token chat completions, concurrency {a['concurrency']} "
+        f"({a['concurrent_requests']} per target, batches of {a['batch']})",
+        request_table(w["chat_1tok_cN"]),
+        "",
+        f"## {a['stream_tokens']}-token streams, concurrency 1 ({a['streams']} per target)",
+        stream_table(w["stream"]),
+    ]
+    if results.get("cold"):
+        parts += ["", f"## Cold load: request → first token ({a['cold_repeats']} runs each; "
+                  "bare = spawn llama-server, poll /health every 5 ms, request)",
+                  cold_table(results["cold"])]
+    for note in results["notes"]:
+        parts.append(f"\nnote: {note}")
+    parts += ["", "## Goals", *verdicts(results), "",
+              f"took {results['duration_s']:.0f} s; JSON: {results['json_path']}"]
+    return "\n".join(parts)
+
+
+# --------------------------------------------------------------------------------------------
+# Main
+
+
+async def measure(inputs: Inputs, args: argparse.Namespace, results: dict[str, Any]) -> None:
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    async with httpx.AsyncClient(timeout=300.0, limits=limits, trust_env=False) as client:
+        targets = await start_targets(client, inputs, args)
+        try:
+            if "router" not in [t.name for t in targets]:
+                results["notes"].append("router column left out (see above)")
+            results["llama_server_argv"] = {t.name: llama_server_cmdlines(t) for t in targets}
+            step("warming up")
+            await warm_up(client, targets, args.warmup, args.concurrency)
+            w = results["workloads"]
+            step(f"1-token, concurrency 1: {args.requests} x {len(targets)}")
+            w["chat_1tok_c1"] = await serial_1tok(client, targets, args.requests)
+            step(f"1-token, concurrency {args.concurrency}: {args.concurrent_requests} x "
+                 f"{len(targets)}")
+            w["chat_1tok_cN"] = await concurrent_1tok(
+                client, targets, args.concurrent_requests, args.concurrency, args.batch)
+            step(f"{args.stream_tokens}-token streams: {args.streams} x {len(targets)}")
+            w["stream"] = await streams(client, targets, args.streams, args.stream_tokens)
+            for key, per_target in w.items():
+                w[key] = {name: summarize(s) for name, s in per_target.items()}
+        finally:
+            for target in targets:
+                target.proc.stop()
+        if args.cold_repeats > 0:
+            with_router = "router" in results["llama_server_argv"]
+            step(f"cold loads: {args.cold_repeats} x {2 + with_router}")
+            try:
+                results["cold"] = cold_summary(await cold_loads(client, inputs, args, with_router))
+            except (RuntimeError, TimeoutError, httpx.HTTPError) as exc:
+                results["notes"].append(f"cold loads failed: {exc}")
+
+
+_T0 = time.monotonic()
+
+
+def step(what: str) -> None:
+    print(f"[{time.monotonic() - _T0:6.1f} s] {what}", flush=True)
+
+
+def write_json(results: dict[str, Any], stamp: str) -> Path:
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / f"proxy-{stamp}.json"
+    path.write_text(json.dumps(results, indent=1, default=str))
+    return path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    inputs = Inputs(find_binary(args), find_model(args), args.ctx_size,
+                    Path(tempfile.mkdtemp(prefix="modelyard-bench-")))
+    results: dict[str, Any] = {
+        "started_at": time.strftime("%Y-%m-%d %H:%M:%S"), "args": vars(args),
+        "binary": str(inputs.binary), "model": str(inputs.model),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                    "python": platform.python_version(), "loadavg_start": loadavg()},
+        "workloads": {}, "notes": [],
+    }
+    step(f"logs in {inputs.workdir}")
+    ok = False
+    try:
+        asyncio.run(measure(inputs, args, results))
+        ok = True
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    finally:
+        stop_all()
+        if ok and not args.keep_workdir:
+            shutil.rmtree(inputs.workdir, ignore_errors=True)
+        elif not ok:
+            print(f"logs kept in {inputs.workdir}", file=sys.stderr)
+    results["machine"]["loadavg_end"] = loadavg()
+    results["duration_s"] = time.monotonic() - _T0
+    results["json_path"] = str(RESULTS_DIR / f"proxy-{stamp}.json")
+    write_json(results, stamp)
+    print("\n" + render(results))
+    return 0
+
+
+def loadavg() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""Helpers shared by the integration tests: configs, request builders for the three APIs, stream
+parsers, polling and process checks. Every server here is a real `modelyard serve` process and
+every model a real fake llama-server process (tests/fakes/fake_backend.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import pytest
+from tests.support import Server, fake_model
+
+T = TypeVar("T")
+
+APIS = ("openai", "ollama", "native")
+HELLO = [{"role": "user", "content": "Say hello to me"}]  # 4 prompt "tokens" for the fake
+# The fake's deterministic output (tests/fakes/fake_backend.py: generated_text).
+TEXT_16 = "The quick brown fox jumps over the lazy dog by a river The quick brown fox"
+TEXT_3 = "The quick brown"
+
+
+def config(*models: dict[str, Any], **settings: Any) -> dict[str, Any]:
+    """A front config that sees only `models`: no HF cache scan, no GPU probing."""
+    return {"scan_hf_cache": False, "devices": "cpu", **settings, "models": list(models)}
+
+
+def crash_once_model(model_id: str, files: Path) -> dict[str, Any]:
+    """A fake whose first process crashes after 3 tokens and whose later ones are healthy.
+
+    The argv runs through `sh`: the first start leaves a marker file and adds
+    `--crash-after-tokens 3`; `exec` keeps the pid, so /status and the start log agree.
+    """
+    spec = fake_model(model_id, "--start-log", str(files / f"{model_id}.starts"))
+    script = 'if [ -e "$0" ]; then exec "$@"; fi; : > "$0"; exec "$@" --crash-after-tokens 3'
+    spec["argv"] = ["sh", "-c", script, str(files / f"{model_id}.crashed"), *spec["argv"]]
+    return spec
+
+
+@contextlib.contextmanager
+def module_server(
+    factory: pytest.TempPathFactory, cfg: dict[str, Any], *args: str
+) -> Iterator[Server]:
+    """One server shared by the tests of a module (they use distinct models)."""
+    server = Server(factory.mktemp("front"), cfg, *args)
+    try:
+        server.wait_healthy()
+        yield server
+    finally:
+        server.stop()
+
+
+def poll(check: Callable[[], T], timeout_s: float = 20.0, what: str = "condition") -> T:
+    """`check()` until it returns something truthy; fail after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.02)
+
+
+def pid_alive(pid: int) -> bool:
+    """True while `pid` runs; a zombie (dead, not yet reaped by its parent) counts as gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def parent_pid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def starts(log: Path) -> list[int]:
+    """Pids of the fake processes that wrote to a `--start-log` file, in order."""
+    if not log.exists():
+        return []
+    return [int(line.split()[1]) for line in log.read_text().splitlines()]
+
+
+def status(server: Server) -> dict[str, Any]:
+    r = httpx.get(server.url + "/status", timeout=10)
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def model_status(server: Server, model: str) -> dict[str, Any] | None:
+    for engine in status(server)["engines"]:
+        for m in engine.get("models", []):
+            if m["model"] == model:
+                return dict(m)
+    return None
+
+
+def chat_request(
+    api: str, model: str, *, stream: bool, max_tokens: int | None = None
+) -> tuple[str, dict[str, Any]]:
+    """Path and body of a chat request in the given API's own dialect."""
+    body: dict[str, Any] = {"model": model, "messages": HELLO, "stream": stream}
+    if api == "openai":
+        if max_tokens is not None:
+            body["max_tokens"] = max_tokens
+        return "/v1/chat/completions", body
+    if api == "ollama":
+        if max_tokens is not None:
+            body["options"] = {"num_predict": max_tokens}
+        return "/api/chat", body
+    if max_tokens is not None:
+        body["max_tokens"] = max_tokens
+    return "/chat", body
+
+
+def sse_data(text: str) -> list[str]:
+    """The `data:` payloads of an SSE body, in order."""
+    return [line[5:].strip() for line in text.splitlines() if line.startswith("data:")]
+
+
+def stream_events(api: str, text: str) -> list[Any]:
+    """The events of a streamed answer: JSON objects, and the string "[DONE]" for OpenAI."""
+    if api == "ollama":
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    return [d if d == "[DONE]" else json.loads(d) for d in sse_data(text)]
+
+
+def event_text(api: str, event: Any) -> str:
+    """The generated text one streamed event carries."""
+    if not isinstance(event, dict):
+        return ""
+    if api == "openai":
+        parts = [(c.get("delta") or {}).get("content") for c in event.get("choices", [])]
+        return "".join(p for p in parts if p)
+    if api == "ollama":
+        return str((event.get("message") or {}).get("content") or "")
+    return str((event.get("delta") or {}).get("content") or "")
+
+
+def answer_text(api: str, body: dict[str, Any]) -> str:
+    """The generated text of a non-streamed answer."""
+    if api == "openai":
+        return str(body["choices"][0]["message"]["content"])
+    return str(body["message"]["content"])
