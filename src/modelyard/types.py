@@ -6,7 +6,7 @@ Kept free of heavy imports so every process (including the torch-free front) can
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 
 @dataclass(frozen=True)
@@ -26,3 +26,21 @@ class DeviceInfo:
     utilization_pct: int | None
     temperature_c: int | None
     kind: Literal["cuda", "cpu", "simulated"] = "cuda"
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A grant to send requests for `model` to `upstream` until released (DESIGN.md §3.3)."""
+
+    id: str
+    model: str
+    upstream: str
+    load_duration_ns: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "lease_id": self.id,
+            "model": self.model,
+            "upstream": self.upstream,
+            "load_duration_ns": self.load_duration_ns,
+        }

@@ -23,6 +23,7 @@ from modelyard.config import Settings
 from modelyard.engine.backends.openai_server import ChildServer
 from modelyard.errors import ModelLoadFailed, ModelyardError
 from modelyard.store.registry import Entry, ModelRegistry
+from modelyard.types import Lease
 
 log = logging.getLogger("modelyard.engine")
 
@@ -33,22 +34,6 @@ class ModelState(StrEnum):
     READY = "ready"
     FAILED = "failed"
     STOPPING = "stopping"
-
-
-@dataclass(frozen=True)
-class Lease:
-    id: str
-    model: str
-    upstream: str
-    load_duration_ns: int
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "lease_id": self.id,
-            "model": self.model,
-            "upstream": self.upstream,
-            "load_duration_ns": self.load_duration_ns,
-        }
 
 
 @dataclass

@@ -13,9 +13,10 @@ import aiohttp
 import orjson
 
 from modelyard.engine.backends.openai_server import LOOPBACK
-from modelyard.engine.loop import Engine, Lease
+from modelyard.engine.loop import Engine
 from modelyard.errors import EngineUnavailable, ModelyardError, from_native_body
 from modelyard.front.lease_client import LeaseClient
+from modelyard.types import Lease
 
 ENGINE_RETRY_AFTER_S = 2.0
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import orjson
 
-from modelyard.engine.loop import Lease
 from modelyard.errors import EngineUnavailable, from_native_body
+from modelyard.types import Lease
 
 MAX_LINE_BYTES = 1 << 20
 

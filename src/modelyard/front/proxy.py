@@ -19,9 +19,9 @@ import orjson
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from modelyard.engine.loop import Lease
 from modelyard.errors import ModelyardError, UpstreamError
 from modelyard.front.engines import EngineClient
+from modelyard.types import Lease
 
 # aiohttp rather than httpx on this path: per request it costs about a third of httpx's CPU,
 # which is most of what a relay adds over talking to the backend directly.
