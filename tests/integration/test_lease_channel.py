@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from tests.support import fake_model
 
 from modelyard.config import OpenAIServerModel, Settings
 from modelyard.engine.lease_channel import serve_lease_channel
@@ -14,7 +15,6 @@ from modelyard.engine.loop import Engine
 from modelyard.errors import ModelNotFound
 from modelyard.front.lease_client import LeaseClient
 from modelyard.store.registry import ModelRegistry
-from tests.support import fake_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -83,6 +83,9 @@ class Engine:
         """A lease on a ready copy of `name`, loading it first if needed."""
         rt = self._runtime(self.registry.resolve(name))
         started = self.clock()
+        if rt.state is ModelState.READY and rt.server is not None and not rt.server.process.alive:
+            # It died and the exit watcher has not run yet: reload instead of leasing a corpse.
+            self._forget_dead_server(rt, rt.server)
         while rt.state is not ModelState.READY:
             if rt.load is None:
                 self._check_cooldown(rt)
@@ -151,16 +154,20 @@ class Engine:
         self._spawn(self._watch_exit(rt, server), f"watch:{spec.id}")
 
     async def _watch_exit(self, rt: _Runtime, server: ChildServer) -> None:
-        code = await server.wait_exit()
-        if rt.server is server and rt.state is ModelState.READY:
-            # It died on its own: the next request reloads it; streams in flight see the drop.
-            log.warning(
-                "%s exited unexpectedly with status %s; last lines:\n%s",
-                rt.entry.id, code, "\n".join(server.process.tail),
-            )
-            rt.server = None
-            rt.state = ModelState.STOPPED
-            rt.restarts += 1
+        await server.wait_exit()
+        self._forget_dead_server(rt, server)
+
+    def _forget_dead_server(self, rt: _Runtime, server: ChildServer) -> None:
+        if rt.server is not server or rt.state is not ModelState.READY:
+            return
+        # It died on its own: the next request reloads it; streams in flight see the drop.
+        log.warning(
+            "%s exited unexpectedly with status %s; last lines:\n%s",
+            rt.entry.id, server.process.returncode, "\n".join(server.process.tail),
+        )
+        rt.server = None
+        rt.state = ModelState.STOPPED
+        rt.restarts += 1
 
     async def unload(self, name: str, *, drain_timeout_s: float | None = None) -> bool:
         """Stop `name` once its leases are released; False when it was not loaded."""
