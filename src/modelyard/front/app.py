@@ -79,12 +79,15 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
+            gpus = [] if settings.devices == "cpu" else query_gpus()
             clients = engines
             if clients is None:
-                clients = await _start_engines(settings, registry, config_file, stack)
+                clients = await _start_engines(settings, registry, len(gpus), config_file, stack)
             upstream = new_upstream_session(settings.request_timeout_s)
             stack.push_async_callback(upstream.close)
-            app.state.front = FrontState(settings, registry, clients, upstream)
+            app.state.front = FrontState(
+                settings, registry, clients, upstream, gpu_count=len(gpus)
+            )
             yield
 
     app = Starlette(
@@ -102,6 +105,7 @@ def create_app(
 async def _start_engines(
     settings: Settings,
     registry: ModelRegistry,
+    gpu_count: int,
     config_file: Path | None,
     stack: contextlib.AsyncExitStack,
 ) -> list[EngineClient]:
@@ -111,9 +115,8 @@ async def _start_engines(
         engine = Engine(settings, registry)
         stack.push_async_callback(engine.shutdown)
         return [LocalEngineClient(engine)]
-    gpus = [] if settings.devices == "cpu" else query_gpus()
     clients: list[EngineClient] = []
-    for plan in plan_engines(settings, len(gpus)):
+    for plan in plan_engines(settings, gpu_count):
         client = HttpEngineClient(f"engine-{plan.index}")
         supervisor = EngineSupervisor(settings, plan, client, config_file=config_file)
         stack.push_async_callback(supervisor.stop)

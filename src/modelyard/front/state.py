@@ -27,6 +27,7 @@ class FrontState:
     registry: ModelRegistry
     engines: list[EngineClient]
     upstream: aiohttp.ClientSession
+    gpu_count: int = 0
     started_at: float = field(default_factory=time.time)
     # Where each model was last granted: the routing hint "already resident".
     residency: dict[str, str] = field(default_factory=dict)

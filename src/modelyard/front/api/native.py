@@ -149,7 +149,8 @@ async def health(request: Request) -> Response:
             "cache_limit": None,
             "downloads_active": 0,
             "downloads_queued": 0,
-            "gpu_status": "unavailable" if state.settings.devices == "cpu" else "auto",
+            "gpu_status": "available" if state.gpu_count else "unavailable",
+            "gpu_count": state.gpu_count,
             "memory": {
                 "host_total_bytes": mem.total,
                 "host_available_bytes": mem.available,
