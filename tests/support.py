@@ -8,8 +8,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -17,6 +18,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKE_BACKEND = ROOT / "tests" / "fakes" / "fake_backend.py"
+
+T = TypeVar("T")
 
 
 def free_port() -> int:
@@ -87,3 +90,15 @@ def require_e2e_artifact(path: Path | None, what: str) -> Path:
     if os.environ.get("MODELYARD_REQUIRE_E2E") == "1":
         pytest.fail(message)
     pytest.skip(message)
+
+
+def poll(check: Callable[[], T], timeout_s: float = 20.0, what: str = "condition") -> T:
+    """`check()` until it returns something truthy; fail after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.02)

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -52,18 +51,6 @@ def module_server(
         yield server
     finally:
         server.stop()
-
-
-def poll(check: Callable[[], T], timeout_s: float = 20.0, what: str = "condition") -> T:
-    """`check()` until it returns something truthy; fail after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.02)
 
 
 def pid_alive(pid: int) -> bool:

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import httpx
 import pytest
+from tests.support import poll
 
 pytestmark = pytest.mark.integration
 
@@ -40,17 +41,6 @@ def _load_fake() -> Any:
 
 
 fake = _load_fake()
-
-
-def poll(check: Callable[[], T | None], timeout_s: float = 20.0, what: str = "condition") -> T:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 @dataclass
