@@ -348,7 +348,11 @@ HEADERS = {"content-type": "application/json"}
 async def one_shot(client: httpx.AsyncClient, target: Target, payload: bytes) -> float:
     """One non-streaming request; its latency in seconds."""
     start = time.perf_counter()
-    r = await client.post(target.url + "/v1/chat/completions", content=payload, headers=HEADERS)
+    try:
+        r = await client.post(target.url + "/v1/chat/completions", content=payload,
+                              headers=HEADERS)
+    except httpx.HTTPError as exc:
+        raise RuntimeError(f"{target.name}: {type(exc).__name__}: {exc}") from exc
     elapsed = time.perf_counter() - start
     if r.status_code != 200:
         raise RuntimeError(f"{target.name}: HTTP {r.status_code}: {r.text[:300]}")
@@ -701,7 +705,8 @@ def render(results: dict[str, Any]) -> str:
 
 
 async def measure(inputs: Inputs, args: argparse.Namespace, results: dict[str, Any]) -> None:
-    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    # llama-server closes a connection idle for 5 s, httpx's default expiry: a reuse race.
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64, keepalive_expiry=3.0)
     async with httpx.AsyncClient(timeout=300.0, limits=limits, trust_env=False) as client:
         targets = await start_targets(client, inputs, args)
         try:

@@ -1,5 +1,5 @@
 """Helpers shared by the integration tests: configs, request builders for the three APIs, stream
-parsers, polling and process checks. Every server here is a real `modelyard serve` process and
+parsers and process checks. Every server here is a real `modelyard serve` process and
 every model a real fake llama-server process (tests/fakes/fake_backend.py)."""
 
 from __future__ import annotations

@@ -31,13 +31,12 @@ from tests.integration.harness import (
     model_status,
     module_server,
     pid_alive,
-    poll,
     sse_data,
     starts,
     status,
     stream_events,
 )
-from tests.support import Server, fake_model
+from tests.support import Server, fake_model, poll
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

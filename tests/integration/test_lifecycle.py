@@ -17,10 +17,9 @@ from tests.integration.harness import (
     model_status,
     parent_pid,
     pid_alive,
-    poll,
     status,
 )
-from tests.support import fake_model
+from tests.support import fake_model, poll
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -43,7 +43,6 @@ class _Runtime:
     server: ChildServer | None = None
     load: asyncio.Task[None] | None = None
     leases: set[str] = field(default_factory=set)
-    idle: asyncio.Event = field(default_factory=asyncio.Event)
     cooldown_until: float = 0.0
     last_error: ModelyardError | None = None
     loaded_at: float | None = None
@@ -76,7 +75,6 @@ class Engine:
         rt = self._models.get(entry.id)
         if rt is None:
             rt = self._models[entry.id] = _Runtime(entry)
-            rt.idle.set()
         return rt
 
     async def acquire(self, name: str) -> Lease:
@@ -99,7 +97,6 @@ class Engine:
             load_duration_ns=int((self.clock() - started) * 1e9),
         )
         rt.leases.add(lease.id)
-        rt.idle.clear()
         self._leases[lease.id] = rt.entry.id
         return lease
 
@@ -110,8 +107,6 @@ class Engine:
         rt = self._models[model_id]
         rt.leases.discard(lease_id)
         rt.last_used = self.clock()
-        if not rt.leases:
-            rt.idle.set()
 
     def _check_cooldown(self, rt: _Runtime) -> None:
         remaining = rt.cooldown_until - self.clock()
@@ -168,14 +163,6 @@ class Engine:
         rt.server = None
         rt.state = ModelState.STOPPED
         rt.restarts += 1
-
-    async def unload(self, name: str, *, drain_timeout_s: float | None = None) -> bool:
-        """Stop `name` once its leases are released; False when it was not loaded."""
-        rt = self._models.get(self.registry.resolve(name).id)
-        if rt is None or rt.server is None:
-            return False
-        await asyncio.wait_for(rt.idle.wait(), drain_timeout_s)
-        return await self._stop(rt)
 
     async def _stop(self, rt: _Runtime) -> bool:
         server = rt.server
@@ -237,9 +224,3 @@ class Engine:
                 }
             )
         return out
-
-    def logs(self, name: str, lines: int) -> list[str]:
-        rt = self._models.get(self.registry.resolve(name).id)
-        if rt is None or rt.server is None:
-            return []
-        return list(rt.server.process.tail)[-lines:]

@@ -16,6 +16,7 @@ from modelyard.engine.backends.openai_server import LOOPBACK
 from modelyard.engine.loop import Engine
 from modelyard.errors import EngineUnavailable, ModelyardError, from_native_body
 from modelyard.front.lease_client import LeaseClient
+from modelyard.hw.devices import describe_devices
 from modelyard.types import Lease
 
 ENGINE_RETRY_AFTER_S = 2.0
@@ -35,9 +36,6 @@ class EngineClient(Protocol):
 
     async def diag(self) -> dict[str, Any]: ...
 
-    async def unload(self, model: str) -> bool: ...
-
-    async def logs(self, model: str, lines: int) -> list[str]: ...
 
 
 class LocalEngineClient:
@@ -61,15 +59,7 @@ class LocalEngineClient:
         return self.engine.status()
 
     async def diag(self) -> dict[str, Any]:
-        from modelyard.hw.devices import describe_devices
-
         return {"engine": self.engine.index, "devices": describe_devices()}
-
-    async def unload(self, model: str) -> bool:
-        return await self.engine.unload(model, drain_timeout_s=60)
-
-    async def logs(self, model: str, lines: int) -> list[str]:
-        return self.engine.logs(model, lines)
 
 
 class HttpEngineClient:
@@ -148,9 +138,3 @@ class HttpEngineClient:
     async def diag(self) -> dict[str, Any]:
         return dict(await self._call("GET", "/diag"))
 
-    async def unload(self, model: str) -> bool:
-        return bool((await self._call("POST", f"/models/{model}/unload"))["unloaded"])
-
-    async def logs(self, model: str, lines: int) -> list[str]:
-        data = await self._call("GET", f"/models/{model}/logs", params={"lines": lines})
-        return list(data["lines"])
