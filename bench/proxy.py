@@ -19,6 +19,7 @@ import json
 import math
 import os
 import platform
+import shlex
 import shutil
 import signal
 import subprocess
@@ -46,7 +47,6 @@ MODEL = DEMO_MODEL_ID
 MESSAGES = [{"role": "user", "content": "Name one colour of the rainbow."}]
 # Options that name one model instance; the router sets these itself for the child it spawns.
 INSTANCE_OPTIONS = {"--model", "--host", "--port", "--alias"}
-TARGET_NAMES = ("direct", "modelyard", "router")
 PAIRED = {"chat_1tok_c1", "stream"}  # workloads whose samples line up round by round
 GOALS = {"added_p50_c1_ms": 2.0, "ratio_c8": 0.95, "cold_overhead_ms": 50.0}
 
@@ -58,16 +58,18 @@ GOALS = {"added_p50_c1_ms": 2.0, "ratio_c8": 0.95, "cold_overhead_ms": 50.0}
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--requests", type=int, default=200, help="1-token requests per target, c=1")
-    p.add_argument("--concurrent-requests", type=int, default=240,
+    p.add_argument("--concurrent-requests", type=int, default=120,
                    help="1-token requests per target at --concurrency")
     p.add_argument("--concurrency", type=int, default=8)
-    p.add_argument("--batch", type=int, default=48,
+    p.add_argument("--batch", type=int, default=40,
                    help="requests per target per interleaved batch at --concurrency")
-    p.add_argument("--streams", type=int, default=16, help="128-token streams per target")
+    p.add_argument("--streams", type=int, default=12, help="128-token streams per target")
     p.add_argument("--stream-tokens", type=int, default=128)
-    p.add_argument("--cold-repeats", type=int, default=4, help="cold loads per target (0: skip)")
+    p.add_argument("--cold-repeats", type=int, default=5, help="cold loads per target (0: skip)")
     p.add_argument("--warmup", type=int, default=10, help="unmeasured requests per target")
     p.add_argument("--ctx-size", type=int, default=2048)
+    p.add_argument("--llama-args", default="",
+                   help="extra llama-server options for all three, e.g. '-np 4 -no-kvu'")
     p.add_argument("--no-router", action="store_true", help="leave out the router column")
     p.add_argument("--single-process", action="store_true",
                    help="run modelyard with --single-process (front and engine in one process)")
@@ -186,6 +188,7 @@ class Inputs:
     model: Path
     ctx_size: int
     workdir: Path
+    extra_args: tuple[str, ...] = ()  # appended to every llama-server's command line
 
     def instance_argv(self, port: int) -> list[str]:
         """modelyard's own llama-server command line for the demo model (what the engine runs)."""
@@ -193,7 +196,8 @@ class Inputs:
             home=self.workdir / "unused", llama_server_path=self.binary,
             default_ctx_size=self.ctx_size, scan_hf_cache=False,
         )
-        template, values = llama_server_argv(LlamaCppModel(id=MODEL, path=self.model), settings)
+        spec = LlamaCppModel(id=MODEL, path=self.model, extra_args=list(self.extra_args))
+        template, values = llama_server_argv(spec, settings)
         return render_argv(template, {**values, "host": HOST, "port": str(port)})
 
     def shared_args(self) -> list[str]:
@@ -244,13 +248,16 @@ def modelyard_home(inputs: Inputs, single_process: bool) -> Path:
     link = home / "models" / DEMO_MODEL_FILE  # served as the demo model, `smollm2`
     if not link.exists():
         link.symlink_to(inputs.model)
-    config = {
+    config: dict[str, Any] = {
         "scan_hf_cache": False,
         "default_ctx_size": inputs.ctx_size,
         "llama_server_path": str(inputs.binary),
         "devices": "cpu",
         "single_process": single_process,
     }
+    if inputs.extra_args:  # only a declared model takes extra_args
+        config["models"] = [{"id": MODEL, "backend": "llamacpp", "path": str(link),
+                             "extra_args": list(inputs.extra_args)}]
     (home / "config.yaml").write_text(yaml.safe_dump(config))
     return home
 
@@ -293,7 +300,7 @@ def is_healthy(r: httpx.Response) -> bool:
 
 
 async def start_targets(
-    client: httpx.AsyncClient, inputs: Inputs, args: argparse.Namespace
+    client: httpx.AsyncClient, inputs: Inputs, args: argparse.Namespace, notes: list[str]
 ) -> list[Target]:
     targets: list[Target] = []
     proc, url = spawn_direct(inputs)
@@ -309,10 +316,11 @@ async def start_targets(
         router = Target("router", url, proc)
         try:
             await wait_until(client, url + "/health", proc, is_200, timeout_s=30)
-            await one_shot(client, router, chat_payload(max_tokens=1))  # loads the model
+            await one_shot(client, url, chat_payload(max_tokens=1))  # loads the model
             targets.append(router)
-        except (RuntimeError, TimeoutError, httpx.HTTPError) as exc:
-            print(f"router mode unavailable, continuing without it: {exc}", flush=True)
+        except (RuntimeError, TimeoutError) as exc:
+            notes.append(f"router mode unavailable, left out: {exc}")
+            print(notes[-1], flush=True)
             proc.stop()
     return targets
 
@@ -333,6 +341,10 @@ def llama_server_cmdlines(target: Target) -> list[str]:
 # Requests
 
 
+class RequestFailed(RuntimeError):
+    """A request that got no complete 200 answer (counted, not fatal, in the workloads)."""
+
+
 def chat_payload(*, max_tokens: int, stream: bool = False) -> bytes:
     body: dict[str, Any] = {
         "model": MODEL, "messages": MESSAGES, "temperature": 0, "max_tokens": max_tokens,
@@ -345,17 +357,16 @@ def chat_payload(*, max_tokens: int, stream: bool = False) -> bytes:
 HEADERS = {"content-type": "application/json"}
 
 
-async def one_shot(client: httpx.AsyncClient, target: Target, payload: bytes) -> float:
+async def one_shot(client: httpx.AsyncClient, url: str, payload: bytes) -> float:
     """One non-streaming request; its latency in seconds."""
     start = time.perf_counter()
     try:
-        r = await client.post(target.url + "/v1/chat/completions", content=payload,
-                              headers=HEADERS)
+        r = await client.post(url + "/v1/chat/completions", content=payload, headers=HEADERS)
     except httpx.HTTPError as exc:
-        raise RuntimeError(f"{target.name}: {type(exc).__name__}: {exc}") from exc
+        raise RequestFailed(f"{url}: {type(exc).__name__}: {exc}") from exc
     elapsed = time.perf_counter() - start
     if r.status_code != 200:
-        raise RuntimeError(f"{target.name}: HTTP {r.status_code}: {r.text[:300]}")
+        raise RequestFailed(f"{url}: HTTP {r.status_code}: {r.text[:300]}")
     return elapsed
 
 
@@ -380,18 +391,23 @@ async def stream_once(
     """One SSE request; times to the first content chunk and to the end, from `since`."""
     start = time.perf_counter() if since is None else since
     ttft, chunks = math.nan, 0
-    async with client.stream("POST", url + "/v1/chat/completions", content=payload,
-                             headers=HEADERS) as r:
-        if r.status_code != 200:
-            raise RuntimeError(f"{url}: HTTP {r.status_code}: {(await r.aread())[:300]!r}")
-        async for line in r.aiter_lines():
-            if math.isnan(ttft):
-                if has_content(line):
-                    ttft, chunks = time.perf_counter() - start, 1
-                    if first_only:
-                        break
-            elif line.startswith("data:") and not line.endswith("[DONE]"):
-                chunks += 1
+    try:
+        async with client.stream("POST", url + "/v1/chat/completions", content=payload,
+                                 headers=HEADERS) as r:
+            if r.status_code != 200:
+                raise RequestFailed(f"{url}: HTTP {r.status_code}: {(await r.aread())[:300]!r}")
+            async for line in r.aiter_lines():
+                if math.isnan(ttft):
+                    if has_content(line):
+                        ttft, chunks = time.perf_counter() - start, 1
+                        if first_only:
+                            break
+                elif line.startswith("data:") and not line.endswith("[DONE]"):
+                    chunks += 1
+    except httpx.HTTPError as exc:
+        raise RequestFailed(f"{url}: {type(exc).__name__}: {exc}") from exc
+    if math.isnan(ttft):
+        raise RequestFailed(f"{url}: the stream ended without content")
     return StreamTiming(ttft, time.perf_counter() - start, chunks)
 
 
@@ -406,10 +422,61 @@ def rotated(targets: Sequence[Target], i: int) -> list[Target]:
 
 @dataclass
 class Samples:
+    """One target's measurements in one workload; a failed request is a NaN latency."""
+
     latencies_s: list[float] = field(default_factory=list)
     busy_s: float = 0.0  # wall time spent driving this target
     ttft_s: list[float] = field(default_factory=list)
     chunks: list[int] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def failed(self, exc: RequestFailed, *, stream: bool = False) -> None:
+        self.errors.append(str(exc))
+        self.latencies_s.append(math.nan)
+        if stream:
+            self.ttft_s.append(math.nan)
+
+
+async def request(client: httpx.AsyncClient, target: Target, payload: bytes, s: Samples) -> None:
+    try:
+        s.latencies_s.append(await one_shot(client, target.url, payload))
+    except RequestFailed as exc:
+        s.failed(exc)
+
+
+async def stream_request(
+    client: httpx.AsyncClient, target: Target, payload: bytes, s: Samples
+) -> None:
+    try:
+        timing = await stream_once(client, target.url, payload)
+    except RequestFailed as exc:
+        s.failed(exc, stream=True)
+        return
+    s.latencies_s.append(timing.total_s)
+    s.ttft_s.append(timing.ttft_s)
+    s.chunks.append(timing.chunks)
+
+
+async def timed(s: Samples, work: Awaitable[None]) -> None:
+    start = time.perf_counter()
+    await work
+    s.busy_s += time.perf_counter() - start
+
+
+async def burst(
+    client: httpx.AsyncClient, target: Target, payload: bytes, n: int, concurrency: int,
+    s: Samples,
+) -> None:
+    """`n` requests from `concurrency` workers."""
+    remaining = n
+
+    async def worker() -> None:
+        nonlocal remaining
+        while remaining > 0:
+            remaining -= 1
+            await request(client, target, payload, s)
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
 
 
 async def warm_up(
@@ -418,10 +485,13 @@ async def warm_up(
     """Connections opened and every parallel slot's prompt cache filled, for every target."""
     payload = chat_payload(max_tokens=1)
     for target in targets:
+        s = Samples()
         for _ in range(n):
-            await one_shot(client, target, payload)
-        await burst(client, target, payload, 2 * concurrency, concurrency)
-        await stream_once(client, target.url, chat_payload(max_tokens=8, stream=True))
+            await request(client, target, payload, s)
+        await burst(client, target, payload, 2 * concurrency, concurrency, s)
+        await stream_request(client, target, chat_payload(max_tokens=8, stream=True), s)
+        if len(s.errors) == len(s.latencies_s):
+            raise RuntimeError(f"{target.name} answers nothing: {s.errors[0]}")
 
 
 async def serial_1tok(
@@ -430,27 +500,9 @@ async def serial_1tok(
     payload, out = chat_payload(max_tokens=1), {t.name: Samples() for t in targets}
     for i in range(n):
         for target in rotated(targets, i):
-            latency = await one_shot(client, target, payload)
-            out[target.name].latencies_s.append(latency)
-            out[target.name].busy_s += latency
+            s = out[target.name]
+            await timed(s, request(client, target, payload, s))
     return out
-
-
-async def burst(
-    client: httpx.AsyncClient, target: Target, payload: bytes, n: int, concurrency: int
-) -> tuple[list[float], float]:
-    """`n` requests from `concurrency` workers; their latencies and the burst's wall time."""
-    remaining, latencies = n, []
-
-    async def worker() -> None:
-        nonlocal remaining
-        while remaining > 0:
-            remaining -= 1
-            latencies.append(await one_shot(client, target, payload))
-
-    start = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return latencies, time.perf_counter() - start
 
 
 async def concurrent_1tok(
@@ -460,9 +512,8 @@ async def concurrent_1tok(
     sizes = [min(batch, n - done) for done in range(0, n, batch)]
     for i, size in enumerate(sizes):
         for target in rotated(targets, i):
-            latencies, wall = await burst(client, target, payload, size, concurrency)
-            out[target.name].latencies_s += latencies
-            out[target.name].busy_s += wall
+            s = out[target.name]
+            await timed(s, burst(client, target, payload, size, concurrency, s))
     return out
 
 
@@ -473,47 +524,81 @@ async def streams(
     out = {t.name: Samples() for t in targets}
     for i in range(n):
         for target in rotated(targets, i):
-            timing = await stream_once(client, target.url, payload)
             s = out[target.name]
-            s.latencies_s.append(timing.total_s)
-            s.ttft_s.append(timing.ttft_s)
-            s.chunks.append(timing.chunks)
-            s.busy_s += timing.total_s
+            await timed(s, stream_request(client, target, payload, s))
     return out
-
 
 # --------------------------------------------------------------------------------------------
 # Cold load: request → first token for a model that is not loaded yet.
 
 
-async def cold_bare(client: httpx.AsyncClient, inputs: Inputs) -> float:
+@dataclass(frozen=True)
+class ColdRun:
+    ttft_s: float  # request (bare: spawn) → first content chunk
+    ready_s: float = math.nan  # spawn → llama-server ready, as this path saw it
+
+
+async def cold_bare(client: httpx.AsyncClient, inputs: Inputs) -> ColdRun:
     """The floor: spawn llama-server, poll /health every 5 ms, then the same request."""
     start = time.perf_counter()
     proc, url = spawn_direct(inputs, "cold-bare")
     try:
-        await wait_until(client, url + "/health", proc, is_200, interval_s=0.005)
+        await wait_health_raw(url, proc)
+        ready = time.perf_counter() - start
         timing = await stream_once(client, url, cold_payload(), since=start, first_only=True)
-        return timing.ttft_s
+        return ColdRun(timing.ttft_s, ready)
     finally:
         proc.stop()
 
 
-async def cold_modelyard(client: httpx.AsyncClient, inputs: Inputs, home: Path) -> float:
+async def wait_health_raw(url: str, proc: Proc, interval_s: float = 0.005) -> None:
+    """Poll GET /health with a hand-written request: an httpx poll every 5 ms would take enough
+    CPU from the loading server (2 cores) to slow the very thing it measures."""
+    host, port = url.removeprefix("http://").split(":")
+    request = f"GET /health HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode()
+    deadline = time.monotonic() + 120.0
+    while time.monotonic() < deadline:
+        if proc.exited() is not None:
+            raise RuntimeError(f"{proc.name} exited ({proc.exited()}):\n{proc.tail()}")
+        with contextlib.suppress(OSError):
+            reader, writer = await asyncio.open_connection(host, int(port))
+            try:
+                writer.write(request)
+                if (await reader.readline()).split(b" ")[1:2] == [b"200"]:
+                    return
+            finally:
+                writer.close()
+        await asyncio.sleep(interval_s)
+    raise TimeoutError(f"{proc.name}: not ready after 120 s:\n{proc.tail()}")
+
+
+async def cold_modelyard(client: httpx.AsyncClient, inputs: Inputs, home: Path) -> ColdRun:
     proc, url = spawn_modelyard(inputs, home, "cold-modelyard")
     try:
         await wait_until(client, url + "/health", proc, is_healthy)
         timing = await stream_once(client, url, cold_payload(), first_only=True)
-        return timing.ttft_s
+        return ColdRun(timing.ttft_s, await modelyard_load_s(client, url))
     finally:
         proc.stop()
 
 
-async def cold_router(client: httpx.AsyncClient, inputs: Inputs) -> float:
+async def modelyard_load_s(client: httpx.AsyncClient, url: str) -> float:
+    """The engine's own spawn → ready time for the model (GET /status)."""
+    with contextlib.suppress(httpx.HTTPError, ValueError, KeyError, TypeError):
+        status = (await client.get(url + "/status")).json()
+        for engine in status["engines"]:
+            for model in engine.get("models", []):
+                if model["model"] == MODEL and model.get("load_duration_s") is not None:
+                    return float(model["load_duration_s"])
+    return math.nan
+
+
+async def cold_router(client: httpx.AsyncClient, inputs: Inputs) -> ColdRun:
     proc, url = spawn_router(inputs, "cold-router")
     try:
         await wait_until(client, url + "/v1/models", proc, is_200)
         timing = await stream_once(client, url, cold_payload(), first_only=True)
-        return timing.ttft_s
+        return ColdRun(timing.ttft_s)
     finally:
         proc.stop()
 
@@ -524,15 +609,15 @@ def cold_payload() -> bytes:
 
 async def cold_loads(
     client: httpx.AsyncClient, inputs: Inputs, args: argparse.Namespace, with_router: bool
-) -> dict[str, list[float]]:
+) -> dict[str, list[ColdRun]]:
     home = modelyard_home(inputs, args.single_process)
-    runs: dict[str, Callable[[], Awaitable[float]]] = {
+    runs: dict[str, Callable[[], Awaitable[ColdRun]]] = {
         "bare": lambda: cold_bare(client, inputs),
         "modelyard": lambda: cold_modelyard(client, inputs, home),
     }
     if with_router:
         runs["router"] = lambda: cold_router(client, inputs)
-    out: dict[str, list[float]] = {name: [] for name in runs}
+    out: dict[str, list[ColdRun]] = {name: [] for name in runs}
     names = list(runs)
     for i in range(args.cold_repeats):
         for name in names[i % len(names):] + names[: i % len(names)]:
@@ -545,7 +630,8 @@ async def cold_loads(
 
 
 def percentile(values: Sequence[float], q: float) -> float:
-    xs = sorted(values)
+    """Linear-interpolated quantile of the values that are not NaN (failed requests)."""
+    xs = sorted(x for x in values if not math.isnan(x))
     if not xs:
         return math.nan
     pos = (len(xs) - 1) * q
@@ -557,6 +643,10 @@ def ms(seconds: float) -> float:
     return seconds * 1000.0
 
 
+def rounded_ms(values: Sequence[float]) -> list[float | None]:
+    return [None if math.isnan(x) else round(ms(x), 3) for x in values]
+
+
 def paired_delta_ms(xs: Sequence[float], base: Sequence[float]) -> float:
     """Median of per-round differences: robust to load drift that a difference of medians is not."""
     return ms(percentile([x - b for x, b in zip(xs, base, strict=True)], 0.5))
@@ -566,17 +656,19 @@ def summarize(s: Samples, base: Samples | None = None) -> dict[str, Any]:
     """Stats of one target; with `base` (direct, same rounds) also the paired added p50."""
     out: dict[str, Any] = {
         "n": len(s.latencies_s),
-        "rps": len(s.latencies_s) / s.busy_s if s.busy_s else math.nan,
+        "errors": len(s.errors),
+        "first_errors": s.errors[:3],
+        "rps": (len(s.latencies_s) - len(s.errors)) / s.busy_s if s.busy_s else math.nan,
         "p50_ms": ms(percentile(s.latencies_s, 0.5)),
         "p99_ms": ms(percentile(s.latencies_s, 0.99)),
-        "latencies_ms": [round(ms(x), 3) for x in s.latencies_s],
+        "latencies_ms": rounded_ms(s.latencies_s),
     }
     if s.ttft_s:
         out |= {
             "ttft_p50_ms": ms(percentile(s.ttft_s, 0.5)),
             "ttft_p99_ms": ms(percentile(s.ttft_s, 0.99)),
-            "ttft_ms": [round(ms(x), 3) for x in s.ttft_s],
-            "chunks_min": min(s.chunks),
+            "ttft_ms": rounded_ms(s.ttft_s),
+            "chunks_min": min(s.chunks, default=0),
         }
     if base is not None:
         out["paired_added_p50_ms"] = paired_delta_ms(s.latencies_s, base.latencies_s)
@@ -595,9 +687,12 @@ def md_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows, strict=True)]
 
     def line(cells: Sequence[str]) -> str:
-        return "| " + " | ".join(str(c).rjust(w) for c, w in zip(cells, widths, strict=True)) + " |"
+        padded = [str(c).ljust(w) if i == 0 else str(c).rjust(w)
+                  for i, (c, w) in enumerate(zip(cells, widths, strict=True))]
+        return "| " + " | ".join(padded) + " |"
 
-    rule = "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|"
+    rule = "|" + "|".join(["-" * (widths[0] + 2), *("-" * (w + 1) + ":" for w in widths[1:])])
+    rule += "|"
     return "\n".join([line(headers), rule, *(line(r) for r in rows)])
 
 
@@ -612,9 +707,11 @@ def request_table(summary: dict[str, dict[str, Any]]) -> str:
             fmt(s["p50_ms"] - base["p50_ms"], ".2f", sign=True),
             fmt(s["p99_ms"] - base["p99_ms"], ".2f", sign=True),
         ]
-        rows.append([*row, fmt(s["paired_added_p50_ms"], ".2f", sign=True)] if paired else row)
+        if paired:
+            row.append(fmt(s["paired_added_p50_ms"], ".2f", sign=True))
+        rows.append([*row, str(s["errors"])])
     headers = ["target", "req/s", "vs direct", "p50 ms", "p99 ms", "added p50", "added p99"]
-    return md_table([*headers, "paired added p50"] if paired else headers, rows)
+    return md_table([*headers, *(["paired added p50"] if paired else []), "errors"], rows)
 
 
 def stream_table(summary: dict[str, dict[str, Any]]) -> str:
@@ -626,29 +723,33 @@ def stream_table(summary: dict[str, dict[str, Any]]) -> str:
             fmt(s["ttft_p50_ms"] - base["ttft_p50_ms"], ".2f", sign=True),
             fmt(s["paired_added_ttft_p50_ms"], ".2f", sign=True),
             fmt(s["p50_ms"], ".1f"), fmt(s["p50_ms"] - base["p50_ms"], ".1f", sign=True),
-            str(s["chunks_min"]),
+            str(s["chunks_min"]), str(s["errors"]),
         ])
     return md_table(["target", "TTFT p50 ms", "TTFT p99 ms", "added TTFT p50",
-                     "paired added TTFT p50", "total p50 ms", "added total p50", "min chunks"],
-                    rows)
+                     "paired added TTFT p50", "total p50 ms", "added total p50", "min chunks",
+                     "errors"], rows)
 
 
-def cold_summary(runs: dict[str, list[float]]) -> dict[str, Any]:
-    medians = {name: ms(percentile(xs, 0.5)) for name, xs in runs.items()}
+def cold_summary(runs: dict[str, list[ColdRun]]) -> dict[str, Any]:
+    medians = {name: ms(percentile([r.ttft_s for r in rs], 0.5)) for name, rs in runs.items()}
     return {
         name: {
-            "runs_ms": [round(ms(x), 1) for x in xs],
+            "runs_ms": rounded_ms([r.ttft_s for r in rs]),
             "median_ms": medians[name],
             "overhead_ms": medians[name] - medians["bare"],
+            "ready_runs_ms": rounded_ms([r.ready_s for r in rs]),
+            "ready_median_ms": ms(percentile([r.ready_s for r in rs], 0.5)),
         }
-        for name, xs in runs.items()
+        for name, rs in runs.items()
     }
 
 
 def cold_table(cold: dict[str, Any]) -> str:
     rows = [[name, fmt(c["median_ms"]), fmt(c["overhead_ms"], ".1f", sign=True),
-             " ".join(f"{x:.0f}" for x in c["runs_ms"])] for name, c in cold.items()]
-    return md_table(["path", "median ms to 1st token", "overhead vs bare", "runs ms"], rows)
+             fmt(c["ready_median_ms"]), " ".join(f"{x:.0f}" for x in c["runs_ms"])]
+            for name, c in cold.items()]
+    return md_table(["path", "median ms to 1st token", "overhead vs bare",
+                     "spawn → ready ms", "runs ms"], rows)
 
 
 def verdicts(results: dict[str, Any]) -> list[str]:
@@ -669,7 +770,25 @@ def verdicts(results: dict[str, Any]) -> list[str]:
         over = results["cold"]["modelyard"]["overhead_ms"]
         check(f"modelyard cold-load overhead ≤ {GOALS['cold_overhead_ms']:g} ms", over,
               over <= GOALS["cold_overhead_ms"])
+    errors = sum(per_target["modelyard"]["errors"] for per_target in w.values())
+    check("modelyard failed requests = 0", errors, errors == 0)
     return lines
+
+
+def busy_warning(busy_pct: float) -> list[str]:
+    if busy_pct < 15:
+        return []
+    return [f"WARNING: other processes used {busy_pct:.0f}% of the CPUs just before the run; "
+            "the absolute numbers are noisy (the interleaving keeps the comparison fair)."]
+
+
+def backend_bound_note(w: dict[str, Any]) -> list[str]:
+    c1, cn = w["chat_1tok_c1"]["direct"]["rps"], w["chat_1tok_cN"]["direct"]["rps"]
+    if not cn < c1:
+        return []
+    return [f"note: llama-server itself is slower at this concurrency ({cn:.1f} req/s) than "
+            f"alone ({c1:.1f} req/s), so this ratio barely sees relay costs; "
+            "`--llama-args='-np 4 -no-kvu'` gives all three a backend that scales."]
 
 
 def render(results: dict[str, Any]) -> str:
@@ -678,6 +797,8 @@ def render(results: dict[str, Any]) -> str:
         f"# modelyard relay benchmark — {results['started_at']}",
         f"{results['machine']['cpus']} CPUs, load avg {results['machine']['loadavg_start']} → "
         f"{results['machine']['loadavg_end']}; llama-server: {results['binary']}",
+        f"llama-server options in all targets: {' '.join(results['shared_llama_args'])}",
+        *busy_warning(results["machine"]["busy_before_pct"]),
         "",
         f"## 1-token chat completions, concurrency 1 ({a['requests']} per target)",
         request_table(w["chat_1tok_c1"]),
@@ -685,6 +806,7 @@ def render(results: dict[str, Any]) -> str:
         f"## 1-token chat completions, concurrency {a['concurrency']} "
         f"({a['concurrent_requests']} per target, batches of {a['batch']})",
         request_table(w["chat_1tok_cN"]),
+        *backend_bound_note(w),
         "",
         f"## {a['stream_tokens']}-token streams, concurrency 1 ({a['streams']} per target)",
         stream_table(w["stream"]),
@@ -692,7 +814,8 @@ def render(results: dict[str, Any]) -> str:
     if results.get("cold"):
         parts += ["", f"## Cold load: request → first token ({a['cold_repeats']} runs each; "
                   "bare = spawn llama-server, poll /health every 5 ms, request)",
-                  cold_table(results["cold"])]
+                  cold_table(results["cold"]),
+                  "spawn → ready: bare's own /health poll; modelyard's engine load_duration_s"]
     for note in results["notes"]:
         parts.append(f"\nnote: {note}")
     parts += ["", "## Goals", *verdicts(results), "",
@@ -708,13 +831,11 @@ async def measure(inputs: Inputs, args: argparse.Namespace, results: dict[str, A
     # llama-server closes a connection idle for 5 s, httpx's default expiry: a reuse race.
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64, keepalive_expiry=3.0)
     async with httpx.AsyncClient(timeout=300.0, limits=limits, trust_env=False) as client:
-        targets = await start_targets(client, inputs, args)
+        targets = await start_targets(client, inputs, args, results["notes"])
         try:
-            if "router" not in [t.name for t in targets]:
-                results["notes"].append("router column left out (see above)")
-            results["llama_server_argv"] = {t.name: llama_server_cmdlines(t) for t in targets}
             step("warming up")
             await warm_up(client, targets, args.warmup, args.concurrency)
+            results["llama_server_argv"] = {t.name: llama_server_cmdlines(t) for t in targets}
             w = results["workloads"]
             step(f"1-token, concurrency 1: {args.requests} x {len(targets)}")
             w["chat_1tok_c1"] = await serial_1tok(client, targets, args.requests)
@@ -735,7 +856,7 @@ async def measure(inputs: Inputs, args: argparse.Namespace, results: dict[str, A
             step(f"cold loads: {args.cold_repeats} x {2 + with_router}")
             try:
                 results["cold"] = cold_summary(await cold_loads(client, inputs, args, with_router))
-            except (RuntimeError, TimeoutError, httpx.HTTPError) as exc:
+            except (RuntimeError, TimeoutError) as exc:
                 results["notes"].append(f"cold loads failed: {exc}")
 
 
@@ -746,24 +867,40 @@ def step(what: str) -> None:
     print(f"[{time.monotonic() - _T0:6.1f} s] {what}", flush=True)
 
 
+def json_safe(value: Any) -> Any:
+    """NaN (a statistic of nothing) becomes null: strict JSON has no NaN."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
+
+
 def write_json(results: dict[str, Any], stamp: str) -> Path:
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     path = RESULTS_DIR / f"proxy-{stamp}.json"
-    path.write_text(json.dumps(results, indent=1, default=str))
+    path.write_text(json.dumps(json_safe(results), indent=1, default=str))
     return path
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with it ignored
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    inputs = Inputs(find_binary(args), find_model(args), args.ctx_size,
-                    Path(tempfile.mkdtemp(prefix="modelyard-bench-")))
+    inputs = Inputs(
+        find_binary(args), find_model(args), args.ctx_size,
+        Path(tempfile.mkdtemp(prefix="modelyard-bench-")), tuple(shlex.split(args.llama_args)),
+    )
     results: dict[str, Any] = {
         "started_at": time.strftime("%Y-%m-%d %H:%M:%S"), "args": vars(args),
         "binary": str(inputs.binary), "model": str(inputs.model),
+        "shared_llama_args": inputs.shared_args(),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                    "python": platform.python_version(), "loadavg_start": loadavg()},
+                    "python": platform.python_version(), "loadavg_start": loadavg(),
+                    "busy_before_pct": psutil.cpu_percent(interval=1.0)},
         "workloads": {}, "notes": [],
     }
     step(f"logs in {inputs.workdir}")
