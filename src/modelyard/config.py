@@ -54,7 +54,7 @@ class LlamaCppModel(_ModelBase):
     argv: list[str] | None = Field(
         None,
         description="Replaces the default llama-server command line; `$path $port $host $id "
-        "$ctx $llama_server` are substituted.",
+        "$ctx $ctx_total $parallel $mmproj $llama_server` are substituted.",
     )
 
 
@@ -102,6 +102,10 @@ class Settings(BaseSettings):
         "`make run` built, then `llama-server` on PATH.",
     )
     default_ctx_size: int = Field(4096, gt=0, description="Context size for GGUF models.")
+    llama_server_parallel: int = Field(
+        4, gt=0, description="Requests a GGUF model serves at once (llama-server slots); each "
+        "gets the full context, so KV-cache memory grows with this.",
+    )
     llama_server_threads: int | None = Field(
         None, gt=0, description="`--threads` for llama-server; null lets it choose."
     )

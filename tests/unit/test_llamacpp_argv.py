@@ -22,7 +22,9 @@ def test_default_argv(tmp_path: Path) -> None:
     joined = " ".join(argv)
     assert f"--model {tmp_path / 'm.gguf'}" in joined
     assert "--port 1234" in joined and "--host 127.0.0.1" in joined
-    assert "--alias m" in joined and "--ctx-size 4096" in joined
+    assert "--alias m" in joined
+    # every one of the 4 slots gets the whole context
+    assert "--ctx-size 16384 --parallel 4 --no-kv-unified" in joined
     assert f"--mmproj {tmp_path / 'p.gguf'}" in joined
     assert "--threads 2" in joined
     assert argv[-2:] == ["--temp", "0"]

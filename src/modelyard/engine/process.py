@@ -38,15 +38,17 @@ class ChildProcess:
         log_file: Path | None = None,
         tail_lines: int = 40,
         env: Mapping[str, str] | None = None,
-        on_line: Callable[[str], None] | None = None,
+        on_output: Callable[[], None] | None = None,
     ) -> None:
         self.argv = list(argv)
         self.name = name
         self.log_file = log_file
         self.env = dict(env) if env is not None else None
         self.tail: deque[str] = deque(maxlen=tail_lines)
-        self.lines_seen = 0
-        self._on_line = on_line
+        # Progress for stall deadlines: loaders print dots and carriage returns, not just lines.
+        self.bytes_seen = 0
+        # Called after each chunk of output; readiness sets it while loading and clears it after.
+        self.on_output = on_output
         self._proc: asyncio.subprocess.Process | None = None
         self._pump: asyncio.Task[None] | None = None
         self.started_at = 0.0
@@ -79,18 +81,29 @@ class ChildProcess:
         self._pump = asyncio.create_task(self._pump_output(), name=f"pump:{self.name}")
 
     async def _pump_output(self) -> None:
+        """Copy output to the log file a chunk at a time and keep the last lines in memory.
+
+        llama-server logs several lines per request: per-line work here was most of the engine's
+        CPU per request, CPU that a busy 2-core host takes straight from inference.
+        """
         assert self._proc is not None and self._proc.stdout is not None
-        log = self.log_file.open("a", encoding="utf-8") if self.log_file else None
+        stdout = self._proc.stdout
+        log = self.log_file.open("ab") if self.log_file else None
+        partial = b""
         try:
-            async for raw in self._proc.stdout:
-                line = raw.decode("utf-8", "replace").rstrip()
-                self.tail.append(line)
-                self.lines_seen += 1
+            while chunk := await stdout.read(1 << 16):
+                self.bytes_seen += len(chunk)
                 if log is not None:
-                    log.write(line + "\n")
+                    log.write(chunk)
                     log.flush()
-                if self._on_line is not None:
-                    self._on_line(line)
+                lines = (partial + chunk).split(b"\n")
+                partial = lines.pop()
+                keep = lines[-(self.tail.maxlen or len(lines)) :]
+                self.tail.extend(ln.decode("utf-8", "replace").rstrip() for ln in keep)
+                if self.on_output is not None:
+                    self.on_output()
+            if partial:
+                self.tail.append(partial.decode("utf-8", "replace").rstrip())
         finally:
             if log is not None:
                 log.close()

@@ -28,9 +28,15 @@ from modelyard.types import Lease
 RELAY_ERRORS = (aiohttp.ClientError, TimeoutError)
 
 
+# llama-server closes a connection idle for 5 s; pooling ours for less avoids most races with that.
+UPSTREAM_KEEPALIVE_S = 4.0
+
+
 def new_upstream_session(read_timeout_s: float) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=60),
+        connector=aiohttp.TCPConnector(
+            limit=0, limit_per_host=0, keepalive_timeout=UPSTREAM_KEEPALIVE_S
+        ),
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=read_timeout_s),
         auto_decompress=False,
     )
@@ -46,13 +52,18 @@ class Relay:
         self._closed = False
 
     async def open(self, session: aiohttp.ClientSession, path: str, payload: bytes) -> None:
-        """Send the request upstream and read the response headers."""
+        """Send the request upstream and read the response headers.
+
+        A pooled connection the backend closed while idle fails before the request reached it,
+        so that one case is retried once, on a fresh connection.
+        """
+        url = self.lease.upstream + path
+        headers = {"content-type": "application/json"}
         try:
-            self._response = await session.post(
-                self.lease.upstream + path,
-                data=payload,
-                headers={"content-type": "application/json"},
-            )
+            try:
+                self._response = await session.post(url, data=payload, headers=headers)
+            except aiohttp.ServerDisconnectedError:
+                self._response = await session.post(url, data=payload, headers=headers)
         except RELAY_ERRORS as exc:
             raise UpstreamError(
                 f"backend of '{self.lease.model}' is unreachable ({type(exc).__name__})",

@@ -33,6 +33,8 @@ class FrontState:
     residency: dict[str, str] = field(default_factory=dict)
 
     def engine_for(self, model_id: str) -> EngineClient:
+        if len(self.engines) == 1 and self.engines[0].up:
+            return self.engines[0]  # nothing to choose: skip building the views
         views = [
             EngineView(
                 name=e.name,

@@ -132,7 +132,7 @@ class EngineSupervisor:
                 await wait_ready(
                     probe=probe,
                     exit_code=lambda: self.process.returncode if self.process else None,
-                    progress=lambda: self.process.lines_seen if self.process else 0,
+                    progress=lambda: self.process.bytes_seen if self.process else 0,
                     stall_timeout_s=self.settings.engine_start_timeout_s,
                     total_timeout_s=self.settings.engine_start_timeout_s,
                     poll_interval_s=0.02,

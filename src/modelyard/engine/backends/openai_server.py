@@ -59,7 +59,7 @@ class ChildServer:
             log_file=log_path(settings, spec.id),
             tail_lines=settings.log_tail_lines,
             env=env,
-            on_line=lambda _line: self._output.set(),
+            on_output=self._output.set,
         )
 
     async def start(self) -> None:
@@ -83,7 +83,7 @@ class ChildServer:
                 await wait_ready(
                     probe=probe,
                     exit_code=lambda: self.process.returncode,
-                    progress=lambda: self.process.lines_seen,
+                    progress=lambda: self.process.bytes_seen,
                     stall_timeout_s=self.settings.load_stall_timeout_s,
                     total_timeout_s=self.settings.load_timeout_s,
                     output=self._output,
@@ -98,6 +98,8 @@ class ChildServer:
             except BaseException:
                 await self.stop()
                 raise
+            finally:
+                self.process.on_output = None
 
     async def stop(self) -> None:
         await self.process.stop(self.settings.stop_grace_s)
