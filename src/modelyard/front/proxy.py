@@ -42,38 +42,36 @@ def new_upstream_session(read_timeout_s: float) -> aiohttp.ClientSession:
     )
 
 
+async def send_upstream(
+    session: aiohttp.ClientSession, url: str, payload: bytes, model: str
+) -> aiohttp.ClientResponse:
+    """POST the request and read the response headers.
+
+    A pooled connection the backend closed while idle fails before the request reached it, so
+    that one case is retried once, on a fresh connection.
+    """
+    headers = {"content-type": "application/json"}
+    try:
+        try:
+            return await session.post(url, data=payload, headers=headers)
+        except aiohttp.ServerDisconnectedError:
+            return await session.post(url, data=payload, headers=headers)
+    except RELAY_ERRORS as exc:
+        raise UpstreamError(
+            f"backend of '{model}' is unreachable ({type(exc).__name__})", model=model
+        ) from exc
+
+
 class Relay:
     """One leased request to a backend; `close()` is idempotent and synchronous."""
 
-    def __init__(self, engine: EngineClient, lease: Lease) -> None:
+    def __init__(
+        self, engine: EngineClient, lease: Lease, response: aiohttp.ClientResponse
+    ) -> None:
         self.engine = engine
         self.lease = lease
-        self._response: aiohttp.ClientResponse | None = None
+        self.response = response
         self._closed = False
-
-    async def open(self, session: aiohttp.ClientSession, path: str, payload: bytes) -> None:
-        """Send the request upstream and read the response headers.
-
-        A pooled connection the backend closed while idle fails before the request reached it,
-        so that one case is retried once, on a fresh connection.
-        """
-        url = self.lease.upstream + path
-        headers = {"content-type": "application/json"}
-        try:
-            try:
-                self._response = await session.post(url, data=payload, headers=headers)
-            except aiohttp.ServerDisconnectedError:
-                self._response = await session.post(url, data=payload, headers=headers)
-        except RELAY_ERRORS as exc:
-            raise UpstreamError(
-                f"backend of '{self.lease.model}' is unreachable ({type(exc).__name__})",
-                model=self.lease.model,
-            ) from exc
-
-    @property
-    def response(self) -> aiohttp.ClientResponse:
-        assert self._response is not None, "open() first"
-        return self._response
 
     @property
     def status(self) -> int:
@@ -104,12 +102,10 @@ class Relay:
         if self._closed:
             return
         self._closed = True
-        response = self._response
-        if response is not None:
-            if response.content.at_eof():
-                response.release()
-            else:
-                response.close()
+        if self.response.content.at_eof():
+            self.response.release()
+        else:
+            self.response.close()
         self.engine.release(self.lease)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -12,11 +13,12 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
 from modelyard.config import Settings
-from modelyard.errors import EngineUnavailable, InvalidRequest
+from modelyard.errors import EngineUnavailable, InvalidRequest, UpstreamError
 from modelyard.front.engines import EngineClient
-from modelyard.front.proxy import Relay
+from modelyard.front.proxy import Relay, send_upstream
 from modelyard.front.routing import EngineView, pick_engine
 from modelyard.store.registry import ModelRegistry
+from modelyard.types import Lease
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -31,6 +33,8 @@ class FrontState:
     started_at: float = field(default_factory=time.time)
     # Where each model was last granted: the routing hint "already resident".
     residency: dict[str, str] = field(default_factory=dict)
+    # Its upstream on that engine when last granted: where to send before the grant confirms it.
+    upstreams: dict[tuple[str, str], str] = field(default_factory=dict)
 
     def engine_for(self, model_id: str) -> EngineClient:
         if len(self.engines) == 1 and self.engines[0].up:
@@ -57,15 +61,68 @@ class FrontState:
         """Lease `model` on an engine and send it the request; the caller owns `relay.close()`."""
         entry = self.registry.resolve(model)
         engine = self.engine_for(entry.id)
-        lease = await engine.acquire(entry.id)
+        key = (engine.name, entry.id)
+        guess = self.upstreams.get(key)
+        if guess is None:
+            lease, response = await engine.acquire(entry.id), None
+        else:
+            lease, response = await self._lease_while_sending(
+                engine, entry.id, guess, path, payload
+            )
+        self.upstreams[key] = lease.upstream
         self.residency[entry.id] = engine.name
-        relay = Relay(engine, lease)
+        if response is None:
+            try:
+                url = lease.upstream + path
+                response = await send_upstream(self.upstream, url, payload, lease.model)
+            except BaseException:
+                engine.release(lease)
+                raise
+        return Relay(engine, lease, response)
+
+    async def _lease_while_sending(
+        self, engine: EngineClient, model_id: str, guess: str, path: str, payload: bytes
+    ) -> tuple[Lease, aiohttp.ClientResponse | None]:
+        """Take the lease and, meanwhile, send the request where the model was last granted.
+
+        An engine grants a ready model at once, so the grant nearly always names that upstream
+        and the lease round trip adds no latency. The engine's answer always wins: if it names
+        another upstream (the model was reloaded) or refuses, the early request is dropped —
+        closing its connection stops the backend — and nothing of it reaches the client. A None
+        response tells the caller to send the request itself.
+        """
+        early = asyncio.ensure_future(
+            send_upstream(self.upstream, guess + path, payload, model_id)
+        )
         try:
-            await relay.open(self.upstream, path, payload)
+            lease = await engine.acquire(model_id)
         except BaseException:
-            relay.close()
+            _drop(early)
             raise
-        return relay
+        if lease.upstream != guess:
+            _drop(early)
+            return lease, None
+        try:
+            return lease, await early
+        except UpstreamError:
+            return lease, None  # e.g. it died since; one more try on the granted upstream
+        except BaseException:
+            engine.release(lease)
+            raise
+
+
+def _drop(early: asyncio.Future[aiohttp.ClientResponse]) -> None:
+    """Abandon a request sent before its lease: close its response whenever it arrives."""
+
+    def close(done: asyncio.Future[aiohttp.ClientResponse]) -> None:
+        if not done.cancelled() and done.exception() is None:
+            done.result().close()
+
+    early.cancel()
+    if early.done():
+        close(early)
+    else:
+        early.add_done_callback(close)
 
 
 def state_of(request: Request) -> FrontState:
