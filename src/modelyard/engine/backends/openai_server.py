@@ -86,6 +86,9 @@ class ChildServer:
                     progress=lambda: self.process.bytes_seen,
                     stall_timeout_s=self.settings.load_stall_timeout_s,
                     total_timeout_s=self.settings.load_timeout_s,
+                    # Readiness is not always announced in the log; a 20 ms poll bounds what
+                    # a cold request waits after the server is really ready.
+                    poll_interval_s=0.02,
                     output=self._output,
                 )
             except NotReady as exc:
