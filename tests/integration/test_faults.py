@@ -32,11 +32,6 @@ PROGRESS_LOAD_S = 3.0  # twice the stall timeout, with a progress line every 0.2
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("files")
-
-
-@pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, files: Path) -> Iterator[Server]:
     models = [
         fake_model("broken", "--crash-on-load", "--start-log", str(files / "broken.starts")),

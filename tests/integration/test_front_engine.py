@@ -47,11 +47,6 @@ OLLAMA_FINAL_STATS = (
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("files")
-
-
-@pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, files: Path) -> Iterator[Server]:
     models = [
         fake_model("m1", aliases=["m1-alias"]),
