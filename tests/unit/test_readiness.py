@@ -1,5 +1,3 @@
-import asyncio
-
 import pytest
 
 from modelyard.engine.readiness import NotReady, wait_ready
@@ -67,25 +65,3 @@ async def test_silence_means_stalled_and_total_is_a_ceiling() -> None:
     with pytest.raises(NotReady, match="not ready after 5"):
         await wait_ready(probe=silent, exit_code=lambda: None, progress=lambda: next(chatty),
                          stall_timeout_s=3, total_timeout_s=5, poll_interval_s=0, clock=clock)
-
-
-async def test_output_event_wakes_the_probe_early() -> None:
-    output = asyncio.Event()
-    ready = False
-
-    async def probe() -> bool:
-        return ready
-
-    async def announce() -> None:
-        nonlocal ready
-        await asyncio.sleep(0.05)
-        ready = True
-        output.set()
-
-    task = asyncio.create_task(announce())
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    await wait_ready(probe=probe, exit_code=lambda: None, progress=lambda: 0,
-                     stall_timeout_s=60, total_timeout_s=60, poll_interval_s=30, output=output)
-    await task
-    assert loop.time() - started < 5  # not the 30 s poll interval

@@ -158,7 +158,9 @@ class Engine:
         # It died on its own: the next request reloads it; streams in flight see the drop.
         log.warning(
             "%s exited unexpectedly with status %s; last lines:\n%s",
-            rt.entry.id, server.process.returncode, "\n".join(server.process.tail),
+            rt.entry.id,
+            server.process.returncode,
+            "\n".join(server.process.tail(self.settings.log_tail_lines)),
         )
         rt.server = None
         rt.state = ModelState.STOPPED

@@ -1,8 +1,13 @@
-"""A supervised child process: its own process group, its logs, and a teardown that escalates.
+"""A supervised child process: its own process group, its log file, and a teardown that escalates.
 
 Used for llama-server and other child servers inside an engine, and for engine processes under the
 front. The child runs in a new session so TERM/KILL reach everything it spawned, and on Linux it
 dies with its parent (PR_SET_PDEATHSIG) so a crashed supervisor leaves no orphan holding memory.
+
+The child writes its output straight into its log file. Nothing is piped through the supervisor:
+llama-server logs about ten lines per request, and relaying them cost the engine more CPU per
+request than everything else it does — CPU a small host takes from inference. The file is read
+back only when someone needs it: the last lines for an error, its growth as load progress.
 """
 
 from __future__ import annotations
@@ -14,11 +19,12 @@ import os
 import signal
 import sys
 import time
-from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
+# Enough for the last few dozen lines of any sane log without reading a big file whole.
+_TAIL_READ_BYTES = 256 * 1024
 
 
 def _die_with_parent() -> None:
@@ -28,29 +34,22 @@ def _die_with_parent() -> None:
 
 
 class ChildProcess:
-    """One child process whose output is kept as a ring buffer and appended to a log file."""
+    """One child process whose stdout and stderr go to `log_file` (appended)."""
 
     def __init__(
         self,
         argv: Sequence[str],
         *,
         name: str,
-        log_file: Path | None = None,
-        tail_lines: int = 40,
+        log_file: Path,
         env: Mapping[str, str] | None = None,
-        on_output: Callable[[], None] | None = None,
     ) -> None:
         self.argv = list(argv)
         self.name = name
         self.log_file = log_file
         self.env = dict(env) if env is not None else None
-        self.tail: deque[str] = deque(maxlen=tail_lines)
-        # Progress for stall deadlines: loaders print dots and carriage returns, not just lines.
-        self.bytes_seen = 0
-        # Called after each chunk of output; readiness sets it while loading and clears it after.
-        self.on_output = on_output
         self._proc: asyncio.subprocess.Process | None = None
-        self._pump: asyncio.Task[None] | None = None
+        self._log_start = 0  # where this run's output begins in the (appended) log file
         self.started_at = 0.0
 
     @property
@@ -66,47 +65,38 @@ class ChildProcess:
         return self._proc is not None and self._proc.returncode is None
 
     async def start(self) -> None:
-        if self.log_file is not None:
-            self.log_file.parent.mkdir(parents=True, exist_ok=True)
-        self._proc = await asyncio.create_subprocess_exec(
-            *self.argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            env=self.env,
-            start_new_session=True,
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
-        )
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_file.open("ab") as log:
+            self._log_start = log.tell()
+            self._proc = await asyncio.create_subprocess_exec(
+                *self.argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log,
+                stderr=asyncio.subprocess.STDOUT,
+                env=self.env,
+                start_new_session=True,
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            )
         self.started_at = time.monotonic()
-        self._pump = asyncio.create_task(self._pump_output(), name=f"pump:{self.name}")
 
-    async def _pump_output(self) -> None:
-        """Copy output to the log file a chunk at a time and keep the last lines in memory.
-
-        llama-server logs several lines per request: per-line work here was most of the engine's
-        CPU per request, CPU that a busy 2-core host takes straight from inference.
-        """
-        assert self._proc is not None and self._proc.stdout is not None
-        stdout = self._proc.stdout
-        log = self.log_file.open("ab") if self.log_file else None
-        partial = b""
+    def output_bytes(self) -> int:
+        """How much this run has written: progress, for stall deadlines (dots count too)."""
         try:
-            while chunk := await stdout.read(1 << 16):
-                self.bytes_seen += len(chunk)
-                if log is not None:
-                    log.write(chunk)
-                    log.flush()
-                lines = (partial + chunk).split(b"\n")
-                partial = lines.pop()
-                keep = lines[-(self.tail.maxlen or len(lines)) :]
-                self.tail.extend(ln.decode("utf-8", "replace").rstrip() for ln in keep)
-                if self.on_output is not None:
-                    self.on_output()
-            if partial:
-                self.tail.append(partial.decode("utf-8", "replace").rstrip())
-        finally:
-            if log is not None:
-                log.close()
+            return max(0, self.log_file.stat().st_size - self._log_start)
+        except OSError:
+            return 0
+
+    def tail(self, lines: int) -> list[str]:
+        """The last `lines` lines this run wrote."""
+        try:
+            with self.log_file.open("rb") as log:
+                end = log.seek(0, os.SEEK_END)
+                log.seek(max(self._log_start, end - _TAIL_READ_BYTES))
+                data = log.read()
+        except OSError:
+            return []
+        text = data.decode("utf-8", "replace").replace("\r", "\n")
+        return [ln.rstrip() for ln in text.splitlines() if ln.strip()][-lines:]
 
     async def wait(self) -> int:
         assert self._proc is not None
@@ -118,8 +108,8 @@ class ChildProcess:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self._proc.pid, sig)
 
-    async def stop(self, grace_s: float, drain_s: float = 2.0) -> int | None:
-        """TERM the group, wait `grace_s`, KILL it, then drain the pipe for at most `drain_s`."""
+    async def stop(self, grace_s: float) -> int | None:
+        """TERM the group, wait `grace_s`, then KILL it (and whatever it left behind)."""
         if self._proc is None:
             return None
         if self._proc.returncode is None:
@@ -129,11 +119,6 @@ class ChildProcess:
             except TimeoutError:
                 self._signal_group(signal.SIGKILL)
                 await self._proc.wait()
-        # Grandchildren may still hold the pipe open; never let them block teardown.
+        # Grandchildren may outlive the leader; never let them hold memory or ports.
         self._signal_group(signal.SIGKILL)
-        if self._pump is not None:
-            try:
-                await asyncio.wait_for(asyncio.shield(self._pump), drain_s)
-            except TimeoutError:
-                self._pump.cancel()
         return self._proc.returncode

@@ -1,15 +1,14 @@
 """Readiness of a child server (DESIGN.md §3.6): health poll + exit watch + stall deadline.
 
 A loading server is ready when its health route answers 200. It has failed when it exits, when it
-stays silent and unready for `stall_timeout_s` (the deadline moves forward every time it prints a
-line, so a big model that keeps logging progress is never cut short), or when `total_timeout_s`
+stays silent and unready for `stall_timeout_s` (the deadline moves forward whenever its output
+grows, so a big model that keeps logging progress is never cut short), or when `total_timeout_s`
 passes whatever it prints.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -31,14 +30,9 @@ async def wait_ready(
     stall_timeout_s: float,
     total_timeout_s: float,
     poll_interval_s: float = 0.05,
-    output: asyncio.Event | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> None:
-    """Return once `probe()` is true; raise NotReady with the reason otherwise.
-
-    `output`, when given, is set whenever the child prints: servers announce readiness in their
-    log, so probing right then saves up to a poll interval on every cold start.
-    """
+    """Return once `probe()` is true; raise NotReady with the reason otherwise."""
     start = clock()
     seen = progress()
     stall_deadline = start + stall_timeout_s
@@ -56,9 +50,4 @@ async def wait_ready(
             raise NotReady(f"not ready after {total_timeout_s:g} s")
         if now >= stall_deadline:
             raise NotReady(f"stalled: no output and not ready for {stall_timeout_s:g} s")
-        if output is None:
-            await asyncio.sleep(poll_interval_s)
-            continue
-        output.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(output.wait(), poll_interval_s)
+        await asyncio.sleep(poll_interval_s)

@@ -98,7 +98,10 @@ class EngineSupervisor:
                     return
                 log.error(
                     "%s exited with status %s; restarting in %.1f s. Last lines:\n%s",
-                    self.client.name, code, backoff, "\n".join(self.process.tail),
+                    self.client.name,
+                    code,
+                    backoff,
+                    "\n".join(self.process.tail(self.settings.log_tail_lines)),
                 )
             self.restarts += 1
             await asyncio.sleep(backoff)
@@ -110,7 +113,6 @@ class EngineSupervisor:
             self._argv(port),
             name=self.client.name,
             log_file=self.settings.logs_dir / f"{self.client.name}.log",
-            tail_lines=self.settings.log_tail_lines,
             env=self._env(),
         )
         await self.process.start()
@@ -132,14 +134,14 @@ class EngineSupervisor:
                 await wait_ready(
                     probe=probe,
                     exit_code=lambda: self.process.returncode if self.process else None,
-                    progress=lambda: self.process.bytes_seen if self.process else 0,
+                    progress=lambda: self.process.output_bytes() if self.process else 0,
                     stall_timeout_s=self.settings.engine_start_timeout_s,
                     total_timeout_s=self.settings.engine_start_timeout_s,
                     poll_interval_s=0.02,
                 )
             except NotReady as exc:
                 await self.process.stop(self.settings.stop_grace_s)
-                tail = "\n".join(self.process.tail)
+                tail = "\n".join(self.process.tail(self.settings.log_tail_lines))
                 raise NotReady(f"{exc}; last lines:\n{tail}") from exc
         await self.client.attach(base_url, lease_port)
         log.info("%s ready at %s (pid %s)", self.client.name, base_url, self.process.pid)

@@ -6,7 +6,6 @@ front straight to the child; this class only owns the child's lifecycle.
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import string
 from collections.abc import Mapping
@@ -52,14 +51,11 @@ class ChildServer:
         self.port = free_port()
         self.url = f"http://{LOOPBACK}:{self.port}"
         argv = render_argv(template, {**values, "host": LOOPBACK, "port": str(self.port)})
-        self._output = asyncio.Event()
         self.process = ChildProcess(
             argv,
             name=spec.id,
             log_file=log_path(settings, spec.id),
-            tail_lines=settings.log_tail_lines,
             env=env,
-            on_output=self._output.set,
         )
 
     async def start(self) -> None:
@@ -83,26 +79,23 @@ class ChildServer:
                 await wait_ready(
                     probe=probe,
                     exit_code=lambda: self.process.returncode,
-                    progress=lambda: self.process.bytes_seen,
+                    progress=self.process.output_bytes,
                     stall_timeout_s=self.settings.load_stall_timeout_s,
                     total_timeout_s=self.settings.load_timeout_s,
-                    # Readiness is not always announced in the log; a 20 ms poll bounds what
-                    # a cold request waits after the server is really ready.
+                    # A 20 ms poll bounds what a cold request waits once the server is ready.
                     poll_interval_s=0.02,
-                    output=self._output,
                 )
             except NotReady as exc:
                 await self.stop()
                 raise ModelLoadFailed(
                     f"model '{self.spec.id}' failed to load: {exc}",
                     model=self.spec.id,
-                    log_tail=list(self.process.tail)[-self.settings.log_tail_lines :],
+                    log_tail=self.process.tail(self.settings.log_tail_lines),
                 ) from exc
             except BaseException:
                 await self.stop()
                 raise
-            finally:
-                self.process.on_output = None
+
 
     async def stop(self) -> None:
         await self.process.stop(self.settings.stop_grace_s)
