@@ -11,7 +11,7 @@ import string
 from collections.abc import Mapping
 from pathlib import Path
 
-import httpx
+import aiohttp
 
 from modelyard.config import LlamaCppModel, OpenAIServerModel, Settings
 from modelyard.engine.backends.llamacpp import llama_server_argv
@@ -66,14 +66,15 @@ class ChildServer:
             raise ModelLoadFailed(
                 f"could not start '{self.spec.id}': {exc}", model=self.spec.id
             ) from exc
-        async with httpx.AsyncClient(base_url=self.url, timeout=2.0) as client:
+        timeout = aiohttp.ClientTimeout(total=2.0)
+        async with aiohttp.ClientSession(self.url, timeout=timeout) as session:
 
             async def probe() -> bool:
                 try:
-                    r = await client.get(self.spec.health_path)
-                except httpx.HTTPError:
+                    async with session.get(self.spec.health_path) as r:
+                        return r.status == 200
+                except (aiohttp.ClientError, TimeoutError):
                     return False
-                return r.status_code == 200
 
             try:
                 await wait_ready(
@@ -82,8 +83,8 @@ class ChildServer:
                     progress=self.process.output_bytes,
                     stall_timeout_s=self.settings.load_stall_timeout_s,
                     total_timeout_s=self.settings.load_timeout_s,
-                    # A 20 ms poll bounds what a cold request waits once the server is ready.
-                    poll_interval_s=0.02,
+                    # What a cold request waits, at most, once the server is really ready.
+                    poll_interval_s=0.01,
                 )
             except NotReady as exc:
                 await self.stop()
@@ -95,7 +96,6 @@ class ChildServer:
             except BaseException:
                 await self.stop()
                 raise
-
 
     async def stop(self) -> None:
         await self.process.stop(self.settings.stop_grace_s)
