@@ -27,10 +27,14 @@ _PR_SET_PDEATHSIG = 1
 _TAIL_READ_BYTES = 256 * 1024
 
 
+# Loaded once here: dlopen in a freshly forked child is slow and not async-signal-safe.
+_libc = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+
+
 def _die_with_parent() -> None:
-    # Runs in the child between fork and exec: async-signal-safe work only.
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    # Runs in the child between fork and exec: one plain system call.
+    assert _libc is not None
+    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 class ChildProcess:
