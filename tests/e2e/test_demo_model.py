@@ -166,3 +166,15 @@ def test_unknown_model_and_bad_request(server: Server, oai: openai.OpenAI) -> No
                                                                "messages": "hi"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
 
+
+
+def test_status_shows_memory_estimate_and_measured(server: Server, oai: openai.OpenAI) -> None:
+    oai.chat.completions.create(model="smollm2", messages=PROMPT, max_tokens=2)  # type: ignore[arg-type]
+    status = httpx.get(server.url + "/status").json()
+    model = next(m for m in status["engines"][0]["models"] if m["model"] == "smollm2")
+    memory = model["memory"]
+    # ctx 2048 per slot x 4 slots: K and V for 30 layers x 3 kv heads x 64 dims in f16
+    assert memory["estimate"]["kv_cache_bytes"] == 2 * 30 * 3 * 64 * 2048 * 4 * 2
+    assert memory["estimate"]["weights_bytes"] > 90_000_000
+    assert memory["estimate_bytes"] > memory["estimate"]["weights_bytes"]
+    assert memory["measured_bytes"] > 50_000_000  # the real llama-server's resident memory

@@ -19,9 +19,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from modelyard.config import Settings
+from modelyard.config import LlamaCppModel, ModelSpec, Settings
 from modelyard.engine.backends.openai_server import ChildServer
 from modelyard.errors import ModelLoadFailed, ModelyardError
+from modelyard.store.estimate import MemoryEstimate, estimate_gguf
+from modelyard.store.gguf import GgufError, read_gguf_info
 from modelyard.store.registry import Entry, ModelRegistry
 from modelyard.types import Lease
 
@@ -49,6 +51,7 @@ class _Runtime:
     load_duration_s: float | None = None
     last_used: float = 0.0
     restarts: int = 0
+    estimate: MemoryEstimate | None = None
 
 
 class Engine:
@@ -123,6 +126,8 @@ class Engine:
     async def _load(self, rt: _Runtime) -> None:
         rt.state = ModelState.LOADING
         started = self.clock()
+        if rt.estimate is None:
+            rt.estimate = await asyncio.to_thread(estimate_model, rt.entry.spec, self.settings)
         try:
             spec = rt.entry.spec
             server = ChildServer(spec, self.settings, env=self.env)
@@ -220,9 +225,30 @@ class Engine:
                     "loaded_at": rt.loaded_at if server else None,
                     "load_duration_s": rt.load_duration_s,
                     "size_bytes": rt.entry.size_bytes,
+                    "memory": {
+                        "estimate_bytes": rt.estimate.total_bytes if rt.estimate else None,
+                        "estimate": rt.estimate.to_json() if rt.estimate else None,
+                        "measured_bytes": server.process.memory_bytes() if server else None,
+                    },
                     "restarts": rt.restarts,
                     "last_error": rt.last_error.message if rt.last_error else None,
                     "cooldown_s": max(0.0, rt.cooldown_until - self.clock()) or None,
                 }
             )
         return out
+
+
+def estimate_model(spec: ModelSpec, settings: Settings) -> MemoryEstimate | None:
+    """What serving `spec` should take, from its GGUF header; None when it cannot be told."""
+    if not isinstance(spec, LlamaCppModel):
+        return None
+    try:
+        return estimate_gguf(
+            read_gguf_info(spec.path),
+            ctx_size=spec.ctx_size or settings.default_ctx_size,
+            parallel=settings.llama_server_parallel,
+            mmproj_path=spec.mmproj,
+        )
+    except (GgufError, ValueError, OSError) as exc:
+        log.warning("no memory estimate for %s: %s", spec.id, exc)
+        return None

@@ -22,6 +22,8 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import psutil
+
 _PR_SET_PDEATHSIG = 1
 # Enough for the last few dozen lines of any sane log without reading a big file whole.
 _TAIL_READ_BYTES = 256 * 1024
@@ -82,6 +84,16 @@ class ChildProcess:
                 preexec_fn=_die_with_parent if sys.platform == "linux" else None,
             )
         self.started_at = time.monotonic()
+
+    def memory_bytes(self) -> int | None:
+        """Resident memory of the process and its children (host RAM; CPU backends)."""
+        if self._proc is None or self._proc.returncode is not None:
+            return None
+        try:
+            proc = psutil.Process(self._proc.pid)
+            return sum(p.memory_info().rss for p in (proc, *proc.children(recursive=True)))
+        except psutil.Error:
+            return None
 
     def output_bytes(self) -> int:
         """How much this run has written: progress, for stall deadlines (dots count too)."""
