@@ -18,7 +18,6 @@ import ctypes
 import os
 import signal
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -56,7 +55,6 @@ class ChildProcess:
         self.env = dict(env) if env is not None else None
         self._proc: asyncio.subprocess.Process | None = None
         self._log_start = 0  # where this run's output begins in the (appended) log file
-        self.started_at = 0.0
 
     @property
     def pid(self) -> int | None:
@@ -83,7 +81,6 @@ class ChildProcess:
                 start_new_session=True,
                 preexec_fn=_die_with_parent if sys.platform == "linux" else None,
             )
-        self.started_at = time.monotonic()
 
     def memory_bytes(self) -> int | None:
         """Resident memory of the process and its children (host RAM; CPU backends)."""

@@ -65,9 +65,8 @@ class LocalEngineClient:
 class HttpEngineClient:
     """An engine process on a loopback port, usually started by the front's supervisor."""
 
-    def __init__(self, name: str, base_url: str | None = None) -> None:
+    def __init__(self, name: str) -> None:
         self.name = name
-        self.base_url = base_url
         self._session: aiohttp.ClientSession | None = None
         self._leases: LeaseClient | None = None
 
@@ -77,7 +76,6 @@ class HttpEngineClient:
 
     async def attach(self, base_url: str, lease_port: int) -> None:
         """The supervisor says the engine answers at `base_url` and takes leases on `lease_port`."""
-        self.base_url = base_url
         self._leases = await LeaseClient.connect(LOOPBACK, lease_port)
         # No overall timeout: a lease waits for a model load, which may take minutes; the
         # engine bounds that wait itself.

@@ -171,5 +171,28 @@ async def iter_sse_json(relay: Relay) -> AsyncIterator[dict[str, Any]]:
         raise broken_stream(relay.lease, exc) from exc
 
 
+async def translated_stream(
+    relay: Relay,
+    absorb: Callable[[dict[str, Any]], str],
+    on_text: Callable[[str], bytes],
+    on_done: Callable[[], bytes],
+    on_error: Callable[[ModelyardError], bytes],
+) -> AsyncIterator[bytes]:
+    """Upstream SSE turned into another API's framing: a message per text delta, a closing one,
+    or one in-band error if the backend fails or the connection breaks mid-stream."""
+    try:
+        async for event in iter_sse_json(relay):
+            text = absorb(event)
+            if text:
+                yield on_text(text)
+        yield on_done()
+    except ModelyardError as exc:
+        yield on_error(exc)
+    except Exception as exc:  # the connection broke mid-stream
+        yield on_error(broken_stream(relay.lease, exc))
+    finally:
+        relay.close()
+
+
 def sse_event(payload: Any) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
 from modelyard.config import Settings
-from modelyard.errors import EngineUnavailable, InvalidRequest, UpstreamError
+from modelyard.errors import EngineUnavailable, InvalidRequest, ModelyardError, UpstreamError
 from modelyard.front.engines import EngineClient
 from modelyard.front.proxy import Relay, send_upstream
 from modelyard.front.routing import EngineView, pick_engine
@@ -31,9 +31,8 @@ class FrontState:
     upstream: aiohttp.ClientSession
     gpu_count: int = 0
     started_at: float = field(default_factory=time.time)
-    # Where each model was last granted: the routing hint "already resident".
-    residency: dict[str, str] = field(default_factory=dict)
-    # Its upstream on that engine when last granted: where to send before the grant confirms it.
+    # (engine, model) → upstream when last granted: where to send before the grant confirms it,
+    # and the routing hint "already resident".
     upstreams: dict[tuple[str, str], str] = field(default_factory=dict)
 
     def engine_for(self, model_id: str) -> EngineClient:
@@ -43,7 +42,7 @@ class FrontState:
             EngineView(
                 name=e.name,
                 up=e.up,
-                resident=frozenset([model_id]) if self.residency.get(model_id) == e.name else
+                resident=frozenset([model_id]) if (e.name, model_id) in self.upstreams else
                 frozenset(),
             )
             for e in self.engines
@@ -56,6 +55,18 @@ class FrontState:
                 retry_after_s=2.0,
             )
         return next(e for e in self.engines if e.name == name)
+
+    async def engine_models(self) -> dict[str, dict[str, Any]]:
+        """Every model the engines that answer know about, with the engine's name added."""
+        models: dict[str, dict[str, Any]] = {}
+        for engine in self.engines:
+            try:
+                status = await engine.status()
+            except ModelyardError:
+                continue
+            for m in status["models"]:
+                models[m["model"]] = {**m, "engine": engine.name}
+        return models
 
     async def open_relay(self, model: str, path: str, payload: bytes) -> Relay:
         """Lease `model` on an engine and send it the request; the caller owns `relay.close()`."""
@@ -70,7 +81,6 @@ class FrontState:
                 engine, entry.id, guess, path, payload
             )
         self.upstreams[key] = lease.upstream
-        self.residency[entry.id] = engine.name
         if response is None:
             try:
                 url = lease.upstream + path

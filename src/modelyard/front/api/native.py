@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
@@ -19,8 +18,8 @@ from starlette.routing import Route
 
 from modelyard import __version__
 from modelyard.errors import ModelyardError
-from modelyard.front.proxy import LeasedStream, Relay, broken_stream, iter_sse_json, sse_event
-from modelyard.front.state import FrontState, read_json_object, state_of, upstream_message, validate
+from modelyard.front.proxy import LeasedStream, sse_event, translated_stream
+from modelyard.front.state import read_json_object, state_of, upstream_message, validate
 from modelyard.front.translate import Generation, now_rfc3339
 
 
@@ -49,15 +48,11 @@ def _json(payload: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(payload), status_code=status, media_type="application/json")
 
 
-def _final(model: str, gen: Generation) -> dict[str, Any]:
-    return {
-        "model": model,
-        "created_at": now_rfc3339(),
-        "message": {"role": "assistant", "content": gen.content},
-        "done": True,
-        "done_reason": gen.done_reason,
-        **gen.stats(),
-    }
+def _final(model: str, gen: Generation, *, with_message: bool = True) -> dict[str, Any]:
+    final: dict[str, Any] = {"model": model, "created_at": now_rfc3339()}
+    if with_message:
+        final["message"] = {"role": "assistant", "content": gen.content}
+    return {**final, "done": True, "done_reason": gen.done_reason, **gen.stats()}
 
 
 async def chat(request: Request) -> Response:
@@ -77,41 +72,19 @@ async def chat(request: Request) -> Response:
             return _json(payload, relay.status)
         gen.absorb(orjson.loads(body))
         return _json(_final(req.model, gen))
-    return LeasedStream(_stream(relay, gen, req.model), relay, "text/event-stream")
-
-
-async def _stream(relay: Relay, gen: Generation, model: str) -> AsyncIterator[bytes]:
-    try:
-        async for event in iter_sse_json(relay):
-            text = gen.absorb(event)
-            if text:
-                yield sse_event({"delta": {"content": text}, "done": False})
-        final = _final(model, gen)
-        final.pop("message")
-        yield sse_event({"delta": {}, **final})
-    except ModelyardError as exc:
-        yield sse_event(exc.native_body())
-    except Exception as exc:  # the connection broke mid-stream
-        yield sse_event(broken_stream(relay.lease, exc).native_body())
-    finally:
-        relay.close()
-
-
-async def _engine_models(state: FrontState) -> dict[str, dict[str, Any]]:
-    loaded: dict[str, dict[str, Any]] = {}
-    for engine in state.engines:
-        try:
-            status = await engine.status()
-        except ModelyardError:
-            continue
-        for m in status["models"]:
-            loaded[m["model"]] = {**m, "engine": engine.name}
-    return loaded
+    stream = translated_stream(
+        relay,
+        gen.absorb,
+        on_text=lambda text: sse_event({"delta": {"content": text}, "done": False}),
+        on_done=lambda: sse_event({"delta": {}, **_final(req.model, gen, with_message=False)}),
+        on_error=lambda exc: sse_event(exc.native_body()),
+    )
+    return LeasedStream(stream, relay, "text/event-stream")
 
 
 async def models(request: Request) -> Response:
     state = state_of(request)
-    running = await _engine_models(state)
+    running = await state.engine_models()
     out = []
     for entry in state.registry.entries():
         m = running.get(entry.id, {})
@@ -135,7 +108,7 @@ async def models(request: Request) -> Response:
 async def health(request: Request) -> Response:
     state = state_of(request)
     engines_up = sum(1 for e in state.engines if e.up)
-    running = await _engine_models(state)
+    running = await state.engine_models()
     mem = psutil.virtual_memory()
     healthy = engines_up == len(state.engines) and engines_up > 0
     return _json(

@@ -8,7 +8,6 @@ shapes, with its statistics (durations in nanoseconds) filled from llama-server'
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 import orjson
@@ -18,8 +17,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from modelyard import __version__
-from modelyard.errors import InvalidRequest, ModelyardError
-from modelyard.front.proxy import LeasedStream, Relay, broken_stream, iter_sse_json
+from modelyard.errors import InvalidRequest
+from modelyard.front.proxy import LeasedStream, translated_stream
 from modelyard.front.state import FrontState, read_json_object, state_of, upstream_message, validate
 from modelyard.front.translate import Generation, now_rfc3339
 from modelyard.store.gguf import GgufError, GgufInfo, read_gguf_info
@@ -155,22 +154,14 @@ async def _answer(
             )
         gen.absorb(orjson.loads(body))
         return Response(orjson.dumps(shape(gen, gen.content, True)), media_type="application/json")
-    return LeasedStream(_stream(relay, gen, shape), relay, "application/x-ndjson")
-
-
-async def _stream(relay: Relay, gen: Generation, shape: Any) -> AsyncIterator[bytes]:
-    try:
-        async for event in iter_sse_json(relay):
-            text = gen.absorb(event)
-            if text:
-                yield _ndjson(shape(gen, text, False))
-        yield _ndjson(shape(gen, "", True))
-    except ModelyardError as exc:
-        yield _ndjson(exc.ollama_body())
-    except Exception as exc:  # the connection broke mid-stream
-        yield _ndjson(broken_stream(relay.lease, exc).ollama_body())
-    finally:
-        relay.close()
+    stream = translated_stream(
+        relay,
+        gen.absorb,
+        on_text=lambda text: _ndjson(shape(gen, text, False)),
+        on_done=lambda: _ndjson(shape(gen, "", True)),
+        on_error=lambda exc: _ndjson(exc.ollama_body()),
+    )
+    return LeasedStream(stream, relay, "application/x-ndjson")
 
 
 def _chat_shape(model: str) -> Any:
@@ -291,22 +282,14 @@ async def tags(request: Request) -> Response:
 async def ps(request: Request) -> Response:
     state = state_of(request)
     running = []
-    for engine in state.engines:
-        try:
-            status = await engine.status()
-        except ModelyardError:
+    for m in (await state.engine_models()).values():
+        entry = state.registry.get(m["model"])
+        if m["state"] != "ready" or entry is None:
             continue
-        for m in status["models"]:
-            if m["state"] != "ready":
-                continue
-            entry = state.registry.get(m["model"])
-            if entry is None:
-                continue
-            tag = _tag(entry, _gguf(entry))
-            tag.pop("modified_at")
-            tag.update({"expires_at": "0001-01-01T00:00:00Z", "size_vram": 0,
-                        "engine": engine.name})
-            running.append(tag)
+        tag = _tag(entry, _gguf(entry))
+        tag.pop("modified_at")
+        tag.update({"expires_at": "0001-01-01T00:00:00Z", "size_vram": 0, "engine": m["engine"]})
+        running.append(tag)
     return Response(orjson.dumps({"models": running}), media_type="application/json")
 
 
