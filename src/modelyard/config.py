@@ -40,6 +40,36 @@ class _ModelBase(BaseModel):
     extra_args: list[str] = Field(
         default_factory=list, description="Arguments appended to the child's argv."
     )
+    vram_bytes: int | None = Field(
+        None, ge=0, description="Memory this model takes on its device; null: estimated from "
+        "its files (GGUF header), then corrected by what a load measured.",
+    )
+    pinned: bool = Field(False, description="Never evicted and never unloaded for idleness.")
+    priority: int = Field(
+        0, description="Eviction order: lower priority goes first; higher-priority requests "
+        "are admitted first from a queue.",
+    )
+    group: str | None = Field(
+        None, description="Models of one group share a device; a model of another group (or of "
+        "none) swaps them out exclusively (llama-swap / llama.cpp router style).",
+    )
+    can_coexist_with: list[str] = Field(
+        default_factory=list,
+        description="Models this one is never evicted for, nor they for it (mGPUmanager style).",
+    )
+    keep_alive_s: float | None = Field(
+        None, description="Idle time before unloading; negative keeps it loaded forever; "
+        "null uses the server's `keep_alive_s`.",
+    )
+    max_concurrency: int | None = Field(
+        None, gt=0, description="Requests served at once; null uses the engine's or server's."
+    )
+    max_queue: int | None = Field(
+        None, ge=0, description="Requests allowed to wait beyond those; null: `max_queue`."
+    )
+    engine: int | None = Field(
+        None, ge=0, description="Pin this model to one engine (GPU index); null: routed."
+    )
 
 
 class LlamaCppModel(_ModelBase):
@@ -69,7 +99,65 @@ class OpenAIServerModel(_ModelBase):
     ctx_size: int | None = Field(None, gt=0, description="Substituted as `$ctx`.")
 
 
-ModelSpec = Annotated[LlamaCppModel | OpenAIServerModel, Field(discriminator="backend")]
+ServiceKind = Literal["speech", "transcription", "image", "chat", "embeddings"]
+
+
+class ServiceModel(_ModelBase):
+    """A registered HTTP service (TTS, STT, image, ComfyUI, another Ollama) that modelyard does
+    not start but schedules: it evicts it through its unload route like any model."""
+
+    backend: Literal["service"] = "service"
+    url: str = Field(description="Base URL of the running service, e.g. http://127.0.0.1:5002.")
+    paths: dict[ServiceKind, str] = Field(
+        default_factory=dict,
+        description="Route of each kind it serves, e.g. {speech: /v1/audio/speech}.",
+    )
+    load_path: str | None = Field(
+        None, description="POST here to make it load its weights; null: always loaded."
+    )
+    unload_path: str | None = Field(
+        None, description="POST here to make it free its memory; null: it cannot be evicted."
+    )
+    vram_resident_mib: int = Field(0, ge=0, description="Memory it holds while loaded (MiB).")
+    self_managed: bool = Field(
+        False, description="It manages its own memory (e.g. an Ollama with its own LRU): never "
+        "evicted, and counted as whatever the device measures.",
+    )
+    path: Path | None = Field(None, description="Unused; services have no local files.")
+
+
+ModelSpec = Annotated[
+    LlamaCppModel | OpenAIServerModel | ServiceModel, Field(discriminator="backend")
+]
+
+
+class EngineSpec(BaseModel):
+    """Per-engine overrides (the engine of GPU `index`, or the CPU engine 0)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backends: list[str] | None = Field(
+        None, description="Backends it may run (llamacpp, openai, service…); null: all."
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment.")
+    max_loaded_models: int | None = Field(None, gt=0, description="Overrides the server's.")
+    max_concurrency: int | None = Field(None, gt=0, description="Overrides the server's.")
+
+
+class ThermalSettings(BaseModel):
+    """Pause engines whose CPU or GPU is too hot: new work queues, running work finishes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(True, description="Watch temperatures at all.")
+    poll_s: float = Field(5.0, gt=0, description="How often temperatures are read.")
+    cpu_pause_c: float | None = Field(None, description="Override of the CPU pause threshold.")
+    cpu_resume_c: float | None = Field(None, description="Override of the CPU resume threshold.")
+    gpu_pause_c: float | None = Field(None, description="Override of the GPU pause threshold.")
+    gpu_resume_c: float | None = Field(None, description="Override of the GPU resume threshold.")
+    simulated_sensors_file: Path | None = Field(
+        None, description='JSON file like {"cpu": 95, "gpu0": 70} read instead of sensors.'
+    )
 
 _yaml_file: ContextVar[Path | None] = ContextVar("modelyard_yaml_file", default=None)
 
@@ -139,6 +227,49 @@ class Settings(BaseSettings):
     )
     request_timeout_s: float = Field(
         600.0, gt=0, description="Upper bound on one upstream request (read timeout)."
+    )
+    simulate_gpus: str | None = Field(
+        None, description="Simulated GPUs instead of real ones, e.g. `2x24GiB` or `24GiB,8GiB`: "
+        "free memory is the total less what live processes claim.",
+    )
+    keep_alive_s: float = Field(
+        300.0, description="Idle time before a model is unloaded; negative: never."
+    )
+    max_loaded_models: int | None = Field(
+        None, gt=0, description="Models loaded at once per engine; null: memory decides."
+    )
+    host_ram_cap_bytes: int | None = Field(
+        None, gt=0, description="Host RAM the CPU engine may fill with models; null: all."
+    )
+    memory_wait_timeout_s: float = Field(
+        120.0, gt=0, description="How long a load waits for busy models to make room."
+    )
+    memory_recovery_timeout_s: float = Field(
+        30.0, ge=0, description="After an unload, how long to wait for the device to report "
+        "the memory back before loading anyway.",
+    )
+    startup_models: list[str] = Field(
+        default_factory=list, description="Models loaded at boot, before /health says healthy."
+    )
+    notify_model_swap: bool = Field(
+        False, description="Streams that trigger a load get progress lines as "
+        "`reasoning_content` before the first token.",
+    )
+    max_concurrency: int = Field(
+        8, gt=0, description="Requests one model serves at once (the rest queue)."
+    )
+    max_queue: int = Field(
+        64, ge=0, description="Requests that may wait per model; beyond: 429 queue_full."
+    )
+    queue_timeout_s: float = Field(
+        600.0, gt=0, description="How long a request may wait in a model's queue."
+    )
+    default_engine: int = Field(0, ge=0, description="Engine tried first for a cold model.")
+    engine_specs: dict[int, EngineSpec] = Field(
+        default_factory=dict, description="Per-engine overrides by engine index."
+    )
+    thermal: ThermalSettings = Field(
+        default_factory=ThermalSettings, description="Thermal protection."
     )
 
     @field_validator("home", mode="after")

@@ -8,6 +8,10 @@
     ├── BackendUnavailable          503 backend_unavailable  (e.g. no llama-server binary)
     ├── ModelLoadFailed             503 model_load_failed    (carries the child's last log lines)
     ├── EngineUnavailable           503 engine_unavailable   (with Retry-After)
+    ├── InsufficientMemory          503 insufficient_memory  (no eviction can make room; why)
+    ├── EngineCooling               503 engine_cooling       (thermal pause outlasted the wait)
+    ├── QueueFull                   429 queue_full           (with Retry-After)
+    ├── QueueTimeout                503 queue_timeout        (waited in a model's queue too long)
     └── UpstreamError               502 upstream_error       (a backend broke the protocol)
 
 Every leaf has an HTTP status and a string `code`; engines send errors to the front in the native
@@ -130,6 +134,27 @@ class EngineUnavailable(ModelyardError):
     code = "engine_unavailable"
 
 
+class InsufficientMemory(ModelyardError):
+    status = 503
+    code = "insufficient_memory"
+
+
+class EngineCooling(ModelyardError):
+    status = 503
+    code = "engine_cooling"
+
+
+class QueueFull(ModelyardError):
+    status = 429
+    code = "queue_full"
+    openai_type = "rate_limit_error"
+
+
+class QueueTimeout(ModelyardError):
+    status = 503
+    code = "queue_timeout"
+
+
 class UpstreamError(ModelyardError):
     status = 502
     code = "upstream_error"
@@ -146,6 +171,10 @@ _BY_CODE: dict[str, type[ModelyardError]] = {
         BackendUnavailable,
         ModelLoadFailed,
         EngineUnavailable,
+        InsufficientMemory,
+        EngineCooling,
+        QueueFull,
+        QueueTimeout,
         UpstreamError,
     )
 }

@@ -3,6 +3,8 @@
     GET    /health                      liveness, and the port of the lease channel
     GET    /status                      models, their state and leases
     GET    /diag                        the device this engine owns
+    POST   /models/{id}/load            load a model (evicting if needed) and keep it per keep-alive
+    POST   /models/{id}/unload          unload a model once its requests in flight are done
 
 Leases are not taken here but over the lease channel (engine/lease_channel.py): it is cheaper,
 and it releases the leases of a front whose connection drops. Errors use the native shape so the
@@ -47,6 +49,27 @@ def create_engine_app(engine: Engine, *, watch_parent: bool = False) -> Starlett
     async def diag(_: Request) -> Response:
         return JSONResponse({"engine": engine.index, "devices": describe_devices()})
 
+    async def load(request: Request) -> Response:
+        name = request.path_params["model"]
+        keep_alive = request.query_params.get("keep_alive_s")
+        try:
+            lease = await engine.acquire(
+                name, keep_alive_s=float(keep_alive) if keep_alive is not None else None
+            )
+        except ModelyardError as exc:
+            return _error(exc)
+        engine.release(lease.id)
+        return JSONResponse({"model": lease.model, "status": "loaded",
+                             "load_duration_ns": lease.load_duration_ns})
+
+    async def unload(request: Request) -> Response:
+        try:
+            unloaded = await engine.unload(request.path_params["model"])
+        except ModelyardError as exc:
+            return _error(exc)
+        return JSONResponse({"model": request.path_params["model"],
+                             "status": "unloaded" if unloaded else "not_loaded"})
+
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
         nonlocal lease_port
@@ -65,6 +88,8 @@ def create_engine_app(engine: Engine, *, watch_parent: bool = False) -> Starlett
         Route("/health", health),
         Route("/status", status),
         Route("/diag", diag),
+        Route("/models/{model:path}/load", load, methods=["POST"]),
+        Route("/models/{model:path}/unload", unload, methods=["POST"]),
     ]
     return Starlette(routes=routes, lifespan=lifespan)
 

@@ -6,7 +6,7 @@ each way. It also makes leases airtight across processes (DESIGN.md §3.3): the 
 connection holds are released when it closes, so a front that crashes or restarts cannot leave
 a model busy forever.
 
-    front → engine  {"op": "acquire", "id": 7, "model": "smollm2"}
+    front → engine  {"op": "acquire", "id": 7, "model": "smollm2", "keep_alive_s": 300}
     engine → front  {"id": 7, "lease": {...}}   or   {"id": 7, "error": {native error body}}
     front → engine  {"op": "release", "lease": "…"}
     front → engine  {"op": "cancel", "id": 7}   (the front stopped waiting for that grant)
@@ -40,9 +40,9 @@ class _Connection:
         if not self.writer.is_closing():
             self.writer.write(orjson.dumps(payload) + b"\n")
 
-    async def _grant(self, request_id: int, model: str) -> None:
+    async def _grant(self, request_id: int, model: str, keep_alive_s: float | None) -> None:
         try:
-            lease = await self.engine.acquire(model)
+            lease = await self.engine.acquire(model, keep_alive_s=keep_alive_s)
         except ModelyardError as exc:
             self._send({"id": request_id, "error": exc.native_body()})
         except Exception as exc:  # never let one request kill the channel
@@ -60,7 +60,14 @@ class _Connection:
         op = message.get("op")
         if op == "acquire":
             request_id = int(message["id"])
-            task = asyncio.create_task(self._grant(request_id, str(message["model"])))
+            keep_alive = message.get("keep_alive_s")
+            task = asyncio.create_task(
+                self._grant(
+                    request_id,
+                    str(message["model"]),
+                    float(keep_alive) if keep_alive is not None else None,
+                )
+            )
             self.pending[request_id] = task
         elif op == "release":
             lease_id = str(message["lease"])

@@ -1,15 +1,26 @@
-"""The engine: owns one device's models, loads them on demand and hands out leases.
+"""The engine: owns one device's models, loads them on demand, evicts, and hands out leases.
 
 All state here is mutated only from the engine's event loop, so there is one owner (DESIGN.md
-§3.1) without locks. A burst of requests for a cold model joins one load task (§3.5); a failed load
-puts the model in a cooldown so clients get a fast, explained 503 instead of a retry storm; a
-model counts as busy exactly while it has leases (§3.3), which the scheduler of a later step uses
-to never evict a model with requests in flight (§3.4).
+§3.1) without locks on the state itself. What to load and what to evict is decided by the pure
+policy in engine/scheduler.py; this module applies its decisions:
+
+* a burst of requests for a cold model joins one load task (§3.5);
+* placement decisions are taken one at a time (``_placing``), and a model being loaded holds its
+  estimated bytes in the ledger from the decision on, so two loads never promise the same memory;
+  the loads themselves then run side by side;
+* a model is busy exactly while it has leases (§3.3) and is never evicted then (§3.4): a load
+  that only busy models could make room for waits, bounded, and re-plans whenever a lease is
+  released or a model unloads;
+* after an unload the engine waits until the device reports the memory back (§3.7);
+* a failed load puts the model in a cooldown, so clients get a fast, explained 503;
+* idle models unload after their keep-alive; pinned ones never do.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import logging
 import os
 import time
@@ -19,15 +30,32 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from modelyard.config import LlamaCppModel, ModelSpec, Settings
-from modelyard.engine.backends.openai_server import ChildServer
-from modelyard.errors import ModelLoadFailed, ModelyardError
+from modelyard.config import LlamaCppModel, ModelSpec, ServiceModel, Settings
+from modelyard.engine import scheduler
+from modelyard.engine.backends.base import Backend, make_backend
+from modelyard.engine.ledger import (
+    Device,
+    Loading,
+    make_device,
+    plannable_free,
+    wait_for_recovery,
+)
+from modelyard.errors import (
+    EngineCooling,
+    InsufficientMemory,
+    ModelLoadFailed,
+    ModelyardError,
+)
 from modelyard.store.estimate import MemoryEstimate, estimate_gguf
 from modelyard.store.gguf import GgufError, read_gguf_info
 from modelyard.store.registry import Entry, ModelRegistry
 from modelyard.types import Lease
 
 log = logging.getLogger("modelyard.engine")
+
+MIB = 2**20
+# Swaps remembered for /status and `modelyard ps`.
+RECENT_SWAPS = 50
 
 
 class ModelState(StrEnum):
@@ -42,7 +70,7 @@ class ModelState(StrEnum):
 class _Runtime:
     entry: Entry
     state: ModelState = ModelState.STOPPED
-    server: ChildServer | None = None
+    server: Backend | None = None
     load: asyncio.Task[None] | None = None
     leases: set[str] = field(default_factory=set)
     cooldown_until: float = 0.0
@@ -52,6 +80,14 @@ class _Runtime:
     last_used: float = 0.0
     restarts: int = 0
     estimate: MemoryEstimate | None = None
+    reserved_bytes: int = 0  # what the ledger promised it (its estimate, corrected by measure)
+    measured_bytes: int | None = None  # what the device last showed it holding
+    keep_alive_s: float | None = None  # the last request's keep_alive; None: the configured one
+    waiting_since: float | None = None  # a load waiting for busy models to make room
+
+    @property
+    def spec(self) -> ModelSpec:
+        return self.entry.spec
 
 
 class Engine:
@@ -62,17 +98,29 @@ class Engine:
         *,
         index: int = 0,
         env: Mapping[str, str] | None = None,
+        device: Device | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
         self.registry = registry
         self.index = index
-        self.env = env
         self.clock = clock
         self._models: dict[str, _Runtime] = {}
         self._leases: dict[str, str] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._placing = asyncio.Lock()
+        self._changed = asyncio.Event()  # replaced on every change; waiters re-plan
+        self._cool = asyncio.Event()
+        self._cool.set()
+        self.paused_reason: str | None = None
+        self.device: Device = device or make_device(settings, index, self._child_pids)
+        self.env = {**(env if env is not None else os.environ), **self.device.child_env()}
+        self.stats: collections.Counter[str] = collections.Counter()
+        self.swaps: collections.deque[dict[str, Any]] = collections.deque(maxlen=RECENT_SWAPS)
         self.started_at = time.time()
+        self._reaper: asyncio.Task[None] | None = None
+
+    # ---- leases ---------------------------------------------------------------------------
 
     def _runtime(self, entry: Entry) -> _Runtime:
         rt = self._models.get(entry.id)
@@ -80,11 +128,14 @@ class Engine:
             rt = self._models[entry.id] = _Runtime(entry)
         return rt
 
-    async def acquire(self, name: str) -> Lease:
-        """A lease on a ready copy of `name`, loading it first if needed."""
+    async def acquire(self, name: str, *, keep_alive_s: float | None = None) -> Lease:
+        """A lease on a ready copy of `name`, loading it first (and evicting) if needed."""
         rt = self._runtime(self.registry.resolve(name))
         started = self.clock()
-        if rt.state is ModelState.READY and rt.server is not None and not rt.server.process.alive:
+        rt.keep_alive_s = keep_alive_s
+        self._ensure_reaper()
+        await self._wait_cool(rt)
+        if rt.state is ModelState.READY and rt.server is not None and not rt.server.alive:
             # It died and the exit watcher has not run yet: reload instead of leasing a corpse.
             self._forget_dead_server(rt, rt.server)
         while rt.state is not ModelState.READY:
@@ -110,6 +161,37 @@ class Engine:
         rt = self._models[model_id]
         rt.leases.discard(lease_id)
         rt.last_used = self.clock()
+        if not rt.leases:
+            self._notify()  # a waiting load may now evict it; keep_alive 0 may unload it
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def _wait_cool(self, rt: _Runtime) -> None:
+        if self._cool.is_set():
+            return
+        try:
+            await asyncio.wait_for(self._cool.wait(), self.settings.memory_wait_timeout_s)
+        except TimeoutError:
+            raise EngineCooling(
+                f"engine {self.index} is paused to cool down ({self.paused_reason})",
+                model=rt.entry.id,
+                retry_after_s=self.settings.thermal.poll_s * 2,
+            ) from None
+
+    def set_paused(self, reason: str | None) -> None:
+        """Thermal protection: while paused, new work waits; running work finishes."""
+        if reason == self.paused_reason:
+            return
+        if reason is not None:
+            log.warning("engine %d paused: %s", self.index, reason)
+            self.stats["thermal_pauses"] += 1
+            self._cool.clear()
+        else:
+            log.info("engine %d resumed after cooling", self.index)
+            self._cool.set()
+        self.paused_reason = reason
 
     def _check_cooldown(self, rt: _Runtime) -> None:
         remaining = rt.cooldown_until - self.clock()
@@ -123,62 +205,265 @@ class Engine:
             log_tail=err.log_tail,
         )
 
+    # ---- placement ------------------------------------------------------------------------
+
+    def _want_bytes(self, rt: _Runtime) -> int:
+        spec = rt.spec
+        if spec.vram_bytes is not None:
+            return spec.vram_bytes
+        if isinstance(spec, ServiceModel):
+            return 0 if spec.self_managed else spec.vram_resident_mib * MIB
+        guess = rt.estimate.total_bytes if rt.estimate else (rt.entry.size_bytes or 0)
+        # A load measured before corrects the estimate (DESIGN: the ledger learns).
+        return max(guess, rt.measured_bytes or 0)
+
+    def _keep_alive(self, rt: _Runtime) -> float | None:
+        if rt.spec.pinned:
+            return None
+        value = rt.keep_alive_s
+        if value is None:
+            value = rt.spec.keep_alive_s
+        if value is None:
+            value = self.settings.keep_alive_s
+        return None if value < 0 else value
+
+    def _measure(self) -> None:
+        """Refresh what each loaded model holds on the device."""
+        pids = {rt.server.pid: rt for rt in self._models.values()
+                if rt.server is not None and rt.server.pid is not None}
+        for pid, nbytes in self.device.used_by(pids).items():
+            pids[pid].measured_bytes = nbytes
+
+    def _resident(self, rt: _Runtime) -> scheduler.Resident:
+        loading = rt.state is ModelState.LOADING
+        spec = rt.spec
+        self_managed = isinstance(spec, ServiceModel) and spec.self_managed
+        cannot_unload = isinstance(spec, ServiceModel) and spec.unload_path is None
+        held = rt.reserved_bytes if loading or rt.measured_bytes is None else rt.measured_bytes
+        return scheduler.Resident(
+            model=rt.entry.id,
+            bytes=held,
+            # A model being loaded cannot be evicted: count it as busy.
+            leases=len(rt.leases) + (1 if loading else 0),
+            pinned=spec.pinned or self_managed or cannot_unload,
+            priority=spec.priority,
+            last_used=rt.last_used,
+            group=spec.group,
+            coexist_with=frozenset(spec.can_coexist_with),
+            reload_cost_s=rt.load_duration_s or 0.0,
+            keep_alive_s=self._keep_alive(rt),
+        )
+
+    def _residents(self, exclude: _Runtime | None = None) -> list[scheduler.Resident]:
+        return [
+            self._resident(rt)
+            for rt in self._models.values()
+            if rt is not exclude and rt.state in (ModelState.READY, ModelState.LOADING)
+        ]
+
+    def _max_loaded(self) -> int | None:
+        spec = self.settings.engine_specs.get(self.index)
+        if spec is not None and spec.max_loaded_models is not None:
+            return spec.max_loaded_models
+        return self.settings.max_loaded_models
+
+    def _decide(self, rt: _Runtime) -> scheduler.Decision:
+        self._measure()
+        info = self.device.info()
+        loading = [
+            Loading(r.reserved_bytes, r.measured_bytes or 0)
+            for r in self._models.values()
+            if r.state is ModelState.LOADING and r is not rt
+        ]
+        free = plannable_free(info.free_bytes or 0, loading)
+        spec = rt.spec
+        want = scheduler.Want(
+            model=rt.entry.id,
+            bytes=self._want_bytes(rt),
+            group=spec.group,
+            coexist_with=frozenset(spec.can_coexist_with),
+            priority=spec.priority,
+        )
+        return scheduler.plan(
+            want, self._residents(exclude=rt), free, info.total_bytes,
+            max_loaded_models=self._max_loaded(),
+        )
+
+    async def _place(self, rt: _Runtime) -> None:
+        """Make room for `rt` and reserve it; returns with rt LOADING, or raises."""
+        deadline = self.clock() + self.settings.memory_wait_timeout_s
+        while True:
+            async with self._placing:
+                decision = self._decide(rt)
+                if isinstance(decision, scheduler.Load):
+                    rt.reserved_bytes = self._want_bytes(rt)
+                    rt.state = ModelState.LOADING
+                    rt.waiting_since = None
+                    return
+                if isinstance(decision, scheduler.NoFit):
+                    self.stats["no_fit"] += 1
+                    raise InsufficientMemory(decision.reason, model=rt.entry.id)
+                if isinstance(decision, scheduler.Evict):
+                    await self._evict(decision.victims, for_model=rt.entry.id)
+                    continue
+                assert isinstance(decision, scheduler.Wait), decision
+                changed = self._changed  # taken under the lock: no change can be missed
+            if rt.waiting_since is None:
+                rt.waiting_since = self.clock()
+                self.stats["waits"] += 1
+                log.info("%s", decision.reason)
+            remaining = deadline - self.clock()
+            if remaining <= 0:
+                rt.waiting_since = None
+                raise InsufficientMemory(
+                    f"{decision.reason}; gave up after memory_wait_timeout_s "
+                    f"({self.settings.memory_wait_timeout_s:.0f} s)",
+                    model=rt.entry.id,
+                    retry_after_s=5.0,
+                )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), remaining)
+
+    async def _evict(
+        self, victims: tuple[str, ...], *, for_model: str | None, reason: str = "unload"
+    ) -> None:
+        """Unload idle `victims` (caller holds `_placing`) and wait for their memory."""
+        runtimes = [self._models[v] for v in victims]
+        for rt in runtimes:  # before any await: no lease can be granted on them from here on
+            assert not rt.leases, f"policy chose busy {rt.entry.id}"
+            rt.state = ModelState.STOPPING
+        info = self.device.info()
+        freed = sum(rt.measured_bytes or rt.reserved_bytes for rt in runtimes)
+        pids = {rt.server.pid for rt in runtimes if rt.server and rt.server.pid is not None}
+        reason = f"for {for_model}" if for_model else reason
+        for rt in runtimes:
+            self._record_swap(rt, reason)
+        await asyncio.gather(*(self._stop(rt) for rt in runtimes))
+        # Expect most of it back: allocators and drivers keep a little.
+        want = (info.free_bytes or 0) + int(freed * 0.9)
+        await wait_for_recovery(self.device, pids, want, self.settings.memory_recovery_timeout_s)
+        self._notify()
+
+    def _record_swap(self, rt: _Runtime, reason: str) -> None:
+        kind = {"idle": "expirations", "unload": "unloads"}.get(reason, "evictions")
+        self.stats[kind] += 1
+        self.swaps.append(
+            {"at": time.time(), "unloaded": rt.entry.id, "reason": reason,
+             "bytes": rt.measured_bytes or rt.reserved_bytes}
+        )
+        log.info("unloading %s (%s)", rt.entry.id, reason)
+
+    async def unload(self, name: str) -> bool:
+        """Unload `name` once it is idle (admin route, keep_alive 0): waits for its leases."""
+        rt = self._models.get(self.registry.resolve(name).id)
+        if rt is None:
+            return False
+        if rt.load is not None:
+            with contextlib.suppress(ModelyardError):
+                await asyncio.shield(rt.load)
+        while True:
+            async with self._placing:
+                if rt.state is not ModelState.READY:
+                    return False
+                if not rt.leases:
+                    await self._evict((rt.entry.id,), for_model=None, reason="unload")
+                    return True
+                changed = self._changed
+            await changed.wait()
+
+    # ---- keep-alive -----------------------------------------------------------------------
+
+    def _ensure_reaper(self) -> None:
+        if self._reaper is None or self._reaper.done():
+            self._reaper = self._spawn(self._reap_idle(), "keep-alive")
+
+    async def _reap_idle(self) -> None:
+        """Unload models whose keep-alive ran out; sleeps until the next one can expire."""
+        while True:
+            changed = self._changed  # before reading state: a later change wakes us
+            now = self.clock()
+            idle = [r for r in self._residents() if r.leases == 0]
+            if scheduler.expired(idle, now):
+                async with self._placing:
+                    due = scheduler.expired(self._residents(), self.clock())  # still due?
+                    for model in due:
+                        await self._evict((model,), for_model=None, reason="idle")
+                continue
+            deadlines = [r.last_used + r.keep_alive_s for r in idle
+                         if r.keep_alive_s is not None and not r.pinned]
+            timeout = max(0.0, min(deadlines) - now) if deadlines else None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), timeout)
+
+    # ---- loading and stopping -------------------------------------------------------------
+
     async def _load(self, rt: _Runtime) -> None:
-        rt.state = ModelState.LOADING
         started = self.clock()
         if rt.estimate is None:
-            rt.estimate = await asyncio.to_thread(estimate_model, rt.entry.spec, self.settings)
+            rt.estimate = await asyncio.to_thread(estimate_model, rt.spec, self.settings)
         try:
-            spec = rt.entry.spec
-            server = ChildServer(spec, self.settings, env=self.env)
-            log.info("loading %s: %s", spec.id, " ".join(server.process.argv))
-            await server.start()
+            await self._place(rt)
+            spec = rt.spec
+            server = make_backend(spec, self.settings, env=self.env)
+            log.info("loading %s (%d MiB reserved)", spec.id, rt.reserved_bytes // MIB)
+            await server.start(
+                on_spawn=lambda pid: self.device.on_spawn(pid, rt.reserved_bytes)
+            )
         except ModelLoadFailed as exc:
             rt.state = ModelState.FAILED
             rt.last_error = exc
             rt.cooldown_until = self.clock() + self.settings.load_cooldown_s
             exc.retry_after_s = self.settings.load_cooldown_s or None
+            self.stats["load_failures"] += 1
             log.warning("%s", exc.full_message())
             raise
         except BaseException:
-            rt.state = ModelState.STOPPED
+            if rt.state is ModelState.LOADING:
+                rt.state = ModelState.STOPPED
             raise
         finally:
             rt.load = None
+            self._notify()
         rt.server = server
         rt.state = ModelState.READY
         rt.last_error = None
         rt.loaded_at = time.time()
+        rt.last_used = self.clock()
         rt.load_duration_s = self.clock() - started
+        self.stats["loads"] += 1
         log.info("%s ready on %s in %.2f s", spec.id, server.url, rt.load_duration_s)
         self._spawn(self._watch_exit(rt, server), f"watch:{spec.id}")
 
-    async def _watch_exit(self, rt: _Runtime, server: ChildServer) -> None:
+    async def _watch_exit(self, rt: _Runtime, server: Backend) -> None:
         await server.wait_exit()
         self._forget_dead_server(rt, server)
 
-    def _forget_dead_server(self, rt: _Runtime, server: ChildServer) -> None:
+    def _forget_dead_server(self, rt: _Runtime, server: Backend) -> None:
         if rt.server is not server or rt.state is not ModelState.READY:
             return
         # It died on its own: the next request reloads it; streams in flight see the drop.
         log.warning(
-            "%s exited unexpectedly with status %s; last lines:\n%s",
+            "%s exited unexpectedly; last lines:\n%s",
             rt.entry.id,
-            server.process.returncode,
-            "\n".join(server.process.tail(self.settings.log_tail_lines)),
+            "\n".join(server.tail(self.settings.log_tail_lines)),
         )
         rt.server = None
         rt.state = ModelState.STOPPED
         rt.restarts += 1
+        self.stats["crashes"] += 1
+        self._notify()
 
     async def _stop(self, rt: _Runtime) -> bool:
         server = rt.server
         if server is None:
+            rt.state = ModelState.STOPPED
             return False
         rt.state = ModelState.STOPPING
         rt.server = None
-        await server.stop()
-        rt.state = ModelState.STOPPED
+        try:
+            await server.stop()
+        finally:
+            rt.state = ModelState.STOPPED
         return True
 
     async def shutdown(self) -> None:
@@ -199,40 +484,93 @@ class Engine:
         self._tasks.discard(task)
         # Load failures are reported to every waiter; retrieving here keeps asyncio quiet
         # when all of them have gone.
-        if not task.cancelled():
-            task.exception()
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None and task.get_name() == "keep-alive":
+            log.error("keep-alive task failed", exc_info=exc)
+
+    def _child_pids(self) -> list[int]:
+        return [rt.server.pid for rt in self._models.values()
+                if rt.server is not None and rt.server.pid is not None]
+
+    # ---- reports --------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
+        self._measure()
+        info = self.device.info()
         return {
             "engine": self.index,
             "pid": os.getpid(),
             "started_at": self.started_at,
+            "device": {
+                "kind": info.kind,
+                "name": info.name,
+                "total_bytes": info.total_bytes,
+                "used_bytes": info.used_bytes,
+                "free_bytes": info.free_bytes,
+                "temperature_c": info.temperature_c,
+                "reserved_loading_bytes": sum(
+                    rt.reserved_bytes for rt in self._models.values()
+                    if rt.state is ModelState.LOADING
+                ),
+            },
+            "paused": self.paused_reason,
+            "scheduler": {
+                "max_loaded_models": self._max_loaded(),
+                "loads": self.stats["loads"],
+                "evictions": self.stats["evictions"],
+                "unloads": self.stats["unloads"],
+                "expirations": self.stats["expirations"],
+                "load_failures": self.stats["load_failures"],
+                "crashes": self.stats["crashes"],
+                "waits": self.stats["waits"],
+                "no_fit": self.stats["no_fit"],
+                "thermal_pauses": self.stats["thermal_pauses"],
+                "recent_swaps": list(self.swaps),
+            },
             "models": self.model_status(),
         }
 
     def model_status(self) -> list[dict[str, Any]]:
         out = []
+        now = self.clock()
         for rt in self._models.values():
             server = rt.server
+            keep_alive = self._keep_alive(rt)
+            idle = rt.state is ModelState.READY and not rt.leases
             out.append(
                 {
                     "model": rt.entry.id,
-                    "backend": rt.entry.spec.backend,
+                    "backend": rt.spec.backend,
                     "state": str(rt.state),
-                    "pid": server.process.pid if server else None,
+                    "pid": server.pid if server else None,
                     "upstream": server.url if server else None,
                     "leases": len(rt.leases),
                     "loaded_at": rt.loaded_at if server else None,
                     "load_duration_s": rt.load_duration_s,
                     "size_bytes": rt.entry.size_bytes,
+                    "pinned": rt.spec.pinned,
+                    "priority": rt.spec.priority,
+                    "group": rt.spec.group,
+                    "keep_alive_s": keep_alive,
+                    "expires_in_s": (
+                        max(0.0, rt.last_used + keep_alive - now)
+                        if idle and keep_alive is not None else None
+                    ),
+                    "waiting_for_memory_s": (
+                        now - rt.waiting_since if rt.waiting_since is not None else None
+                    ),
                     "memory": {
                         "estimate_bytes": rt.estimate.total_bytes if rt.estimate else None,
                         "estimate": rt.estimate.to_json() if rt.estimate else None,
-                        "measured_bytes": server.process.memory_bytes() if server else None,
+                        "reserved_bytes": rt.reserved_bytes if server or rt.load else None,
+                        "measured_bytes": rt.measured_bytes if server else None,
+                        "host_bytes": server.memory_bytes() if server else None,
                     },
                     "restarts": rt.restarts,
                     "last_error": rt.last_error.message if rt.last_error else None,
-                    "cooldown_s": max(0.0, rt.cooldown_until - self.clock()) or None,
+                    "cooldown_s": max(0.0, rt.cooldown_until - now) or None,
                 }
             )
         return out

@@ -117,7 +117,7 @@ async def _start_engines(
         return [LocalEngineClient(engine)]
     clients: list[EngineClient] = []
     for plan in plan_engines(settings, gpu_count):
-        client = HttpEngineClient(f"engine-{plan.index}")
+        client = HttpEngineClient(f"engine-{plan.index}", plan.index)
         supervisor = EngineSupervisor(settings, plan, client, config_file=config_file)
         stack.push_async_callback(supervisor.stop)
         await supervisor.start()

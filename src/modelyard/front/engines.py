@@ -8,6 +8,7 @@ a later step) Ray actors are interchangeable. Releasing a lease never awaits, so
 from __future__ import annotations
 
 from typing import Any, Protocol
+from urllib.parse import quote
 
 import aiohttp
 import orjson
@@ -24,11 +25,16 @@ ENGINE_RETRY_AFTER_S = 2.0
 
 class EngineClient(Protocol):
     name: str
+    index: int
 
     @property
     def up(self) -> bool: ...
 
-    async def acquire(self, model: str) -> Lease: ...
+    async def acquire(self, model: str, keep_alive_s: float | None = None) -> Lease: ...
+
+    async def load(self, model: str, keep_alive_s: float | None = None) -> dict[str, Any]: ...
+
+    async def unload(self, model: str) -> dict[str, Any]: ...
 
     def release(self, lease: Lease) -> None: ...
 
@@ -43,14 +49,25 @@ class LocalEngineClient:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self.index = engine.index
         self.name = f"engine-{engine.index}"
 
     @property
     def up(self) -> bool:
         return True
 
-    async def acquire(self, model: str) -> Lease:
-        return await self.engine.acquire(model)
+    async def acquire(self, model: str, keep_alive_s: float | None = None) -> Lease:
+        return await self.engine.acquire(model, keep_alive_s=keep_alive_s)
+
+    async def load(self, model: str, keep_alive_s: float | None = None) -> dict[str, Any]:
+        lease = await self.engine.acquire(model, keep_alive_s=keep_alive_s)
+        self.engine.release(lease.id)
+        return {"model": lease.model, "status": "loaded",
+                "load_duration_ns": lease.load_duration_ns}
+
+    async def unload(self, model: str) -> dict[str, Any]:
+        unloaded = await self.engine.unload(model)
+        return {"model": model, "status": "unloaded" if unloaded else "not_loaded"}
 
     def release(self, lease: Lease) -> None:
         self.engine.release(lease.id)
@@ -65,8 +82,9 @@ class LocalEngineClient:
 class HttpEngineClient:
     """An engine process on a loopback port, usually started by the front's supervisor."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, index: int = 0) -> None:
         self.name = name
+        self.index = index
         self._session: aiohttp.ClientSession | None = None
         self._leases: LeaseClient | None = None
 
@@ -119,11 +137,19 @@ class HttpEngineClient:
             raise ModelyardError(f"engine answered {status}: {content[:200]!r}")
         return payload
 
-    async def acquire(self, model: str) -> Lease:
+    async def acquire(self, model: str, keep_alive_s: float | None = None) -> Lease:
         leases = self._leases
         if leases is None or leases.closed:
             raise self._unavailable("down")
-        return await leases.acquire(model)
+        return await leases.acquire(model, keep_alive_s)
+
+    async def load(self, model: str, keep_alive_s: float | None = None) -> dict[str, Any]:
+        query = {"keep_alive_s": str(keep_alive_s)} if keep_alive_s is not None else None
+        path = f"/models/{quote(model, safe='')}/load"
+        return dict(await self._call("POST", path, params=query))
+
+    async def unload(self, model: str) -> dict[str, Any]:
+        return dict(await self._call("POST", f"/models/{quote(model, safe='')}/unload"))
 
     def release(self, lease: Lease) -> None:
         # An engine that restarted has forgotten the lease already; nothing to do then.

@@ -42,12 +42,15 @@ class LeaseClient:
             raise LeaseChannelClosed("lease channel closed")
         self._writer.write(orjson.dumps(payload) + b"\n")
 
-    async def acquire(self, model: str) -> Lease:
+    async def acquire(self, model: str, keep_alive_s: float | None = None) -> Lease:
         request_id = next(self._ids)
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._waiting[request_id] = future
         try:
-            self._send({"op": "acquire", "id": request_id, "model": model})
+            message: dict[str, Any] = {"op": "acquire", "id": request_id, "model": model}
+            if keep_alive_s is not None:
+                message["keep_alive_s"] = keep_alive_s
+            self._send(message)
             reply = await future
         except asyncio.CancelledError:
             # If the grant is already on its way, _read gives it back.

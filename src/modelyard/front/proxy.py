@@ -71,6 +71,7 @@ class Relay:
         self.engine = engine
         self.lease = lease
         self.response = response
+        self.on_close: Callable[[], None] | None = None  # e.g. give back the queue slot
         self._closed = False
 
     @property
@@ -107,6 +108,8 @@ class Relay:
         else:
             self.response.close()
         self.engine.release(self.lease)
+        if self.on_close is not None:
+            self.on_close()
 
 
 class LeasedStream(StreamingResponse):

@@ -16,8 +16,9 @@ from modelyard.config import Settings
 from modelyard.errors import EngineUnavailable, InvalidRequest, ModelyardError, UpstreamError
 from modelyard.front.engines import EngineClient
 from modelyard.front.proxy import Relay, send_upstream
+from modelyard.front.queueing import Limits, ModelQueues, Slot
 from modelyard.front.routing import EngineView, pick_engine
-from modelyard.store.registry import ModelRegistry
+from modelyard.store.registry import Entry, ModelRegistry
 from modelyard.types import Lease
 
 M = TypeVar("M", bound=BaseModel)
@@ -34,27 +35,61 @@ class FrontState:
     # (engine, model) → upstream when last granted: where to send before the grant confirms it,
     # and the routing hint "already resident".
     upstreams: dict[tuple[str, str], str] = field(default_factory=dict)
+    queues: ModelQueues = field(default_factory=ModelQueues)
+    # Requests in flight per engine: "least queued work" when routing a cold model.
+    inflight: dict[str, int] = field(default_factory=dict)
 
-    def engine_for(self, model_id: str) -> EngineClient:
-        if len(self.engines) == 1 and self.engines[0].up:
+    def _compatible(self, engine: EngineClient, entry: Entry) -> bool:
+        spec = self.settings.engine_specs.get(engine.index)
+        return spec is None or spec.backends is None or entry.spec.backend in spec.backends
+
+    def engine_for(self, entry: Entry) -> EngineClient:
+        if len(self.engines) == 1 and self.engines[0].up and entry.spec.engine is None:
             return self.engines[0]  # nothing to choose: skip building the views
         views = [
             EngineView(
                 name=e.name,
                 up=e.up,
-                resident=frozenset([model_id]) if (e.name, model_id) in self.upstreams else
+                compatible=self._compatible(e, entry),
+                resident=frozenset([entry.id]) if (e.name, entry.id) in self.upstreams else
                 frozenset(),
+                queued=self.inflight.get(e.name, 0),
             )
             for e in self.engines
         ]
-        name = pick_engine(views, model_id, default=self.engines[0].name if self.engines else None)
+        pinned = f"engine-{entry.spec.engine}" if entry.spec.engine is not None else None
+        name = pick_engine(
+            views, entry.id, pinned=pinned, default=f"engine-{self.settings.default_engine}"
+        )
         if name is None:
+            why = f"its pinned {pinned} is down or cannot run it" if pinned else "none is up"
             raise EngineUnavailable(
-                "no engine is up to serve this request; they are being restarted",
-                model=model_id,
+                f"no engine can serve '{entry.id}' now ({why}; engines that crashed are "
+                "being restarted)",
+                model=entry.id,
                 retry_after_s=2.0,
             )
         return next(e for e in self.engines if e.name == name)
+
+    def limits(self, entry: Entry, engine: EngineClient) -> Limits:
+        """max_concurrency: the model's, else its engine's, else the server's (same for queues)."""
+        engine_spec = self.settings.engine_specs.get(engine.index)
+        concurrency = entry.spec.max_concurrency or (
+            engine_spec.max_concurrency if engine_spec else None
+        ) or self.settings.max_concurrency
+        max_queue = entry.spec.max_queue
+        return Limits(
+            concurrency, self.settings.max_queue if max_queue is None else max_queue
+        )
+
+    async def admit(
+        self, entry: Entry, engine: EngineClient, priority: int = 0
+    ) -> Slot:
+        """A place among the requests `entry` serves at once (waiting in its queue if need be)."""
+        return await self.queues.acquire(
+            entry.id, self.limits(entry, engine), priority=priority,
+            timeout_s=self.settings.queue_timeout_s,
+        )
 
     async def engine_models(self) -> dict[str, dict[str, Any]]:
         """Every model the engines that answer know about, with the engine's name added."""
@@ -68,17 +103,49 @@ class FrontState:
                 models[m["model"]] = {**m, "engine": engine.name}
         return models
 
-    async def open_relay(self, model: str, path: str, payload: bytes) -> Relay:
-        """Lease `model` on an engine and send it the request; the caller owns `relay.close()`."""
+    async def open_relay(
+        self,
+        model: str,
+        path: str,
+        payload: bytes,
+        *,
+        keep_alive_s: float | None = None,
+        priority: int = 0,
+    ) -> Relay:
+        """Queue for `model`, lease it on an engine and send it the request; the caller owns
+        `relay.close()`, which gives back the lease and the queue slot."""
         entry = self.registry.resolve(model)
-        engine = self.engine_for(entry.id)
-        key = (engine.name, entry.id)
+        engine = self.engine_for(entry)
+        slot = await self.admit(entry, engine, priority)
+        self.inflight[engine.name] = self.inflight.get(engine.name, 0) + 1
+
+        def done() -> None:
+            slot.release()
+            self.inflight[engine.name] -= 1
+
+        try:
+            relay = await self._lease_and_send(engine, entry.id, path, payload, keep_alive_s)
+        except BaseException:
+            done()
+            raise
+        relay.on_close = done
+        return relay
+
+    async def _lease_and_send(
+        self,
+        engine: EngineClient,
+        model_id: str,
+        path: str,
+        payload: bytes,
+        keep_alive_s: float | None,
+    ) -> Relay:
+        key = (engine.name, model_id)
         guess = self.upstreams.get(key)
         if guess is None:
-            lease, response = await engine.acquire(entry.id), None
+            lease, response = await engine.acquire(model_id, keep_alive_s), None
         else:
             lease, response = await self._lease_while_sending(
-                engine, entry.id, guess, path, payload
+                engine, model_id, guess, path, payload, keep_alive_s
             )
         self.upstreams[key] = lease.upstream
         if response is None:
@@ -91,7 +158,13 @@ class FrontState:
         return Relay(engine, lease, response)
 
     async def _lease_while_sending(
-        self, engine: EngineClient, model_id: str, guess: str, path: str, payload: bytes
+        self,
+        engine: EngineClient,
+        model_id: str,
+        guess: str,
+        path: str,
+        payload: bytes,
+        keep_alive_s: float | None,
     ) -> tuple[Lease, aiohttp.ClientResponse | None]:
         """Take the lease and, meanwhile, send the request where the model was last granted.
 
@@ -105,7 +178,7 @@ class FrontState:
             send_upstream(self.upstream, guess + path, payload, model_id)
         )
         try:
-            lease = await engine.acquire(model_id)
+            lease = await engine.acquire(model_id, keep_alive_s)
         except BaseException:
             _drop(early)
             raise
@@ -133,6 +206,19 @@ def _drop(early: asyncio.Future[aiohttp.ClientResponse]) -> None:
         close(early)
     else:
         early.add_done_callback(close)
+
+
+def request_priority(request: Request) -> int:
+    """`X-Modelyard-Priority: N`: higher is admitted first from a model's queue."""
+    raw = request.headers.get("x-modelyard-priority")
+    if raw is None:
+        return 0
+    try:
+        return int(raw)
+    except ValueError:
+        raise InvalidRequest(
+            f"X-Modelyard-Priority must be an integer, not {raw!r}", param="priority"
+        ) from None
 
 
 def state_of(request: Request) -> FrontState:

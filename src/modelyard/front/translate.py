@@ -12,6 +12,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 
+def rfc3339(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
+
+
 def now_rfc3339() -> str:
     return datetime.now(UTC).isoformat().replace("+00:00", "Z")
 

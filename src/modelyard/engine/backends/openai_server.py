@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import socket
 import string
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import aiohttp
@@ -58,7 +58,21 @@ class ChildServer:
             env=env,
         )
 
-    async def start(self) -> None:
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.process.alive
+
+    def memory_bytes(self) -> int | None:
+        return self.process.memory_bytes()
+
+    def tail(self, lines: int) -> list[str]:
+        return self.process.tail(lines)
+
+    async def start(self, on_spawn: Callable[[int], None] | None = None) -> None:
         """Spawn the child and return when it is ready; ModelLoadFailed (child stopped) if not."""
         try:
             await self.process.start()
@@ -66,6 +80,8 @@ class ChildServer:
             raise ModelLoadFailed(
                 f"could not start '{self.spec.id}': {exc}", model=self.spec.id
             ) from exc
+        if on_spawn is not None and self.process.pid is not None:
+            on_spawn(self.process.pid)
         timeout = aiohttp.ClientTimeout(total=2.0)
         async with aiohttp.ClientSession(self.url, timeout=timeout) as session:
 
@@ -100,7 +116,7 @@ class ChildServer:
     async def stop(self) -> None:
         await self.process.stop(self.settings.stop_grace_s)
 
-    async def wait_exit(self) -> int:
+    async def wait_exit(self) -> int | None:
         return await self.process.wait()
 
 

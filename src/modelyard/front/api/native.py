@@ -19,7 +19,13 @@ from starlette.routing import Route
 from modelyard import __version__
 from modelyard.errors import ModelyardError
 from modelyard.front.proxy import LeasedStream, sse_event, translated_stream
-from modelyard.front.state import read_json_object, state_of, upstream_message, validate
+from modelyard.front.state import (
+    read_json_object,
+    request_priority,
+    state_of,
+    upstream_message,
+    validate,
+)
 from modelyard.front.translate import Generation, now_rfc3339
 
 
@@ -62,7 +68,10 @@ async def chat(request: Request) -> Response:
     if req.stream:
         params["stream_options"] = {"include_usage": True}
     gen = Generation.start()
-    relay = await state.open_relay(req.model, "/v1/chat/completions", orjson.dumps(params))
+    relay = await state.open_relay(
+        req.model, "/v1/chat/completions", orjson.dumps(params),
+        priority=request_priority(request),
+    )
     gen.load_duration_ns = relay.lease.load_duration_ns
     if relay.status != 200 or not req.stream:
         body = await relay.read()

@@ -8,6 +8,8 @@ shapes, with its statistics (durations in nanoseconds) filled from llama-server'
 from __future__ import annotations
 
 import hashlib
+import re
+import time
 from typing import Any, Literal
 
 import orjson
@@ -19,8 +21,15 @@ from starlette.routing import Route
 from modelyard import __version__
 from modelyard.errors import InvalidRequest
 from modelyard.front.proxy import LeasedStream, translated_stream
-from modelyard.front.state import FrontState, read_json_object, state_of, upstream_message, validate
-from modelyard.front.translate import Generation, now_rfc3339
+from modelyard.front.state import (
+    FrontState,
+    read_json_object,
+    request_priority,
+    state_of,
+    upstream_message,
+    validate,
+)
+from modelyard.front.translate import Generation, now_rfc3339, rfc3339
 from modelyard.store.gguf import GgufError, GgufInfo, read_gguf_info
 from modelyard.store.registry import Entry
 
@@ -134,7 +143,7 @@ def _ndjson(payload: dict[str, Any]) -> bytes:
 
 
 async def _answer(
-    state: FrontState,
+    request: Request,
     req: _OllamaRequest,
     path: str,
     params: dict[str, Any],
@@ -142,7 +151,10 @@ async def _answer(
 ) -> Response:
     """Run the call upstream; `shape(gen, text, done)` builds each Ollama message."""
     gen = Generation.start()
-    relay = await state.open_relay(req.model, path, orjson.dumps(params))
+    relay = await state_of(request).open_relay(
+        req.model, path, orjson.dumps(params),
+        keep_alive_s=keep_alive_seconds(req.keep_alive), priority=request_priority(request),
+    )
     gen.load_duration_ns = relay.lease.load_duration_ns
     if relay.status != 200 or not req.stream:
         body = await relay.read()
@@ -196,30 +208,72 @@ def _generate_shape(model: str) -> Any:
     return shape
 
 
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
+_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def keep_alive_seconds(value: str | int | float | None) -> float | None:
+    """Ollama's `keep_alive`: seconds as a number, or a Go duration ("5m", "1h30m", "0");
+    negative keeps the model loaded forever (returned as -1). None: the configured default."""
+    if value is None:
+        return None
+    if isinstance(value, int | float):
+        return -1.0 if value < 0 else float(value)
+    text = value.strip()
+    try:
+        return keep_alive_seconds(float(text))
+    except ValueError:
+        pass
+    sign, body = (-1.0, text[1:]) if text.startswith("-") else (1.0, text)
+    parts = _DURATION.findall(body)
+    if not parts or "".join(n + u for n, u in parts) != body:
+        raise InvalidRequest(
+            f"keep_alive: {value!r} is not a duration (e.g. 300, \"5m\", \"1h\", -1)",
+            param="keep_alive",
+        )
+    seconds = sum(float(n) * _UNIT_S[u] for n, u in parts)
+    return -1.0 if sign < 0 else seconds
+
+
+async def _load_or_unload(
+    state: FrontState, req: _OllamaRequest, keep_alive_s: float | None, body: dict[str, Any]
+) -> Response:
+    """Ollama loads a model for a request with nothing to generate, and unloads it when that
+    request says `keep_alive: 0`."""
+    entry = state.registry.resolve(req.model)
+    engine = state.engine_for(entry)
+    if keep_alive_s == 0:
+        await engine.unload(entry.id)
+        reason = "unload"
+    else:
+        await engine.load(entry.id, keep_alive_s)
+        reason = "load"
+    out = {"model": req.model, "created_at": now_rfc3339(), **body, "done": True,
+           "done_reason": reason}
+    return Response(orjson.dumps(out), media_type="application/json")
+
+
 async def chat(request: Request) -> Response:
     state = state_of(request)
     req = validate(ChatRequest, await read_json_object(request))
+    keep_alive_s = keep_alive_seconds(req.keep_alive)
     if not req.messages:
-        # Ollama answers an empty chat by loading the model and returning an empty message.
-        state.registry.resolve(req.model)
-        return Response(
-            orjson.dumps(
-                {"model": req.model, "created_at": now_rfc3339(),
-                 "message": {"role": "assistant", "content": ""}, "done": True,
-                 "done_reason": "load"}
-            ),
-            media_type="application/json",
-        )
+        empty = {"message": {"role": "assistant", "content": ""}}
+        return await _load_or_unload(state, req, keep_alive_s, empty)
     return await _answer(
-        state, req, "/v1/chat/completions", chat_payload(req), _chat_shape(req.model)
+        request, req, "/v1/chat/completions", chat_payload(req), _chat_shape(req.model)
     )
 
 
 async def generate(request: Request) -> Response:
     state = state_of(request)
     req = validate(GenerateRequest, await read_json_object(request))
+    if not req.prompt and not req.images:
+        return await _load_or_unload(
+            state, req, keep_alive_seconds(req.keep_alive), {"response": ""}
+        )
     path, params = generate_payload(req)
-    return await _answer(state, req, path, params, _generate_shape(req.model))
+    return await _answer(request, req, path, params, _generate_shape(req.model))
 
 
 def _digest(entry: Entry) -> str:
@@ -288,7 +342,14 @@ async def ps(request: Request) -> Response:
             continue
         tag = _tag(entry, _gguf(entry))
         tag.pop("modified_at")
-        tag.update({"expires_at": "0001-01-01T00:00:00Z", "size_vram": 0, "engine": m["engine"]})
+        expires_in = m.get("expires_in_s")
+        expires_at = (
+            rfc3339(time.time() + expires_in) if expires_in is not None
+            else "0001-01-01T00:00:00Z"
+        )
+        mem = m.get("memory") or {}
+        size_vram = mem.get("measured_bytes") or mem.get("reserved_bytes") or 0
+        tag.update({"expires_at": expires_at, "size_vram": size_vram, "engine": m["engine"]})
         running.append(tag)
     return Response(orjson.dumps({"models": running}), media_type="application/json")
 

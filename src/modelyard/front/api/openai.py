@@ -17,7 +17,7 @@ from starlette.routing import Route
 
 from modelyard.errors import ModelyardError
 from modelyard.front.proxy import LeasedStream, passthrough_error, relay_raw, sse_event
-from modelyard.front.state import read_json_object, state_of, validate
+from modelyard.front.state import read_json_object, request_priority, state_of, validate
 
 
 class _Request(BaseModel):
@@ -55,7 +55,7 @@ async def _relay(request: Request, path: str, schema: type[_Request]) -> Respons
     body = await request.body()
     data = await read_json_object(request)
     req = validate(schema, data)
-    relay = await state.open_relay(req.model, path, body)
+    relay = await state.open_relay(req.model, path, body, priority=request_priority(request))
     if relay.status != 200:
         return passthrough_error(relay, await relay.read())
     if not req.stream:

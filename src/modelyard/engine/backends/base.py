@@ -1,0 +1,52 @@
+"""What the engine needs from a backend: start it, reach it, watch it, stop it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+from modelyard.config import ModelSpec, ServiceModel, Settings
+
+
+class Backend(Protocol):
+    url: str  # where the front sends this model's requests
+
+    @property
+    def pid(self) -> int | None:
+        """The process holding the model's memory, when modelyard started it."""
+        ...
+
+    @property
+    def alive(self) -> bool: ...
+
+    def memory_bytes(self) -> int | None:
+        """Host memory it holds (what a CPU engine measures)."""
+        ...
+
+    def tail(self, lines: int) -> list[str]:
+        """Its last log lines, for errors."""
+        ...
+
+    async def start(self, on_spawn: Callable[[int], None] | None = None) -> None:
+        """Make it ready to serve; raise ModelLoadFailed (with its log tail) if it cannot be."""
+        ...
+
+    async def stop(self) -> None:
+        """Free its memory (stop the child, or ask a service to unload)."""
+        ...
+
+    async def wait_exit(self) -> int | None:
+        """Return when it died on its own (never, for a service modelyard does not run)."""
+        ...
+
+
+def make_backend(
+    spec: ModelSpec, settings: Settings, env: Mapping[str, str] | None = None
+) -> Backend:
+    if isinstance(spec, ServiceModel):
+        from modelyard.engine.backends.service import ServiceBackend
+
+        return ServiceBackend(spec, settings)
+    from modelyard.engine.backends.openai_server import ChildServer
+
+    return ChildServer(spec, settings, env=env)
