@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: run install llama-server demo-model test test-unit test-integration test-e2e check bench-proxy clean
+.PHONY: run install llama-server demo-model test test-unit test-integration test-e2e check bench-proxy bench-sched clean
 
 install: $(STAMP)
 
@@ -45,3 +45,6 @@ bench-proxy: install llama-server demo-model
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+
+bench-sched: install
+	$(BIN)/python bench/sched.py

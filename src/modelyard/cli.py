@@ -6,8 +6,10 @@ import json
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import quote
 
 import httpx
 import typer
@@ -70,13 +72,18 @@ def serve(
     ] = None,
     engine_index: Annotated[int, typer.Option(help="Index of an --engine-only process.")] = 0,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+    simulate_gpus: Annotated[
+        str | None,
+        typer.Option(help="Simulated GPUs instead of real ones, e.g. 2x24GiB or 24GiB,8GiB."),
+    ] = None,
 ) -> None:
     """Serve the OpenAI, Ollama and native APIs (or, with --engine-only, one engine)."""
     import uvicorn
 
     try:
         settings = load_settings(
-            config, host=host, port=port, single_process=single_process or None
+            config, host=host, port=port, single_process=single_process or None,
+            simulate_gpus=simulate_gpus,
         )
     except (FileNotFoundError, ValueError) as exc:
         err_console.print(f"[red]config error:[/red] {exc}")
@@ -162,23 +169,102 @@ def list_models(url: UrlOption = DEFAULT_URL, config: ConfigOption = None) -> No
     console.print(table)
 
 
+def _post(url: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    """POST to the server; its error message (native shape) becomes a clean exit."""
+    try:
+        r = httpx.post(url.rstrip("/") + path, json=body, timeout=httpx.Timeout(10.0, read=None))
+    except httpx.HTTPError as exc:
+        err_console.print(f"cannot reach modelyard at {url}: {exc}")
+        raise typer.Exit(1) from exc
+    if r.status_code >= 400:
+        try:
+            message = r.json().get("message", r.text)
+        except ValueError:
+            message = r.text
+        err_console.print(f"[red]error:[/red] {message}")
+        raise typer.Exit(1)
+    return r.json()
+
+
+@app.command()
+def load(
+    model: Annotated[str, typer.Argument(help="Model id or alias.")],
+    keep_alive: Annotated[
+        float | None, typer.Option(help="Seconds to keep it loaded once idle; -1: forever.")
+    ] = None,
+    url: UrlOption = DEFAULT_URL,
+) -> None:
+    """Load a model now (evicting idle ones if memory is short)."""
+    body = {"keep_alive_s": keep_alive} if keep_alive is not None else None
+    result = _post(url, f"/admin/models/{quote(model, safe='')}/load", body)
+    seconds = result.get("load_duration_ns", 0) / 1e9
+    console.print(f"{result['model']} loaded on {result.get('engine')} ({seconds:.2f} s)")
+
+
+@app.command()
+def unload(
+    model: Annotated[str, typer.Argument(help="Model id or alias.")],
+    url: UrlOption = DEFAULT_URL,
+) -> None:
+    """Unload a model once its requests in flight are done."""
+    result = _post(url, f"/admin/models/{quote(model, safe='')}/unload")
+    if result["status"] == "unloaded":
+        console.print(f"{result['model']} unloaded from {', '.join(result['engines'])}")
+    else:
+        console.print(f"{result['model']} was not loaded")
+
+
+def _bar(used: int | None, total: int | None, width: int = 20) -> str:
+    if not used or not total:
+        return "-"
+    filled = round(width * min(1.0, used / total))
+    return f"[{'#' * filled}{'.' * (width - filled)}] {_size(used)} / {_size(total)}"
+
+
 @app.command()
 def ps(url: UrlOption = DEFAULT_URL) -> None:
-    """Show the models that are loaded, on which engine, and their requests in flight."""
+    """Show engines with their device memory, the models loaded, and recent swaps."""
     try:
         status = _get(url, "/status")
     except ConnectionError as exc:
         err_console.print(str(exc))
         raise typer.Exit(1) from exc
-    table = Table("MODEL", "ENGINE", "STATE", "PID", "IN FLIGHT", "LOAD TIME")
+    engines = Table("ENGINE", "DEVICE", "MEMORY", "LOADS", "EVICTIONS", "IDLE UNLOADS", "STATE")
+    models = Table("MODEL", "ENGINE", "STATE", "PID", "IN FLIGHT", "MEMORY", "EXPIRES", "LOAD TIME")
+    swaps = Table("WHEN", "ENGINE", "UNLOADED", "WHY")
     for engine in status["engines"]:
+        if not engine.get("up"):
+            engines.add_row(engine["name"], "-", "-", "-", "-", "-", "down")
+            continue
+        dev, sched = engine.get("device") or {}, engine.get("scheduler") or {}
+        engines.add_row(
+            engine["name"], str(dev.get("name", "-")),
+            _bar(dev.get("used_bytes"), dev.get("total_bytes")),
+            str(sched.get("loads", 0)), str(sched.get("evictions", 0)),
+            str(sched.get("expirations", 0)),
+            f"cooling: {engine['paused']}" if engine.get("paused") else "ok",
+        )
         for m in engine.get("models", []):
-            load = m.get("load_duration_s")
-            table.add_row(
+            if m["state"] == "stopped":
+                continue
+            load_s, mem = m.get("load_duration_s"), m.get("memory") or {}
+            held = mem.get("measured_bytes") or mem.get("reserved_bytes")
+            expires = m.get("expires_in_s")
+            models.add_row(
                 m["model"], engine["name"], m["state"], str(m.get("pid") or "-"),
-                str(m["leases"]), f"{load:.2f} s" if load else "-",
+                str(m["leases"]), _size(held),
+                "never" if m.get("keep_alive_s") is None else
+                (f"{expires:.0f} s" if expires is not None else "-"),
+                f"{load_s:.2f} s" if load_s else "-",
             )
-    console.print(table)
+        for swap in sched.get("recent_swaps", [])[-10:]:
+            when = time.strftime("%H:%M:%S", time.localtime(swap["at"]))
+            swaps.add_row(when, engine["name"], swap["unloaded"], swap["reason"])
+    console.print(engines)
+    console.print(models)
+    if swaps.row_count:
+        console.print("recent swaps")
+        console.print(swaps)
 
 
 def _stream_chat(client: httpx.Client, model: str, messages: list[dict[str, str]]) -> str:

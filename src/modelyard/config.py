@@ -272,6 +272,15 @@ class Settings(BaseSettings):
         default_factory=ThermalSettings, description="Thermal protection."
     )
 
+    @field_validator("simulate_gpus", mode="after")
+    @classmethod
+    def _check_simulated(cls, v: str | None) -> str | None:
+        if v is not None:
+            from modelyard.hw.simulated import parse_simulated_gpus
+
+            parse_simulated_gpus(v)
+        return v
+
     @field_validator("home", mode="after")
     @classmethod
     def _expand_home(cls, v: Path) -> Path:

@@ -12,7 +12,8 @@ Fault flags: --load-time-s S, --crash-on-load (exit 1 once the load time is over
 --silent-stall (loads forever, prints nothing), --progress-while-loading (a stderr line every
 0.2 s), --tokens-per-s R, --crash-after-tokens N (os._exit(3) once a generation has produced N
 tokens, or at its end if shorter: a stream drops after N token chunks, a non-stream request gets
-no answer), --ignore-sigterm, --start-log FILE (appends `start <pid>`).
+no answer), --ignore-sigterm, --start-log FILE (appends `start <pid>`), --claim-bytes N (holds N
+bytes of the simulated GPU named by $MODELYARD_SIMULATED_GPU_DIR while the process lives).
 The generated text is deterministic: see `generated_text`.
 """
 
@@ -139,6 +140,8 @@ class Fake:
     async def load(self) -> None:
         opts = self.opts
         self.install_signals()  # again, in case anything (uvicorn included) replaced them
+        if opts.claim_bytes:
+            claim_memory(opts.claim_bytes)
         if opts.silent_stall:
             await asyncio.Event().wait()
         deadline = self.started_at + opts.load_time_s
@@ -165,6 +168,18 @@ class Fake:
     def crash(self, n: int) -> None:
         log(f"fake: simulated crash after {n} tokens")
         os._exit(3)
+
+
+def claim_memory(nbytes: int) -> None:
+    """Hold `nbytes` on the simulated GPU the engine gave us (until this process is gone)."""
+    where = os.environ.get("MODELYARD_SIMULATED_GPU_DIR")
+    if not where:
+        return
+    os.makedirs(where, exist_ok=True)
+    tmp = os.path.join(where, f"tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(str(nbytes))
+    os.replace(tmp, os.path.join(where, str(os.getpid())))  # atomic for the engine's reader
 
 
 class ClientGone(Exception):
@@ -355,6 +370,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--progress-while-loading", action="store_true")
     p.add_argument("--ignore-sigterm", action="store_true")
     p.add_argument("--start-log", default=None)
+    p.add_argument("--claim-bytes", type=int, default=0,
+                   help="memory held on the simulated GPU from the start of the load")
     # exact short forms only: argparse would read llama-server's `-mg 0` as `-m g`
     short = {"-m": "--model", "-a": "--alias"}
     opts, _ignored = p.parse_known_args([short.get(a, a) for a in argv])

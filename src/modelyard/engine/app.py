@@ -27,7 +27,6 @@ from modelyard import __version__
 from modelyard.engine.lease_channel import serve_lease_channel
 from modelyard.engine.loop import Engine
 from modelyard.errors import ModelyardError
-from modelyard.hw.devices import describe_devices
 
 
 def _error(exc: ModelyardError) -> Response:
@@ -47,7 +46,7 @@ def create_engine_app(engine: Engine, *, watch_parent: bool = False) -> Starlett
         return JSONResponse(engine.status())
 
     async def diag(_: Request) -> Response:
-        return JSONResponse({"engine": engine.index, "devices": describe_devices()})
+        return JSONResponse(engine.diag())
 
     async def load(request: Request) -> Response:
         name = request.path_params["model"]
@@ -74,6 +73,7 @@ def create_engine_app(engine: Engine, *, watch_parent: bool = False) -> Starlett
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
         nonlocal lease_port
         watcher = asyncio.create_task(_exit_with_parent()) if watch_parent else None
+        engine.start()
         channel = await serve_lease_channel(engine)
         lease_port = int(channel.sockets[0].getsockname()[1])
         try:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -46,6 +47,8 @@ from modelyard.errors import (
     ModelLoadFailed,
     ModelyardError,
 )
+from modelyard.hw.devices import describe_devices
+from modelyard.hw.thermal import DEFAULT_THRESHOLDS, ThermalSensors, engine_paused
 from modelyard.store.estimate import MemoryEstimate, estimate_gguf
 from modelyard.store.gguf import GgufError, read_gguf_info
 from modelyard.store.registry import Entry, ModelRegistry
@@ -80,8 +83,10 @@ class _Runtime:
     last_used: float = 0.0
     restarts: int = 0
     estimate: MemoryEstimate | None = None
-    reserved_bytes: int = 0  # what the ledger promised it (its estimate, corrected by measure)
-    measured_bytes: int | None = None  # what the device last showed it holding
+    reserved_bytes: int = 0  # what the ledger promised it when it was placed
+    pid: int | None = None  # the process holding its memory, from spawn to stop
+    measured_bytes: int | None = None  # what the device shows that process holding now
+    known_bytes: int | None = None  # measured while ready: the next load's estimate
     keep_alive_s: float | None = None  # the last request's keep_alive; None: the configured one
     waiting_since: float | None = None  # a load waiting for busy models to make room
 
@@ -213,9 +218,9 @@ class Engine:
             return spec.vram_bytes
         if isinstance(spec, ServiceModel):
             return 0 if spec.self_managed else spec.vram_resident_mib * MIB
-        guess = rt.estimate.total_bytes if rt.estimate else (rt.entry.size_bytes or 0)
-        # A load measured before corrects the estimate (DESIGN: the ledger learns).
-        return max(guess, rt.measured_bytes or 0)
+        if rt.known_bytes:
+            return rt.known_bytes  # measured on an earlier load: better than any estimate
+        return rt.estimate.total_bytes if rt.estimate else (rt.entry.size_bytes or 0)
 
     def _keep_alive(self, rt: _Runtime) -> float | None:
         if rt.spec.pinned:
@@ -228,18 +233,21 @@ class Engine:
         return None if value < 0 else value
 
     def _measure(self) -> None:
-        """Refresh what each loaded model holds on the device."""
-        pids = {rt.server.pid: rt for rt in self._models.values()
-                if rt.server is not None and rt.server.pid is not None}
-        for pid, nbytes in self.device.used_by(pids).items():
-            pids[pid].measured_bytes = nbytes
+        """Refresh what each loading or loaded model holds on the device."""
+        pids = {rt.pid: rt for rt in self._models.values() if rt.pid is not None}
+        used = self.device.used_by(pids)
+        for pid, rt in pids.items():
+            rt.measured_bytes = used.get(pid)
+            if rt.state is ModelState.READY and rt.measured_bytes:
+                rt.known_bytes = rt.measured_bytes
 
     def _resident(self, rt: _Runtime) -> scheduler.Resident:
         loading = rt.state is ModelState.LOADING
         spec = rt.spec
         self_managed = isinstance(spec, ServiceModel) and spec.self_managed
         cannot_unload = isinstance(spec, ServiceModel) and spec.unload_path is None
-        held = rt.reserved_bytes if loading or rt.measured_bytes is None else rt.measured_bytes
+        measured = rt.measured_bytes or 0
+        held = max(rt.reserved_bytes, measured) if loading else (measured or rt.reserved_bytes)
         return scheduler.Resident(
             model=rt.entry.id,
             bytes=held,
@@ -297,6 +305,7 @@ class Engine:
                 decision = self._decide(rt)
                 if isinstance(decision, scheduler.Load):
                     rt.reserved_bytes = self._want_bytes(rt)
+                    rt.measured_bytes = None
                     rt.state = ModelState.LOADING
                     rt.waiting_since = None
                     return
@@ -333,8 +342,10 @@ class Engine:
             assert not rt.leases, f"policy chose busy {rt.entry.id}"
             rt.state = ModelState.STOPPING
         info = self.device.info()
-        freed = sum(rt.measured_bytes or rt.reserved_bytes for rt in runtimes)
-        pids = {rt.server.pid for rt in runtimes if rt.server and rt.server.pid is not None}
+        # Only memory the device showed them holding can be waited for: a service's unload
+        # route is trusted once it answered.
+        freed = sum(rt.measured_bytes or 0 for rt in runtimes if rt.pid is not None)
+        pids = {rt.pid for rt in runtimes if rt.pid is not None}
         reason = f"for {for_model}" if for_model else reason
         for rt in runtimes:
             self._record_swap(rt, reason)
@@ -371,6 +382,32 @@ class Engine:
                 changed = self._changed
             await changed.wait()
 
+    # ---- background duties ----------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the keep-alive reaper and the thermal watch (call from the engine's loop)."""
+        self._ensure_reaper()
+        if self.settings.thermal.enabled:
+            self._spawn(self._watch_thermal(), "thermal")
+
+    async def _watch_thermal(self) -> None:
+        t = self.settings.thermal
+        sensors = ThermalSensors(
+            simulated_path=t.simulated_sensors_file,
+            gpu_reader=lambda _: self.device.info().temperature_c,
+        )
+        cpu = DEFAULT_THRESHOLDS["cpu"].with_overrides(t.cpu_pause_c, t.cpu_resume_c)
+        gpu = DEFAULT_THRESHOLDS["nvidia"].with_overrides(t.gpu_pause_c, t.gpu_resume_c)
+        has_gpu = self.device.kind != "cpu"
+        while True:
+            cpu_c = await asyncio.to_thread(sensors.cpu_c)  # psutil reads sysfs: keep it off
+            gpu_c = sensors.gpu_c(self.index) if has_gpu else None
+            paused, reason = engine_paused(
+                self.paused_reason is not None, cpu_c, gpu_c, cpu, gpu, gpu_index=self.index
+            )
+            self.set_paused(reason if paused else None)
+            await asyncio.sleep(t.poll_s)  # a sensor has no event to await
+
     # ---- keep-alive -----------------------------------------------------------------------
 
     def _ensure_reaper(self) -> None:
@@ -406,9 +443,7 @@ class Engine:
             spec = rt.spec
             server = make_backend(spec, self.settings, env=self.env)
             log.info("loading %s (%d MiB reserved)", spec.id, rt.reserved_bytes // MIB)
-            await server.start(
-                on_spawn=lambda pid: self.device.on_spawn(pid, rt.reserved_bytes)
-            )
+            await server.start(on_spawn=lambda pid: self._spawned(rt, pid))
         except ModelLoadFailed as exc:
             rt.state = ModelState.FAILED
             rt.last_error = exc
@@ -423,6 +458,8 @@ class Engine:
             raise
         finally:
             rt.load = None
+            if rt.state is not ModelState.LOADING:  # it failed, and its child is gone
+                rt.pid = rt.measured_bytes = None
             self._notify()
         rt.server = server
         rt.state = ModelState.READY
@@ -433,6 +470,10 @@ class Engine:
         self.stats["loads"] += 1
         log.info("%s ready on %s in %.2f s", spec.id, server.url, rt.load_duration_s)
         self._spawn(self._watch_exit(rt, server), f"watch:{spec.id}")
+
+    def _spawned(self, rt: _Runtime, pid: int) -> None:
+        rt.pid = pid
+        self.device.on_spawn(pid, rt.reserved_bytes)
 
     async def _watch_exit(self, rt: _Runtime, server: Backend) -> None:
         await server.wait_exit()
@@ -448,6 +489,7 @@ class Engine:
             "\n".join(server.tail(self.settings.log_tail_lines)),
         )
         rt.server = None
+        rt.pid = rt.measured_bytes = None
         rt.state = ModelState.STOPPED
         rt.restarts += 1
         self.stats["crashes"] += 1
@@ -464,6 +506,7 @@ class Engine:
             await server.stop()
         finally:
             rt.state = ModelState.STOPPED
+            rt.pid = rt.measured_bytes = None
         return True
 
     async def shutdown(self) -> None:
@@ -487,8 +530,8 @@ class Engine:
         if task.cancelled():
             return
         exc = task.exception()
-        if exc is not None and task.get_name() == "keep-alive":
-            log.error("keep-alive task failed", exc_info=exc)
+        if exc is not None and task.get_name() in ("keep-alive", "thermal"):
+            log.error("%s task failed", task.get_name(), exc_info=exc)
 
     def _child_pids(self) -> list[int]:
         return [rt.server.pid for rt in self._models.values()
@@ -530,6 +573,13 @@ class Engine:
                 "recent_swaps": list(self.swaps),
             },
             "models": self.model_status(),
+        }
+
+    def diag(self) -> dict[str, Any]:
+        return {
+            "engine": self.index,
+            "device": dataclasses.asdict(self.device.info()),
+            "devices": describe_devices(),
         }
 
     def model_status(self) -> list[dict[str, Any]]:

@@ -20,11 +20,12 @@ from starlette.responses import Response
 
 from modelyard.config import Settings
 from modelyard.errors import MethodNotAllowed, ModelyardError, RouteNotFound
-from modelyard.front.api import native, ollama, openai
+from modelyard.front.api import admin, native, ollama, openai, services
 from modelyard.front.engines import EngineClient, HttpEngineClient, LocalEngineClient
 from modelyard.front.proxy import new_upstream_session
 from modelyard.front.state import FrontState
 from modelyard.front.supervisor import EngineSupervisor, plan_engines
+from modelyard.hw.simulated import parse_simulated_gpus
 from modelyard.hw.smi import query_gpus
 from modelyard.store.registry import ModelRegistry
 
@@ -33,7 +34,9 @@ log = logging.getLogger("modelyard.front")
 
 def render_error(request: Request, exc: ModelyardError) -> Response:
     path = request.url.path
-    if path.startswith("/v1/"):
+    if path.startswith(services.PATH_PREFIXES):
+        body = exc.native_body()
+    elif path.startswith("/v1/"):
         body = exc.openai_body()
     elif path.startswith("/api/"):
         body = exc.ollama_body()
@@ -79,19 +82,19 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
-            gpus = [] if settings.devices == "cpu" else query_gpus()
+            gpu_count = count_gpus(settings)
             clients = engines
             if clients is None:
-                clients = await _start_engines(settings, registry, len(gpus), config_file, stack)
+                clients = await _start_engines(settings, registry, gpu_count, config_file, stack)
             upstream = new_upstream_session(settings.request_timeout_s)
             stack.push_async_callback(upstream.close)
-            app.state.front = FrontState(
-                settings, registry, clients, upstream, gpu_count=len(gpus)
-            )
+            state = FrontState(settings, registry, clients, upstream, gpu_count=gpu_count)
+            app.state.front = state
+            await load_startup_models(state)
             yield
 
     app = Starlette(
-        routes=[*openai.routes, *ollama.routes, *native.routes],
+        routes=[*openai.routes, *services.routes, *ollama.routes, *native.routes, *admin.routes],
         lifespan=lifespan,
         exception_handlers={
             ModelyardError: _on_modelyard_error,
@@ -100,6 +103,26 @@ def create_app(
         },
     )
     return app
+
+
+def count_gpus(settings: Settings) -> int:
+    """GPUs to start engines for: simulated ones, else what nvidia-smi reports."""
+    if settings.simulate_gpus:
+        return len(parse_simulated_gpus(settings.simulate_gpus))
+    return 0 if settings.devices == "cpu" else len(query_gpus())
+
+
+async def load_startup_models(state: FrontState) -> None:
+    """`startup_models` are loaded before the server reports ready; a failure is logged, not
+    fatal (the model will say why on its first request)."""
+    for name in state.settings.startup_models:
+        try:
+            entry = state.registry.resolve(name)
+            engine = state.engine_for(entry)
+            await engine.load(entry.id)
+            log.info("startup model %s loaded on %s", entry.id, engine.name)
+        except ModelyardError as exc:
+            log.error("startup model %s not loaded: %s", name, exc.full_message())
 
 
 async def _start_engines(
@@ -113,6 +136,7 @@ async def _start_engines(
         from modelyard.engine.loop import Engine
 
         engine = Engine(settings, registry)
+        engine.start()
         stack.push_async_callback(engine.shutdown)
         return [LocalEngineClient(engine)]
     clients: list[EngineClient] = []

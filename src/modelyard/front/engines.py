@@ -17,7 +17,6 @@ from modelyard.engine.backends.openai_server import LOOPBACK
 from modelyard.engine.loop import Engine
 from modelyard.errors import EngineUnavailable, ModelyardError, from_native_body
 from modelyard.front.lease_client import LeaseClient
-from modelyard.hw.devices import describe_devices
 from modelyard.types import Lease
 
 ENGINE_RETRY_AFTER_S = 2.0
@@ -76,7 +75,7 @@ class LocalEngineClient:
         return self.engine.status()
 
     async def diag(self) -> dict[str, Any]:
-        return {"engine": self.engine.index, "devices": describe_devices()}
+        return self.engine.diag()
 
 
 class HttpEngineClient:

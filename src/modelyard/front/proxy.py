@@ -43,14 +43,18 @@ def new_upstream_session(read_timeout_s: float) -> aiohttp.ClientSession:
 
 
 async def send_upstream(
-    session: aiohttp.ClientSession, url: str, payload: bytes, model: str
+    session: aiohttp.ClientSession,
+    url: str,
+    payload: bytes,
+    model: str,
+    content_type: str = "application/json",
 ) -> aiohttp.ClientResponse:
     """POST the request and read the response headers.
 
     A pooled connection the backend closed while idle fails before the request reached it, so
     that one case is retried once, on a fresh connection.
     """
-    headers = {"content-type": "application/json"}
+    headers = {"content-type": content_type}
     try:
         try:
             return await session.post(url, data=payload, headers=headers)

@@ -111,9 +111,11 @@ class FrontState:
         *,
         keep_alive_s: float | None = None,
         priority: int = 0,
+        content_type: str = "application/json",
     ) -> Relay:
-        """Queue for `model`, lease it on an engine and send it the request; the caller owns
-        `relay.close()`, which gives back the lease and the queue slot."""
+        """Queue for `model`, lease it on an engine and send it the request (`payload`, of
+        `content_type`); the caller owns `relay.close()`, which gives back the lease and the
+        queue slot."""
         entry = self.registry.resolve(model)
         engine = self.engine_for(entry)
         slot = await self.admit(entry, engine, priority)
@@ -124,7 +126,9 @@ class FrontState:
             self.inflight[engine.name] -= 1
 
         try:
-            relay = await self._lease_and_send(engine, entry.id, path, payload, keep_alive_s)
+            relay = await self._lease_and_send(
+                engine, entry.id, path, payload, keep_alive_s, content_type
+            )
         except BaseException:
             done()
             raise
@@ -138,6 +142,7 @@ class FrontState:
         path: str,
         payload: bytes,
         keep_alive_s: float | None,
+        content_type: str = "application/json",
     ) -> Relay:
         key = (engine.name, model_id)
         guess = self.upstreams.get(key)
@@ -145,13 +150,15 @@ class FrontState:
             lease, response = await engine.acquire(model_id, keep_alive_s), None
         else:
             lease, response = await self._lease_while_sending(
-                engine, model_id, guess, path, payload, keep_alive_s
+                engine, model_id, guess, path, payload, keep_alive_s, content_type
             )
         self.upstreams[key] = lease.upstream
         if response is None:
             try:
                 url = lease.upstream + path
-                response = await send_upstream(self.upstream, url, payload, lease.model)
+                response = await send_upstream(
+                    self.upstream, url, payload, lease.model, content_type
+                )
             except BaseException:
                 engine.release(lease)
                 raise
@@ -165,6 +172,7 @@ class FrontState:
         path: str,
         payload: bytes,
         keep_alive_s: float | None,
+        content_type: str = "application/json",
     ) -> tuple[Lease, aiohttp.ClientResponse | None]:
         """Take the lease and, meanwhile, send the request where the model was last granted.
 
@@ -175,7 +183,7 @@ class FrontState:
         response tells the caller to send the request itself.
         """
         early = asyncio.ensure_future(
-            send_upstream(self.upstream, guess + path, payload, model_id)
+            send_upstream(self.upstream, guess + path, payload, model_id, content_type)
         )
         try:
             lease = await engine.acquire(model_id, keep_alive_s)

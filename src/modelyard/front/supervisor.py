@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from modelyard.config import Settings
+from modelyard.config import EngineSpec, Settings
 from modelyard.engine.backends.openai_server import LOOPBACK, free_port
 from modelyard.engine.process import ChildProcess
 from modelyard.engine.readiness import NotReady, wait_ready
@@ -27,6 +27,7 @@ from modelyard.front.engines import HttpEngineClient
 log = logging.getLogger("modelyard.supervisor")
 
 MAX_BACKOFF_S = 30.0
+_NO_SPEC = EngineSpec()
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,9 @@ class EngineSupervisor:
         env["CUDA_VISIBLE_DEVICES"] = self.plan.cuda_visible_devices
         # The engine must build the same settings as the front, including CLI overrides.
         env["MODELYARD_HOME"] = str(self.settings.home)
+        if self.settings.simulate_gpus:
+            env["MODELYARD_SIMULATE_GPUS"] = self.settings.simulate_gpus
+        env.update(self.settings.engine_specs.get(self.plan.index, _NO_SPEC).env)
         return env
 
     async def start(self) -> None:
@@ -159,7 +163,12 @@ class EngineSupervisor:
 
 
 def plan_engines(settings: Settings, gpu_count: int) -> list[EnginePlan]:
-    """One engine per GPU; one CPU engine when there are none (or `devices: cpu`)."""
+    """One engine per GPU; one CPU engine when there are none (or `devices: cpu`).
+
+    Simulated GPUs get engines too, but hide every real GPU from them.
+    """
+    if settings.simulate_gpus:
+        return [EnginePlan(i, "") for i in range(gpu_count)]
     if settings.devices == "cpu" or gpu_count == 0:
         return [EnginePlan(0, "")]
     return [EnginePlan(i, str(i)) for i in range(gpu_count)]

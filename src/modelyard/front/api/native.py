@@ -155,6 +155,7 @@ async def status(request: Request) -> Response:
             "version": __version__,
             "uptime_seconds": round(time.time() - state.started_at, 3),
             "engines": engines,
+            "queues": state.queues.stats(),
         }
     )
 

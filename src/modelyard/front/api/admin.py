@@ -1,0 +1,71 @@
+"""Admin routes: load and unload models explicitly, and see every engine.
+
+    POST /admin/models/{id}/load     {"keep_alive_s": 600}  (optional body)
+    POST /admin/models/{id}/unload   waits for requests in flight, then unloads on every engine
+    GET  /admin/engines              each engine: up, device memory, scheduler figures, models
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from modelyard.errors import ModelyardError
+from modelyard.front.state import read_json_object, state_of, validate
+
+
+class LoadRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    keep_alive_s: float | None = None
+
+
+def _json(payload: Any) -> Response:
+    return Response(orjson.dumps(payload), media_type="application/json")
+
+
+async def load(request: Request) -> Response:
+    state = state_of(request)
+    entry = state.registry.resolve(request.path_params["model"])
+    body = await read_json_object(request) if await request.body() else {}
+    req = validate(LoadRequest, body)
+    engine = state.engine_for(entry)
+    result = await engine.load(entry.id, req.keep_alive_s)
+    return _json({**result, "engine": engine.name})
+
+
+async def unload(request: Request) -> Response:
+    state = state_of(request)
+    entry = state.registry.resolve(request.path_params["model"])
+    unloaded_from = []
+    for engine in state.engines:
+        if not engine.up:
+            continue
+        result = await engine.unload(entry.id)
+        if result.get("status") == "unloaded":
+            unloaded_from.append(engine.name)
+    status = "unloaded" if unloaded_from else "not_loaded"
+    return _json({"model": entry.id, "status": status, "engines": unloaded_from})
+
+
+async def engines(request: Request) -> Response:
+    state = state_of(request)
+    out = []
+    for engine in state.engines:
+        try:
+            out.append({"name": engine.name, "up": True, **await engine.status()})
+        except ModelyardError as exc:
+            out.append({"name": engine.name, "up": False, "error": exc.message})
+    return _json({"engines": out, "queues": state.queues.stats()})
+
+
+routes = [
+    Route("/admin/models/{model:path}/load", load, methods=["POST"]),
+    Route("/admin/models/{model:path}/unload", unload, methods=["POST"]),
+    Route("/admin/engines", engines, methods=["GET"]),
+]
