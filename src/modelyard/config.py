@@ -264,7 +264,10 @@ class Settings(BaseSettings):
     queue_timeout_s: float = Field(
         600.0, gt=0, description="How long a request may wait in a model's queue."
     )
-    default_engine: int = Field(0, ge=0, description="Engine tried first for a cold model.")
+    default_engine: int | None = Field(
+        None, ge=0, description="Engine tried first for a cold model; null: the one that needs "
+        "the fewest evictions, then has the least work.",
+    )
     engine_specs: dict[int, EngineSpec] = Field(
         default_factory=dict, description="Per-engine overrides by engine index."
     )

@@ -12,6 +12,7 @@
     ├── EngineCooling               503 engine_cooling       (thermal pause outlasted the wait)
     ├── QueueFull                   429 queue_full           (with Retry-After)
     ├── QueueTimeout                503 queue_timeout        (waited in a model's queue too long)
+    ├── ClientClosedRequest         499 client_closed_request (left while waiting)
     └── UpstreamError               502 upstream_error       (a backend broke the protocol)
 
 Every leaf has an HTTP status and a string `code`; engines send errors to the front in the native
@@ -155,6 +156,11 @@ class QueueTimeout(ModelyardError):
     code = "queue_timeout"
 
 
+class ClientClosedRequest(ModelyardError):
+    status = 499
+    code = "client_closed_request"
+
+
 class UpstreamError(ModelyardError):
     status = 502
     code = "upstream_error"
@@ -175,6 +181,7 @@ _BY_CODE: dict[str, type[ModelyardError]] = {
         EngineCooling,
         QueueFull,
         QueueTimeout,
+        ClientClosedRequest,
         UpstreamError,
     )
 }

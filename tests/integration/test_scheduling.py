@@ -354,3 +354,59 @@ def test_a_hot_cpu_pauses_new_work_until_it_cools(tmp_path: Path, files: Path) -
         assert asyncio.run(run()).status_code == 200
         assert status(server)["engines"][0]["paused"] is None
         assert scheduler_stats(server)["thermal_pauses"] == 1
+
+
+def test_a_client_that_leaves_the_queue_is_dropped_at_once(tmp_path: Path, files: Path) -> None:
+    slow = sim_model("slow", 1, files, "--tokens-per-s", "10", max_concurrency=1)
+    with serving(tmp_path, sim_config(slow)) as server:
+        assert chat(server.url, "slow", max_tokens=1).status_code == 200  # loaded
+        upstream = model_status(server, "slow")["upstream"]
+
+        async def run() -> httpx.Response:
+            async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+                body = {"model": "slow", "messages": HELLO, "max_tokens": 20}  # about 2 s
+                running = asyncio.create_task(client.post("/v1/chat/completions", json=body))
+                await asyncio.to_thread(
+                    poll, lambda: model_status(server, "slow")["leases"] == 1, 10, "a lease"
+                )
+                leaving = asyncio.create_task(client.post("/api/chat", json=body))
+                await asyncio.to_thread(
+                    poll, lambda: status(server)["queues"]["slow"]["queued"] == 1, 10, "a waiter"
+                )
+                leaving.cancel()  # the client goes away while queued
+                queues = await asyncio.to_thread(
+                    poll, lambda: (q := status(server)["queues"]["slow"])["queued"] == 0 and q,
+                    10, "the waiter to leave",
+                )
+                assert not running.done(), "it left only when the slot came free"
+                assert queues["cancelled_total"] == 1
+                return await running
+
+        assert asyncio.run(run()).status_code == 200
+        stats = httpx.get(upstream + "/stats", timeout=10).json()
+        assert stats["requests_started"] == 2  # the warm-up and the one that stayed
+
+
+def test_two_gpus_a_cold_model_goes_where_nothing_must_be_evicted(
+    tmp_path: Path, files: Path
+) -> None:
+    a = sim_model("a", 5, files)
+    b = sim_model("b", 5, files)
+    p = sim_model("p", 2, files, engine=1)
+    cfg = config(a, b, p, simulate_gpus="2x8GiB")
+    with serving(tmp_path, cfg) as server:
+        for model in ("a", "b", "p", "a", "b"):
+            assert chat(server.url, model).status_code == 200
+        engines = status(server)["engines"]
+        assert [e["device"]["name"] for e in engines] == ["simulated GPU 0", "simulated GPU 1"]
+        held = {e["name"]: {m["model"] for m in e["models"] if m["state"] == "ready"}
+                for e in engines}
+        a_engine = next(name for name, models in held.items() if "a" in models)
+        b_engine = next(name for name, models in held.items() if "b" in models)
+        assert a_engine != b_engine  # b went where a did not have to be evicted
+        assert "p" in held["engine-1"]  # pinned to engine 1
+        assert sum(e["scheduler"]["evictions"] for e in engines) == 0
+        assert [e["device"]["used_bytes"] for e in engines] == [
+            sum(int(g * GIB) for m, g in (("a", 5), ("b", 5), ("p", 2)) if m in held[e["name"]])
+            for e in engines
+        ]

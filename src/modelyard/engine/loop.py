@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from modelyard.config import LlamaCppModel, ModelSpec, ServiceModel, Settings
+from modelyard.config import ModelSpec, ServiceModel, Settings
 from modelyard.engine import scheduler
 from modelyard.engine.backends.base import Backend, make_backend
 from modelyard.engine.ledger import (
@@ -49,8 +49,7 @@ from modelyard.errors import (
 )
 from modelyard.hw.devices import describe_devices
 from modelyard.hw.thermal import DEFAULT_THRESHOLDS, ThermalSensors, engine_paused
-from modelyard.store.estimate import MemoryEstimate, estimate_gguf
-from modelyard.store.gguf import GgufError, read_gguf_info
+from modelyard.store.estimate import MemoryEstimate, estimate_model
 from modelyard.store.registry import Entry, ModelRegistry
 from modelyard.types import Lease
 
@@ -601,6 +600,7 @@ class Engine:
                     "load_duration_s": rt.load_duration_s,
                     "size_bytes": rt.entry.size_bytes,
                     "pinned": rt.spec.pinned,
+                    "last_used": rt.last_used,
                     "priority": rt.spec.priority,
                     "group": rt.spec.group,
                     "keep_alive_s": keep_alive,
@@ -624,19 +624,3 @@ class Engine:
                 }
             )
         return out
-
-
-def estimate_model(spec: ModelSpec, settings: Settings) -> MemoryEstimate | None:
-    """What serving `spec` should take, from its GGUF header; None when it cannot be told."""
-    if not isinstance(spec, LlamaCppModel):
-        return None
-    try:
-        return estimate_gguf(
-            read_gguf_info(spec.path),
-            ctx_size=spec.ctx_size or settings.default_ctx_size,
-            parallel=settings.llama_server_parallel,
-            mmproj_path=spec.mmproj,
-        )
-    except (GgufError, ValueError, OSError) as exc:
-        log.warning("no memory estimate for %s: %s", spec.id, exc)
-        return None

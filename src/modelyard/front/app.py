@@ -118,7 +118,7 @@ async def load_startup_models(state: FrontState) -> None:
     for name in state.settings.startup_models:
         try:
             entry = state.registry.resolve(name)
-            engine = state.engine_for(entry)
+            engine = await state.route(entry)
             await engine.load(entry.id)
             log.info("startup model %s loaded on %s", entry.id, engine.name)
         except ModelyardError as exc:

@@ -7,8 +7,14 @@ Engines that are down or cannot run the model's format are never chosen.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+from modelyard.engine import scheduler
+
+# A load that only busy models could make room for ranks below any number of evictions.
+BUSY_EVICTIONS = 1000
 
 
 @dataclass(frozen=True)
@@ -41,3 +47,45 @@ def pick_engine(
     if default is not None and default in by_name:
         return default
     return min(usable, key=lambda e: (e.evictions_needed, e.queued)).name
+
+
+def _resident(m: Mapping[str, Any]) -> scheduler.Resident:
+    mem = m.get("memory") or {}
+    loading = m["state"] == "loading"
+    return scheduler.Resident(
+        model=m["model"],
+        bytes=int(mem.get("measured_bytes") or mem.get("reserved_bytes") or 0),
+        leases=int(m.get("leases", 0)) + (1 if loading else 0),
+        pinned=bool(m.get("pinned")),
+        priority=int(m.get("priority") or 0),
+        last_used=float(m.get("last_used") or 0.0),
+        group=m.get("group"),
+    )
+
+
+def view_from_status(
+    name: str, status: Mapping[str, Any], want: scheduler.Want, queued: int = 0
+) -> EngineView:
+    """What routing needs to know of an engine, from its /status snapshot: whether `want` is
+    resident there, and how many evictions loading it would take (the engine's own policy,
+    run on the snapshot). An engine where it can never fit is incompatible."""
+    models = [m for m in status.get("models", []) if m["state"] in ("ready", "loading")]
+    resident = frozenset(m["model"] for m in models)
+    device = status.get("device") or {}
+    decision = scheduler.plan(
+        want,
+        [_resident(m) for m in models],
+        int(device.get("free_bytes") or 0),
+        int(device.get("total_bytes") or 0),
+        max_loaded_models=(status.get("scheduler") or {}).get("max_loaded_models"),
+    )
+    compatible = not isinstance(decision, scheduler.NoFit)
+    if isinstance(decision, scheduler.Evict):
+        evictions = len(decision.victims)
+    elif isinstance(decision, scheduler.Wait):
+        evictions = BUSY_EVICTIONS
+    else:
+        evictions = 0
+    return EngineView(
+        name, compatible=compatible, resident=resident, evictions_needed=evictions, queued=queued
+    )

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import aiohttp
@@ -12,16 +14,25 @@ import orjson
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
-from modelyard.config import Settings
-from modelyard.errors import EngineUnavailable, InvalidRequest, ModelyardError, UpstreamError
+from modelyard.config import ServiceModel, Settings
+from modelyard.engine import scheduler
+from modelyard.errors import (
+    ClientClosedRequest,
+    EngineUnavailable,
+    InvalidRequest,
+    ModelyardError,
+    UpstreamError,
+)
 from modelyard.front.engines import EngineClient
 from modelyard.front.proxy import Relay, send_upstream
 from modelyard.front.queueing import Limits, ModelQueues, Slot
-from modelyard.front.routing import EngineView, pick_engine
+from modelyard.front.routing import EngineView, pick_engine, view_from_status
+from modelyard.store.estimate import estimate_model
 from modelyard.store.registry import Entry, ModelRegistry
 from modelyard.types import Lease
 
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 
 
 @dataclass
@@ -38,28 +49,38 @@ class FrontState:
     queues: ModelQueues = field(default_factory=ModelQueues)
     # Requests in flight per engine: "least queued work" when routing a cold model.
     inflight: dict[str, int] = field(default_factory=dict)
+    estimates: dict[str, int] = field(default_factory=dict)  # model → bytes, for routing
 
     def _compatible(self, engine: EngineClient, entry: Entry) -> bool:
         spec = self.settings.engine_specs.get(engine.index)
         return spec is None or spec.backends is None or entry.spec.backend in spec.backends
 
-    def engine_for(self, entry: Entry) -> EngineClient:
+    async def route(self, entry: Entry) -> EngineClient:
+        """The engine that serves `entry` (DESIGN.md §1: pinned, resident, default, least
+        loaded). For a cold model among several engines, each engine's snapshot says how many
+        evictions loading it there would take."""
         if len(self.engines) == 1 and self.engines[0].up and entry.spec.engine is None:
-            return self.engines[0]  # nothing to choose: skip building the views
-        views = [
-            EngineView(
-                name=e.name,
-                up=e.up,
-                compatible=self._compatible(e, entry),
-                resident=frozenset([entry.id]) if (e.name, entry.id) in self.upstreams else
-                frozenset(),
-                queued=self.inflight.get(e.name, 0),
-            )
-            for e in self.engines
-        ]
+            return self.engines[0]  # nothing to choose
         pinned = f"engine-{entry.spec.engine}" if entry.spec.engine is not None else None
+        default = self.settings.default_engine
+        hinted = any((e.name, entry.id) in self.upstreams for e in self.engines if e.up)
+        if pinned is None and not hinted:
+            views = await self._snapshot_views(entry)
+        else:
+            views = [
+                EngineView(
+                    name=e.name,
+                    up=e.up,
+                    compatible=self._compatible(e, entry),
+                    resident=frozenset([entry.id]) if (e.name, entry.id) in self.upstreams
+                    else frozenset(),
+                    queued=self.inflight.get(e.name, 0),
+                )
+                for e in self.engines
+            ]
         name = pick_engine(
-            views, entry.id, pinned=pinned, default=f"engine-{self.settings.default_engine}"
+            views, entry.id, pinned=pinned,
+            default=f"engine-{default}" if default is not None else None,
         )
         if name is None:
             why = f"its pinned {pinned} is down or cannot run it" if pinned else "none is up"
@@ -70,6 +91,47 @@ class FrontState:
                 retry_after_s=2.0,
             )
         return next(e for e in self.engines if e.name == name)
+
+    async def _snapshot_views(self, entry: Entry) -> list[EngineView]:
+        want = scheduler.Want(
+            model=entry.id,
+            bytes=await self._want_bytes(entry),
+            group=entry.spec.group,
+            coexist_with=frozenset(entry.spec.can_coexist_with),
+            priority=entry.spec.priority,
+        )
+
+        async def view(engine: EngineClient) -> EngineView:
+            if not engine.up:
+                return EngineView(engine.name, up=False)
+            try:
+                snapshot = await engine.status()
+            except ModelyardError:
+                return EngineView(engine.name, up=False)
+            found = view_from_status(
+                engine.name, snapshot, want, self.inflight.get(engine.name, 0)
+            )
+            if not self._compatible(engine, entry):
+                return EngineView(engine.name, compatible=False)
+            return found
+
+        views = list(await asyncio.gather(*(view(e) for e in self.engines)))
+        if not any(v.compatible and v.up for v in views):
+            # It fits nowhere: let an engine say why (503 insufficient_memory, in words).
+            views = [replace(v, compatible=self._compatible(e, entry))
+                     for v, e in zip(views, self.engines, strict=True)]
+        return views
+
+    async def _want_bytes(self, entry: Entry) -> int:
+        spec = entry.spec
+        if spec.vram_bytes is not None:
+            return spec.vram_bytes
+        if isinstance(spec, ServiceModel):
+            return 0 if spec.self_managed else spec.vram_resident_mib * 2**20
+        if entry.id not in self.estimates:
+            found = await asyncio.to_thread(estimate_model, spec, self.settings)
+            self.estimates[entry.id] = found.total_bytes if found else (entry.size_bytes or 0)
+        return self.estimates[entry.id]
 
     def limits(self, entry: Entry, engine: EngineClient) -> Limits:
         """max_concurrency: the model's, else its engine's, else the server's (same for queues)."""
@@ -112,12 +174,28 @@ class FrontState:
         keep_alive_s: float | None = None,
         priority: int = 0,
         content_type: str = "application/json",
+        client: Request | None = None,
     ) -> Relay:
         """Queue for `model`, lease it on an engine and send it the request (`payload`, of
         `content_type`); the caller owns `relay.close()`, which gives back the lease and the
-        queue slot."""
+        queue slot. With `client`, a client that disconnects while the request waits (in the
+        queue, for a load) takes it out of the queue at once."""
+        work = self._open_relay(model, path, payload, keep_alive_s, priority, content_type)
+        if client is None:
+            return await work
+        return await unless_disconnected(client, work, Relay.close)
+
+    async def _open_relay(
+        self,
+        model: str,
+        path: str,
+        payload: bytes,
+        keep_alive_s: float | None,
+        priority: int,
+        content_type: str,
+    ) -> Relay:
         entry = self.registry.resolve(model)
-        engine = self.engine_for(entry)
+        engine = await self.route(entry)
         slot = await self.admit(entry, engine, priority)
         self.inflight[engine.name] = self.inflight.get(engine.name, 0) + 1
 
@@ -127,7 +205,10 @@ class FrontState:
 
         try:
             relay = await self._lease_and_send(
-                engine, entry.id, path, payload, keep_alive_s, content_type
+                engine, entry.id, path, payload, keep_alive_s, content_type,
+                # A service keeps its URL across unload/reload: an early request could reach it
+                # unloaded (and make it load behind the scheduler's back), yet be confirmed.
+                send_early=entry.spec.backend != "service",
             )
         except BaseException:
             done()
@@ -143,9 +224,10 @@ class FrontState:
         payload: bytes,
         keep_alive_s: float | None,
         content_type: str = "application/json",
+        send_early: bool = True,
     ) -> Relay:
         key = (engine.name, model_id)
-        guess = self.upstreams.get(key)
+        guess = self.upstreams.get(key) if send_early else None
         if guess is None:
             lease, response = await engine.acquire(model_id, keep_alive_s), None
         else:
@@ -214,6 +296,35 @@ def _drop(early: asyncio.Future[aiohttp.ClientResponse]) -> None:
         close(early)
     else:
         early.add_done_callback(close)
+
+
+async def _disconnect(request: Request) -> None:
+    """Returns when the client has gone (the body must have been read already)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_disconnected(
+    request: Request, work: Coroutine[Any, Any, T], discard: Callable[[T], None]
+) -> T:
+    """`await work`, unless the client disconnects first: then `work` is cancelled (leaving its
+    queue, dropping its wait for a grant) and ClientClosedRequest is raised. A result that
+    arrives anyway is given to `discard`."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+    finished = task.done() and not task.cancelled()
+    client_gone = gone.done() and not gone.cancelled()
+    if finished and not client_gone:
+        return task.result()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        discard(await task)
+    raise ClientClosedRequest("the client closed the connection while the request waited")
 
 
 def request_priority(request: Request) -> int:

@@ -1,4 +1,5 @@
-"""Memory estimate of serving a GGUF model with llama-server, from its header alone.
+"""Memory estimates of serving a model, from its files' headers alone: GGUF for llama-server,
+safetensors (+ config.json) for transformers and vLLM.
 
 An estimate is what the scheduler plans with before a model is loaded; after a load the engine
 replaces it in its ledger with the measured usage, so the estimate errs on the generous side.
@@ -6,10 +7,17 @@ replaces it in its ledger with the measured usage, so the estimate errs on the g
 
 from __future__ import annotations
 
+import json
+import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from modelyard.store.gguf import GgufInfo, MetadataValue
+from modelyard.config import LlamaCppModel, ModelSpec, Settings
+from modelyard.store.gguf import GgufError, GgufInfo, MetadataValue, read_gguf_info
+
+log = logging.getLogger("modelyard.store")
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
@@ -122,3 +130,93 @@ def estimate_gguf(
         compute_bytes=_compute_bytes(info, cells),
         mmproj_bytes=mmproj,
     )
+
+
+# Bytes per element of the safetensors dtypes (the header's names).
+_SAFETENSORS_DTYPE_BYTES = {
+    "F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
+    "U16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "BOOL": 1,
+}
+# safetensors refuses headers above 100 MB; so do we, before allocating.
+_MAX_SAFETENSORS_HEADER = 100_000_000
+
+
+def safetensors_params(path: Path) -> dict[str, int]:
+    """Element count per dtype in one .safetensors file, from its header alone."""
+    with path.open("rb") as f:
+        raw = f.read(8)
+        if len(raw) != 8:
+            raise ValueError(f"{path}: not a safetensors file (too short)")
+        size = int.from_bytes(raw, "little")
+        if size > _MAX_SAFETENSORS_HEADER:
+            raise ValueError(f"{path}: safetensors header of {size} bytes is implausible")
+        header = json.loads(f.read(size))
+    counts: dict[str, int] = {}
+    for name, tensor in header.items():
+        if name == "__metadata__":
+            continue
+        numel = math.prod(int(d) for d in tensor["shape"])
+        counts[tensor["dtype"]] = counts.get(tensor["dtype"], 0) + numel
+    return counts
+
+
+def estimate_safetensors(
+    repo_dir: Path, *, quantize_4bit: bool = False, ctx_size: int = 4096, parallel: int = 1
+) -> MemoryEstimate:
+    """Estimate a Hugging Face repo served by transformers/vLLM: the weights from the
+    safetensors headers (their stored dtype; about a quarter of 16-bit for 4-bit NF4, which keeps
+    small tensors in 16 bits), plus a KV cache from config.json when it says enough."""
+    files = sorted(repo_dir.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{repo_dir}: no .safetensors files")
+    weights = 0
+    for file in files:
+        for dtype, numel in safetensors_params(file).items():
+            stored = _SAFETENSORS_DTYPE_BYTES.get(dtype, 2) * numel
+            weights += (numel // 2 + numel // 32) if quantize_4bit and numel else stored
+    config = _read_json(repo_dir / "config.json")
+    cells = ctx_size * parallel
+    kv = _hf_kv_cache_bytes(config, cells)
+    hidden = int(config.get("hidden_size") or 0)
+    compute = _COMPUTE_FLOOR_BYTES + cells * hidden * _F32
+    return MemoryEstimate(weights, kv, compute, 0)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    text = data.get("text_config")  # multimodal repos nest the language model's config
+    return {**data, **text} if isinstance(text, dict) else data
+
+
+def _hf_kv_cache_bytes(config: dict[str, Any], cells: int, dtype_bytes: int = 2) -> int:
+    layers = int(config.get("num_hidden_layers") or 0)
+    heads = int(config.get("num_attention_heads") or 0)
+    if not layers or not heads:
+        return 0
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    head_dim = int(config.get("head_dim") or (int(config.get("hidden_size") or 0) // heads))
+    return 2 * layers * kv_heads * head_dim * cells * dtype_bytes
+
+
+def estimate_model(spec: ModelSpec, settings: Settings) -> MemoryEstimate | None:
+    """What serving `spec` should take, from its files' headers; None when it cannot be told."""
+    try:
+        if isinstance(spec, LlamaCppModel):
+            return estimate_gguf(
+                read_gguf_info(spec.path),
+                ctx_size=spec.ctx_size or settings.default_ctx_size,
+                parallel=settings.llama_server_parallel,
+                mmproj_path=spec.mmproj,
+            )
+        if spec.path is not None and spec.path.is_dir():
+            return estimate_safetensors(
+                spec.path, ctx_size=getattr(spec, "ctx_size", None) or settings.default_ctx_size
+            )
+    except (GgufError, ValueError, OSError, KeyError, TypeError) as exc:
+        log.warning("no memory estimate for %s: %s", spec.id, exc)
+    return None

@@ -34,7 +34,7 @@ async def load(request: Request) -> Response:
     entry = state.registry.resolve(request.path_params["model"])
     body = await read_json_object(request) if await request.body() else {}
     req = validate(LoadRequest, body)
-    engine = state.engine_for(entry)
+    engine = await state.route(entry)
     result = await engine.load(entry.id, req.keep_alive_s)
     return _json({**result, "engine": engine.name})
 

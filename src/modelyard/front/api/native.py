@@ -70,7 +70,7 @@ async def chat(request: Request) -> Response:
     gen = Generation.start()
     relay = await state.open_relay(
         req.model, "/v1/chat/completions", orjson.dumps(params),
-        priority=request_priority(request),
+        priority=request_priority(request), client=request,
     )
     gen.load_duration_ns = relay.lease.load_duration_ns
     if relay.status != 200 or not req.stream:

@@ -154,6 +154,7 @@ async def _answer(
     relay = await state_of(request).open_relay(
         req.model, path, orjson.dumps(params),
         keep_alive_s=keep_alive_seconds(req.keep_alive), priority=request_priority(request),
+        client=request,
     )
     gen.load_duration_ns = relay.lease.load_duration_ns
     if relay.status != 200 or not req.stream:
@@ -241,7 +242,7 @@ async def _load_or_unload(
     """Ollama loads a model for a request with nothing to generate, and unloads it when that
     request says `keep_alive: 0`."""
     entry = state.registry.resolve(req.model)
-    engine = state.engine_for(entry)
+    engine = await state.route(entry)
     if keep_alive_s == 0:
         await engine.unload(entry.id)
         reason = "unload"

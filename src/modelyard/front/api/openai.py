@@ -55,7 +55,9 @@ async def _relay(request: Request, path: str, schema: type[_Request]) -> Respons
     body = await request.body()
     data = await read_json_object(request)
     req = validate(schema, data)
-    relay = await state.open_relay(req.model, path, body, priority=request_priority(request))
+    relay = await state.open_relay(
+        req.model, path, body, priority=request_priority(request), client=request
+    )
     if relay.status != 200:
         return passthrough_error(relay, await relay.read())
     if not req.stream:

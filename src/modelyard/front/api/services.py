@@ -37,7 +37,8 @@ def find_service(state: FrontState, kind: ServiceKind, name: str | None) -> Entr
     """The service `name` names, which must serve `kind`; with no name, the only one that does."""
     if name is None:
         serving = [
-            e for e in state.registry.entries()
+            e
+            for e in state.registry.entries()
             if isinstance(e.spec, ServiceModel) and kind in e.spec.paths
         ]
         if len(serving) == 1:
