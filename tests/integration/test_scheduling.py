@@ -410,3 +410,46 @@ def test_two_gpus_a_cold_model_goes_where_nothing_must_be_evicted(
             sum(int(g * GIB) for m, g in (("a", 5), ("b", 5), ("p", 2)) if m in held[e["name"]])
             for e in engines
         ]
+
+
+def sse_events(text: str) -> list[Any]:
+    return [json.loads(line[5:]) for line in text.splitlines()
+            if line.startswith("data:") and line.strip() != "data: [DONE]"]
+
+
+def test_swap_progress_streams_as_reasoning_before_the_first_token(
+    tmp_path: Path, files: Path
+) -> None:
+    a = sim_model("a", 5, files)
+    b = sim_model("b", 5, files, "--load-time-s", "0.3")
+    bad = sim_model("bad", 1, files, "--crash-on-load")
+    cfg = sim_config(a, b, bad, notify_model_swap=True)
+    with serving(tmp_path, cfg) as server:
+        assert chat(server.url, "a").status_code == 200
+        body = {"model": "b", "messages": HELLO, "stream": True}
+        r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=30)
+        assert r.status_code == 200
+        events = sse_events(r.text)
+        reasoning = [e["choices"][0]["delta"].get("reasoning_content") for e in events]
+        progress = "".join(x for x in reasoning if x)
+        assert progress.startswith("unloading a to make room for b\nloading b (5.0 GiB)\nb ready")
+        content = [e["choices"][0]["delta"].get("content") for e in events]
+        assert all(reasoning[:3]) and not any(content[:3])  # progress before the first token
+        assert "".join(c or "" for c in content) == TEXT_16
+
+        # Ready model: no progress at all. Ollama: progress as `thinking`.
+        r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=30)
+        assert "reasoning_content" not in r.text
+        ollama = {"model": "a", "messages": HELLO, "stream": True}
+        lines = [json.loads(x) for x in httpx.post(
+            server.url + "/api/chat", json=ollama, timeout=30).text.splitlines()]
+        assert lines[0]["message"]["thinking"] == "unloading b to make room for a\n"
+        assert "".join(x["message"]["content"] for x in lines) == TEXT_16
+        assert lines[-1]["done"] is True
+
+        # A load that fails after progress began: an in-band error, then the end.
+        r = httpx.post(server.url + "/chat", json={**body, "model": "bad"}, timeout=30)
+        assert r.status_code == 200
+        events = sse_events(r.text)
+        assert events[0]["delta"]["reasoning_content"].startswith("loading bad")
+        assert events[-1]["error"] == "model_load_failed"

@@ -7,6 +7,7 @@ connection holds are released when it closes, so a front that crashes or restart
 a model busy forever.
 
     front → engine  {"op": "acquire", "id": 7, "model": "smollm2", "keep_alive_s": 300}
+    engine → front  {"id": 7, "progress": "loading smollm2"}   (only if asked: "progress": true)
     engine → front  {"id": 7, "lease": {...}}   or   {"id": 7, "error": {native error body}}
     front → engine  {"op": "release", "lease": "…"}
     front → engine  {"op": "cancel", "id": 7}   (the front stopped waiting for that grant)
@@ -40,9 +41,16 @@ class _Connection:
         if not self.writer.is_closing():
             self.writer.write(orjson.dumps(payload) + b"\n")
 
-    async def _grant(self, request_id: int, model: str, keep_alive_s: float | None) -> None:
+    async def _grant(
+        self, request_id: int, model: str, keep_alive_s: float | None, progress: bool
+    ) -> None:
+        def say(text: str) -> None:
+            self._send({"id": request_id, "progress": text})
+
         try:
-            lease = await self.engine.acquire(model, keep_alive_s=keep_alive_s)
+            lease = await self.engine.acquire(
+                model, keep_alive_s=keep_alive_s, progress=say if progress else None
+            )
         except ModelyardError as exc:
             self._send({"id": request_id, "error": exc.native_body()})
         except Exception as exc:  # never let one request kill the channel
@@ -66,6 +74,7 @@ class _Connection:
                     request_id,
                     str(message["model"]),
                     float(keep_alive) if keep_alive is not None else None,
+                    bool(message.get("progress")),
                 )
             )
             self.pending[request_id] = task

@@ -88,6 +88,7 @@ class _Runtime:
     known_bytes: int | None = None  # measured while ready: the next load's estimate
     keep_alive_s: float | None = None  # the last request's keep_alive; None: the configured one
     waiting_since: float | None = None  # a load waiting for busy models to make room
+    listeners: set[Callable[[str], None]] = field(default_factory=set)  # swap progress
 
     @property
     def spec(self) -> ModelSpec:
@@ -132,9 +133,29 @@ class Engine:
             rt = self._models[entry.id] = _Runtime(entry)
         return rt
 
-    async def acquire(self, name: str, *, keep_alive_s: float | None = None) -> Lease:
-        """A lease on a ready copy of `name`, loading it first (and evicting) if needed."""
+    async def acquire(
+        self,
+        name: str,
+        *,
+        keep_alive_s: float | None = None,
+        progress: Callable[[str], None] | None = None,
+    ) -> Lease:
+        """A lease on a ready copy of `name`, loading it first (and evicting) if needed;
+        `progress` hears what a load does meanwhile (unloading X, loading Y, ready)."""
         rt = self._runtime(self.registry.resolve(name))
+        if progress is None or rt.state is ModelState.READY:
+            return await self._acquire(rt, keep_alive_s)
+        rt.listeners.add(progress)
+        try:
+            return await self._acquire(rt, keep_alive_s)
+        finally:
+            rt.listeners.discard(progress)
+
+    def _say(self, rt: _Runtime, text: str) -> None:
+        for listener in list(rt.listeners):
+            listener(text)
+
+    async def _acquire(self, rt: _Runtime, keep_alive_s: float | None) -> Lease:
         started = self.clock()
         rt.keep_alive_s = keep_alive_s
         self._ensure_reaper()
@@ -320,6 +341,7 @@ class Engine:
                 rt.waiting_since = self.clock()
                 self.stats["waits"] += 1
                 log.info("%s", decision.reason)
+                self._say(rt, decision.reason)
             remaining = deadline - self.clock()
             if remaining <= 0:
                 rt.waiting_since = None
@@ -348,6 +370,9 @@ class Engine:
         reason = f"for {for_model}" if for_model else reason
         for rt in runtimes:
             self._record_swap(rt, reason)
+        if for_model is not None:
+            names = ", ".join(victims)
+            self._say(self._models[for_model], f"unloading {names} to make room for {for_model}")
         await asyncio.gather(*(self._stop(rt) for rt in runtimes))
         # Expect most of it back: allocators and drivers keep a little.
         want = (info.free_bytes or 0) + int(freed * 0.9)
@@ -442,6 +467,7 @@ class Engine:
             spec = rt.spec
             server = make_backend(spec, self.settings, env=self.env)
             log.info("loading %s (%d MiB reserved)", spec.id, rt.reserved_bytes // MIB)
+            self._say(rt, f"loading {spec.id} ({rt.reserved_bytes / 2**30:.1f} GiB)")
             await server.start(on_spawn=lambda pid: self._spawned(rt, pid))
         except ModelLoadFailed as exc:
             rt.state = ModelState.FAILED
@@ -468,6 +494,7 @@ class Engine:
         rt.load_duration_s = self.clock() - started
         self.stats["loads"] += 1
         log.info("%s ready on %s in %.2f s", spec.id, server.url, rt.load_duration_s)
+        self._say(rt, f"{spec.id} ready in {rt.load_duration_s:.1f} s")
         self._spawn(self._watch_exit(rt, server), f"watch:{spec.id}")
 
     def _spawned(self, rt: _Runtime, pid: int) -> None:

@@ -7,6 +7,7 @@ a later step) Ray actors are interchangeable. Releasing a lease never awaits, so
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 from urllib.parse import quote
 
@@ -29,7 +30,12 @@ class EngineClient(Protocol):
     @property
     def up(self) -> bool: ...
 
-    async def acquire(self, model: str, keep_alive_s: float | None = None) -> Lease: ...
+    async def acquire(
+        self,
+        model: str,
+        keep_alive_s: float | None = None,
+        on_progress: Callable[[str], None] | None = None,
+    ) -> Lease: ...
 
     async def load(self, model: str, keep_alive_s: float | None = None) -> dict[str, Any]: ...
 
@@ -55,8 +61,13 @@ class LocalEngineClient:
     def up(self) -> bool:
         return True
 
-    async def acquire(self, model: str, keep_alive_s: float | None = None) -> Lease:
-        return await self.engine.acquire(model, keep_alive_s=keep_alive_s)
+    async def acquire(
+        self,
+        model: str,
+        keep_alive_s: float | None = None,
+        on_progress: Callable[[str], None] | None = None,
+    ) -> Lease:
+        return await self.engine.acquire(model, keep_alive_s=keep_alive_s, progress=on_progress)
 
     async def load(self, model: str, keep_alive_s: float | None = None) -> dict[str, Any]:
         lease = await self.engine.acquire(model, keep_alive_s=keep_alive_s)
@@ -136,11 +147,16 @@ class HttpEngineClient:
             raise ModelyardError(f"engine answered {status}: {content[:200]!r}")
         return payload
 
-    async def acquire(self, model: str, keep_alive_s: float | None = None) -> Lease:
+    async def acquire(
+        self,
+        model: str,
+        keep_alive_s: float | None = None,
+        on_progress: Callable[[str], None] | None = None,
+    ) -> Lease:
         leases = self._leases
         if leases is None or leases.closed:
             raise self._unavailable("down")
-        return await leases.acquire(model, keep_alive_s)
+        return await leases.acquire(model, keep_alive_s, on_progress)
 
     async def load(self, model: str, keep_alive_s: float | None = None) -> dict[str, Any]:
         query = {"keep_alive_s": str(keep_alive_s)} if keep_alive_s is not None else None

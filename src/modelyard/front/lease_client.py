@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -25,6 +26,7 @@ class LeaseClient:
         self._writer = writer
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._progress: dict[int, Callable[[str], None]] = {}
         self._closed = False
         self._reading = asyncio.create_task(self._read(), name="lease-channel")
 
@@ -42,7 +44,12 @@ class LeaseClient:
             raise LeaseChannelClosed("lease channel closed")
         self._writer.write(orjson.dumps(payload) + b"\n")
 
-    async def acquire(self, model: str, keep_alive_s: float | None = None) -> Lease:
+    async def acquire(
+        self,
+        model: str,
+        keep_alive_s: float | None = None,
+        on_progress: Callable[[str], None] | None = None,
+    ) -> Lease:
         request_id = next(self._ids)
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._waiting[request_id] = future
@@ -50,6 +57,9 @@ class LeaseClient:
             message: dict[str, Any] = {"op": "acquire", "id": request_id, "model": model}
             if keep_alive_s is not None:
                 message["keep_alive_s"] = keep_alive_s
+            if on_progress is not None:
+                message["progress"] = True
+                self._progress[request_id] = on_progress
             self._send(message)
             reply = await future
         except asyncio.CancelledError:
@@ -57,6 +67,8 @@ class LeaseClient:
             if self._waiting.pop(request_id, None) is not None and not self._closed:
                 self._send({"op": "cancel", "id": request_id})
             raise
+        finally:
+            self._progress.pop(request_id, None)
         if "error" in reply:
             raise from_native_body(reply["error"])
         data = reply["lease"]
@@ -76,6 +88,11 @@ class LeaseClient:
         try:
             while line := await self._reader.readline():
                 reply = orjson.loads(line)
+                if "progress" in reply:
+                    listener = self._progress.get(int(reply["id"]))
+                    if listener is not None:
+                        listener(str(reply["progress"]))
+                    continue
                 future = self._waiting.pop(int(reply["id"]), None)
                 if future is None or future.done():
                     if "lease" in reply:  # granted to a request that gave up waiting

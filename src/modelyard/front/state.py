@@ -175,28 +175,23 @@ class FrontState:
         priority: int = 0,
         content_type: str = "application/json",
         client: Request | None = None,
+        on_progress: Callable[[str], None] | None = None,
     ) -> Relay:
         """Queue for `model`, lease it on an engine and send it the request (`payload`, of
         `content_type`); the caller owns `relay.close()`, which gives back the lease and the
         queue slot. With `client`, a client that disconnects while the request waits (in the
-        queue, for a load) takes it out of the queue at once."""
-        work = self._open_relay(model, path, payload, keep_alive_s, priority, content_type)
+        queue, for a load) takes it out of the queue at once; `on_progress` hears what a load
+        it waits for does (swap progress)."""
+        call = Call(path, payload, content_type, keep_alive_s, priority, on_progress)
+        work = self._open_relay(model, call)
         if client is None:
             return await work
         return await unless_disconnected(client, work, Relay.close)
 
-    async def _open_relay(
-        self,
-        model: str,
-        path: str,
-        payload: bytes,
-        keep_alive_s: float | None,
-        priority: int,
-        content_type: str,
-    ) -> Relay:
+    async def _open_relay(self, model: str, call: Call) -> Relay:
         entry = self.registry.resolve(model)
         engine = await self.route(entry)
-        slot = await self.admit(entry, engine, priority)
+        slot = await self.admit(entry, engine, call.priority)
         self.inflight[engine.name] = self.inflight.get(engine.name, 0) + 1
 
         def done() -> None:
@@ -204,12 +199,10 @@ class FrontState:
             self.inflight[engine.name] -= 1
 
         try:
-            relay = await self._lease_and_send(
-                engine, entry.id, path, payload, keep_alive_s, content_type,
-                # A service keeps its URL across unload/reload: an early request could reach it
-                # unloaded (and make it load behind the scheduler's back), yet be confirmed.
-                send_early=entry.spec.backend != "service",
-            )
+            # A service keeps its URL across unload/reload: an early request could reach it
+            # unloaded (and make it load behind the scheduler's back), yet be confirmed.
+            early = entry.spec.backend != "service"
+            relay = await self._lease_and_send(engine, entry.id, call, send_early=early)
         except BaseException:
             done()
             raise
@@ -217,29 +210,21 @@ class FrontState:
         return relay
 
     async def _lease_and_send(
-        self,
-        engine: EngineClient,
-        model_id: str,
-        path: str,
-        payload: bytes,
-        keep_alive_s: float | None,
-        content_type: str = "application/json",
-        send_early: bool = True,
+        self, engine: EngineClient, model_id: str, call: Call, *, send_early: bool = True
     ) -> Relay:
         key = (engine.name, model_id)
         guess = self.upstreams.get(key) if send_early else None
         if guess is None:
-            lease, response = await engine.acquire(model_id, keep_alive_s), None
+            lease = await engine.acquire(model_id, call.keep_alive_s, call.on_progress)
+            response = None
         else:
-            lease, response = await self._lease_while_sending(
-                engine, model_id, guess, path, payload, keep_alive_s, content_type
-            )
+            lease, response = await self._lease_while_sending(engine, model_id, guess, call)
         self.upstreams[key] = lease.upstream
         if response is None:
             try:
-                url = lease.upstream + path
                 response = await send_upstream(
-                    self.upstream, url, payload, lease.model, content_type
+                    self.upstream, lease.upstream + call.path, call.payload, lease.model,
+                    call.content_type,
                 )
             except BaseException:
                 engine.release(lease)
@@ -247,14 +232,7 @@ class FrontState:
         return Relay(engine, lease, response)
 
     async def _lease_while_sending(
-        self,
-        engine: EngineClient,
-        model_id: str,
-        guess: str,
-        path: str,
-        payload: bytes,
-        keep_alive_s: float | None,
-        content_type: str = "application/json",
+        self, engine: EngineClient, model_id: str, guess: str, call: Call
     ) -> tuple[Lease, aiohttp.ClientResponse | None]:
         """Take the lease and, meanwhile, send the request where the model was last granted.
 
@@ -265,10 +243,12 @@ class FrontState:
         response tells the caller to send the request itself.
         """
         early = asyncio.ensure_future(
-            send_upstream(self.upstream, guess + path, payload, model_id, content_type)
+            send_upstream(
+                self.upstream, guess + call.path, call.payload, model_id, call.content_type
+            )
         )
         try:
-            lease = await engine.acquire(model_id, keep_alive_s)
+            lease = await engine.acquire(model_id, call.keep_alive_s, call.on_progress)
         except BaseException:
             _drop(early)
             raise
@@ -282,6 +262,18 @@ class FrontState:
         except BaseException:
             engine.release(lease)
             raise
+
+
+@dataclass(frozen=True)
+class Call:
+    """One request on its way to a backend, and how it asked to be served."""
+
+    path: str
+    payload: bytes
+    content_type: str
+    keep_alive_s: float | None
+    priority: int
+    on_progress: Callable[[str], None] | None
 
 
 def _drop(early: asyncio.Future[aiohttp.ClientResponse]) -> None:

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -18,7 +19,7 @@ from starlette.routing import Route
 
 from modelyard import __version__
 from modelyard.errors import ModelyardError
-from modelyard.front.proxy import LeasedStream, sse_event, translated_stream
+from modelyard.front.proxy import LeasedStream, Relay, sse_event, translated_stream
 from modelyard.front.state import (
     read_json_object,
     request_priority,
@@ -26,6 +27,7 @@ from modelyard.front.state import (
     upstream_message,
     validate,
 )
+from modelyard.front.swap_progress import open_for_stream
 from modelyard.front.translate import Generation, now_rfc3339
 
 
@@ -68,10 +70,36 @@ async def chat(request: Request) -> Response:
     if req.stream:
         params["stream_options"] = {"include_usage": True}
     gen = Generation.start()
-    relay = await state.open_relay(
-        req.model, "/v1/chat/completions", orjson.dumps(params),
-        priority=request_priority(request), client=request,
+
+    def open_relay(say: Callable[[str], None] | None) -> Awaitable[Relay]:
+        return state.open_relay(
+            req.model, "/v1/chat/completions", orjson.dumps(params),
+            priority=request_priority(request), client=request, on_progress=say,
+        )
+
+    def stream(relay: Relay) -> AsyncIterator[bytes]:
+        gen.load_duration_ns = relay.lease.load_duration_ns
+        return translated_stream(
+            relay,
+            gen.absorb,
+            on_text=lambda text: sse_event({"delta": {"content": text}, "done": False}),
+            on_done=lambda: sse_event({"delta": {}, **_final(req.model, gen, with_message=False)}),
+            on_error=lambda exc: sse_event(exc.native_body()),
+        )
+
+    opened = await open_for_stream(
+        open_relay,
+        enabled=req.stream and state.settings.notify_model_swap,
+        render_progress=lambda text: sse_event(
+            {"delta": {"reasoning_content": text + "\n"}, "done": False}
+        ),
+        render_error=lambda exc: sse_event(exc.native_body()),
+        body=stream,
+        media_type="text/event-stream",
     )
+    if not isinstance(opened, Relay):
+        return opened
+    relay = opened
     gen.load_duration_ns = relay.lease.load_duration_ns
     if relay.status != 200 or not req.stream:
         body = await relay.read()
@@ -81,14 +109,7 @@ async def chat(request: Request) -> Response:
             return _json(payload, relay.status)
         gen.absorb(orjson.loads(body))
         return _json(_final(req.model, gen))
-    stream = translated_stream(
-        relay,
-        gen.absorb,
-        on_text=lambda text: sse_event({"delta": {"content": text}, "done": False}),
-        on_done=lambda: sse_event({"delta": {}, **_final(req.model, gen, with_message=False)}),
-        on_error=lambda exc: sse_event(exc.native_body()),
-    )
-    return LeasedStream(stream, relay, "text/event-stream")
+    return LeasedStream(stream(relay), relay, "text/event-stream")
 
 
 async def models(request: Request) -> Response:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal
 
 import orjson
@@ -20,7 +21,7 @@ from starlette.routing import Route
 
 from modelyard import __version__
 from modelyard.errors import InvalidRequest
-from modelyard.front.proxy import LeasedStream, translated_stream
+from modelyard.front.proxy import LeasedStream, Relay, translated_stream
 from modelyard.front.state import (
     FrontState,
     read_json_object,
@@ -29,6 +30,7 @@ from modelyard.front.state import (
     upstream_message,
     validate,
 )
+from modelyard.front.swap_progress import open_for_stream
 from modelyard.front.translate import Generation, now_rfc3339, rfc3339
 from modelyard.store.gguf import GgufError, GgufInfo, read_gguf_info
 from modelyard.store.registry import Entry
@@ -151,11 +153,42 @@ async def _answer(
 ) -> Response:
     """Run the call upstream; `shape(gen, text, done)` builds each Ollama message."""
     gen = Generation.start()
-    relay = await state_of(request).open_relay(
-        req.model, path, orjson.dumps(params),
-        keep_alive_s=keep_alive_seconds(req.keep_alive), priority=request_priority(request),
-        client=request,
+    state = state_of(request)
+
+    def open_relay(say: Callable[[str], None] | None) -> Awaitable[Relay]:
+        return state.open_relay(
+            req.model, path, orjson.dumps(params),
+            keep_alive_s=keep_alive_seconds(req.keep_alive), priority=request_priority(request),
+            client=request, on_progress=say,
+        )
+
+    def stream(relay: Relay) -> AsyncIterator[bytes]:
+        gen.load_duration_ns = relay.lease.load_duration_ns
+        return translated_stream(
+            relay,
+            gen.absorb,
+            on_text=lambda text: _ndjson(shape(gen, text, False)),
+            on_done=lambda: _ndjson(shape(gen, "", True)),
+            on_error=lambda exc: _ndjson(exc.ollama_body()),
+        )
+
+    def progress(text: str) -> bytes:
+        # Ollama's clients show `thinking` as the model's reasoning (chat: in the message).
+        out = shape(gen, "", False)
+        out.get("message", out)["thinking"] = text + "\n"
+        return _ndjson(out)
+
+    opened = await open_for_stream(
+        open_relay,
+        enabled=req.stream and state.settings.notify_model_swap,
+        render_progress=progress,
+        render_error=lambda exc: _ndjson(exc.ollama_body()),
+        body=stream,
+        media_type="application/x-ndjson",
     )
+    if not isinstance(opened, Relay):
+        return opened
+    relay = opened
     gen.load_duration_ns = relay.lease.load_duration_ns
     if relay.status != 200 or not req.stream:
         body = await relay.read()
@@ -167,14 +200,7 @@ async def _answer(
             )
         gen.absorb(orjson.loads(body))
         return Response(orjson.dumps(shape(gen, gen.content, True)), media_type="application/json")
-    stream = translated_stream(
-        relay,
-        gen.absorb,
-        on_text=lambda text: _ndjson(shape(gen, text, False)),
-        on_done=lambda: _ndjson(shape(gen, "", True)),
-        on_error=lambda exc: _ndjson(exc.ollama_body()),
-    )
-    return LeasedStream(stream, relay, "application/x-ndjson")
+    return LeasedStream(stream(relay), relay, "application/x-ndjson")
 
 
 def _chat_shape(model: str) -> Any:

@@ -7,6 +7,7 @@ back unchanged: the cheapest relay is the one that does not re-encode.
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -16,8 +17,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from modelyard.errors import ModelyardError
-from modelyard.front.proxy import LeasedStream, passthrough_error, relay_raw, sse_event
+from modelyard.front.proxy import LeasedStream, Relay, passthrough_error, relay_raw, sse_event
 from modelyard.front.state import read_json_object, request_priority, state_of, validate
+from modelyard.front.swap_progress import open_for_stream
 
 
 class _Request(BaseModel):
@@ -50,14 +52,39 @@ def openai_error_event(exc: ModelyardError) -> bytes:
     return sse_event(exc.openai_body())
 
 
+def swap_progress_chunk(model: str, text: str) -> bytes:
+    """A chat chunk carrying swap progress as reasoning, before the first token."""
+    delta = {"role": "assistant", "content": None, "reasoning_content": text + "\n"}
+    return sse_event(
+        {"id": "chatcmpl-modelyard-swap", "object": "chat.completion.chunk",
+         "created": int(time.time()), "model": model,
+         "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+    )
+
+
 async def _relay(request: Request, path: str, schema: type[_Request]) -> Response:
     state = state_of(request)
     body = await request.body()
     data = await read_json_object(request)
     req = validate(schema, data)
-    relay = await state.open_relay(
-        req.model, path, body, priority=request_priority(request), client=request
+    def open_relay(say: Callable[[str], None] | None) -> Awaitable[Relay]:
+        return state.open_relay(
+            req.model, path, body, priority=request_priority(request), client=request,
+            on_progress=say,
+        )
+
+    opened = await open_for_stream(
+        open_relay,
+        # Text completions have no place for reasoning: progress is for chats only.
+        enabled=req.stream and state.settings.notify_model_swap and "chat" in path,
+        render_progress=lambda text: swap_progress_chunk(req.model, text),
+        render_error=openai_error_event,
+        body=lambda relay: relay_raw(relay, openai_error_event),
+        media_type="text/event-stream",
     )
+    if not isinstance(opened, Relay):
+        return opened
+    relay = opened
     if relay.status != 200:
         return passthrough_error(relay, await relay.read())
     if not req.stream:

@@ -131,6 +131,7 @@ async def _forward(request: Request, kind: ServiceKind, model: str | None) -> Re
         body,
         priority=request_priority(request),
         content_type=request.headers.get("content-type", "application/json"),
+        client=request,  # a client that leaves while it waits (queue, load) leaves the queue
     )
     response = LeasedStream(_passthrough(relay), relay, relay.content_type)
     response.status_code = relay.status
