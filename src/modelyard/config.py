@@ -13,7 +13,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -24,6 +24,10 @@ from pydantic_settings import (
 DEMO_MODEL_ID = "smollm2"
 DEMO_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 LLAMA_SERVER_VERSION = "11434.0.0"
+
+
+# "~/models/x.gguf" in a config file means what it means in a shell.
+UserPath = Annotated[Path, AfterValidator(lambda p: p.expanduser())]
 
 
 def cache_dir() -> Path:
@@ -76,8 +80,8 @@ class LlamaCppModel(_ModelBase):
     """A GGUF model served by a child `llama-server`."""
 
     backend: Literal["llamacpp"] = "llamacpp"
-    path: Path = Field(description="The .gguf file.")
-    mmproj: Path | None = Field(None, description="Multimodal projector .gguf, if any.")
+    path: UserPath = Field(description="The .gguf file.")
+    mmproj: UserPath | None = Field(None, description="Multimodal projector .gguf, if any.")
     ctx_size: int | None = Field(
         None, gt=0, description="Context size; null uses `default_ctx_size`."
     )
@@ -95,7 +99,7 @@ class OpenAIServerModel(_ModelBase):
     argv: list[str] = Field(
         description="Command line; `$path $port $host $id $ctx` are substituted.", min_length=1
     )
-    path: Path | None = Field(None, description="Optional weights path substituted as `$path`.")
+    path: UserPath | None = Field(None, description="Optional weights path substituted as `$path`.")
     ctx_size: int | None = Field(None, gt=0, description="Substituted as `$ctx`.")
 
 
@@ -123,7 +127,7 @@ class ServiceModel(_ModelBase):
         False, description="It manages its own memory (e.g. an Ollama with its own LRU): never "
         "evicted, and counted as whatever the device measures.",
     )
-    path: Path | None = Field(None, description="Unused; services have no local files.")
+    path: UserPath | None = Field(None, description="Unused; services have no local files.")
 
 
 ModelSpec = Annotated[
@@ -155,7 +159,7 @@ class ThermalSettings(BaseModel):
     cpu_resume_c: float | None = Field(None, description="Override of the CPU resume threshold.")
     gpu_pause_c: float | None = Field(None, description="Override of the GPU pause threshold.")
     gpu_resume_c: float | None = Field(None, description="Override of the GPU resume threshold.")
-    simulated_sensors_file: Path | None = Field(
+    simulated_sensors_file: UserPath | None = Field(
         None, description='JSON file like {"cpu": 95, "gpu0": 70} read instead of sensors.'
     )
 
@@ -167,24 +171,24 @@ class Settings(BaseSettings):
         env_prefix="MODELYARD_", extra="forbid", env_nested_delimiter="__"
     )
 
-    home: Path = Field(
+    home: UserPath = Field(
         Path.home() / ".modelyard",
         description="Data directory: database, logs and modelyard's own model directory.",
     )
     host: str = Field("127.0.0.1", description="Address the public front binds.")
     port: int = Field(8770, ge=0, le=65535, description="Public port of the front.")
-    model_dirs: list[Path] = Field(
+    model_dirs: list[UserPath] = Field(
         default_factory=list,
         description="Extra directories scanned for GGUF files ($home/models is always scanned).",
     )
     scan_hf_cache: bool = Field(True, description="Also list GGUF files in the HF hub cache.")
-    hf_cache_dir: Path | None = Field(
+    hf_cache_dir: UserPath | None = Field(
         None, description="HF hub cache; null follows HF_HUB_CACHE / HF_HOME."
     )
     models: list[ModelSpec] = Field(
         default_factory=list, description="Models declared explicitly (they win over discovery)."
     )
-    llama_server_path: Path | None = Field(
+    llama_server_path: UserPath | None = Field(
         None,
         description="llama-server binary (e.g. your CUDA/Vulkan build); null uses the one "
         "`make run` built, then `llama-server` on PATH.",
@@ -283,11 +287,6 @@ class Settings(BaseSettings):
 
             parse_simulated_gpus(v)
         return v
-
-    @field_validator("home", mode="after")
-    @classmethod
-    def _expand_home(cls, v: Path) -> Path:
-        return v.expanduser()
 
     @classmethod
     def settings_customise_sources(

@@ -67,3 +67,19 @@ def test_llama_server_path_option(tmp_path: Path) -> None:
     binary.write_text("#!/bin/sh\n")
     assert Settings(llama_server_path=binary).resolve_llama_server() == binary
     assert Settings(llama_server_path=tmp_path / "none").resolve_llama_server() is None
+
+
+def test_paths_in_a_config_expand_the_home_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        "model_dirs: [~/gguf]\nmodels: [{id: m, backend: llamacpp, path: ~/m.gguf, "
+        "mmproj: ~/p.gguf}]\n"
+    )
+    settings = load_settings(cfg)
+    assert settings.model_dirs == [tmp_path / "gguf"]
+    spec = settings.models[0]
+    assert isinstance(spec, LlamaCppModel)
+    assert (spec.path, spec.mmproj) == (tmp_path / "m.gguf", tmp_path / "p.gguf")

@@ -626,7 +626,7 @@ class Engine:
                     "loaded_at": rt.loaded_at if server else None,
                     "load_duration_s": rt.load_duration_s,
                     "size_bytes": rt.entry.size_bytes,
-                    "pinned": rt.spec.pinned,
+                    "pinned": self._resident(rt).pinned,  # services that cannot unload too
                     "last_used": rt.last_used,
                     "priority": rt.spec.priority,
                     "group": rt.spec.group,

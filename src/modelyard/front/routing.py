@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from modelyard.engine import scheduler
+from modelyard.engine.ledger import Loading, plannable_free
 
 # A load that only busy models could make room for ranks below any number of evictions.
 BUSY_EVICTIONS = 1000
@@ -49,12 +50,19 @@ def pick_engine(
     return min(usable, key=lambda e: (e.evictions_needed, e.queued)).name
 
 
-def _resident(m: Mapping[str, Any]) -> scheduler.Resident:
+def _bytes(m: Mapping[str, Any]) -> tuple[int, int]:
     mem = m.get("memory") or {}
+    return int(mem.get("reserved_bytes") or 0), int(mem.get("measured_bytes") or 0)
+
+
+def _resident(m: Mapping[str, Any]) -> scheduler.Resident:
+    """As the engine counts it (Engine._resident): a loading model holds at least what it was
+    promised and is busy; a ready one holds what was measured."""
+    reserved, measured = _bytes(m)
     loading = m["state"] == "loading"
     return scheduler.Resident(
         model=m["model"],
-        bytes=int(mem.get("measured_bytes") or mem.get("reserved_bytes") or 0),
+        bytes=max(reserved, measured) if loading else (measured or reserved),
         leases=int(m.get("leases", 0)) + (1 if loading else 0),
         pinned=bool(m.get("pinned")),
         priority=int(m.get("priority") or 0),
@@ -72,10 +80,11 @@ def view_from_status(
     models = [m for m in status.get("models", []) if m["state"] in ("ready", "loading")]
     resident = frozenset(m["model"] for m in models)
     device = status.get("device") or {}
+    loading = [Loading(*_bytes(m)) for m in models if m["state"] == "loading"]
     decision = scheduler.plan(
         want,
         [_resident(m) for m in models],
-        int(device.get("free_bytes") or 0),
+        plannable_free(int(device.get("free_bytes") or 0), loading),
         int(device.get("total_bytes") or 0),
         max_loaded_models=(status.get("scheduler") or {}).get("max_loaded_models"),
     )

@@ -22,6 +22,7 @@ CLAIMS_DIR_ENV = "MODELYARD_SIMULATED_GPU_DIR"
 
 _UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
           "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_COUNT = re.compile(r"^\s*(\d+)\s*[xX]\s*(.*)$")  # "2x24GiB"
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
 
 
@@ -37,9 +38,9 @@ def parse_simulated_gpus(spec: str) -> list[int]:
     """`2x24GiB` → [24 GiB, 24 GiB]; `24GiB,8GiB` → two different sizes."""
     sizes: list[int] = []
     for part in spec.split(","):
-        count, sep, size = part.strip().partition("x")
-        if sep and count.strip().isdigit():
-            sizes += [parse_size(size)] * int(count)
+        m = _COUNT.match(part)
+        if m is not None:
+            sizes += [parse_size(m.group(2))] * int(m.group(1))
         else:
             sizes.append(parse_size(part))
     if not sizes or any(s <= 0 for s in sizes):

@@ -151,12 +151,19 @@ def safetensors_params(path: Path) -> dict[str, int]:
         if size > _MAX_SAFETENSORS_HEADER:
             raise ValueError(f"{path}: safetensors header of {size} bytes is implausible")
         header = json.loads(f.read(size))
+        data_bytes = f.seek(0, 2) - 8 - size
+    if not isinstance(header, dict):
+        raise ValueError(f"{path}: safetensors header is not a JSON object")
     counts: dict[str, int] = {}
+    end = 0
     for name, tensor in header.items():
         if name == "__metadata__":
             continue
         numel = math.prod(int(d) for d in tensor["shape"])
         counts[tensor["dtype"]] = counts.get(tensor["dtype"], 0) + numel
+        end = max(end, int(tensor["data_offsets"][1]))
+    if end > data_bytes:
+        raise ValueError(f"{path}: truncated ({data_bytes} data bytes, header says {end})")
     return counts
 
 

@@ -8,6 +8,7 @@ shapes, with its statistics (durations in nanoseconds) filled from llama-server'
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -245,6 +246,8 @@ def keep_alive_seconds(value: str | int | float | None) -> float | None:
     if value is None:
         return None
     if isinstance(value, int | float):
+        if not math.isfinite(value):
+            raise InvalidRequest(f"keep_alive: {value!r} is not a duration", param="keep_alive")
         return -1.0 if value < 0 else float(value)
     text = value.strip()
     try:
