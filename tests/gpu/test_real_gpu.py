@@ -24,3 +24,28 @@ def test_one_engine_per_real_gpu() -> None:
     gpus = query_gpus()
     plans = plan_engines(Settings(), len(gpus))
     assert [p.cuda_visible_devices for p in plans] == [str(i) for i in range(len(gpus))]
+
+
+def test_nvml_agrees_with_nvidia_smi_and_sees_a_process() -> None:
+    from modelyard.hw.nvml import NvmlProbe
+
+    probe = NvmlProbe()
+    if not probe.available():
+        pytest.skip("nvidia-ml-py is not installed (pip install modelyard[gpu])")
+    smi = {g.index: g for g in query_gpus()}
+    nvml = probe.devices()
+    assert {d.index for d in nvml} == set(smi)
+    for d in nvml:
+        assert d.total_bytes == smi[d.index].total_bytes
+        assert d.temperature_c is None or 0 < d.temperature_c < 120
+    assert isinstance(probe.processes(nvml[0].index), dict)
+
+
+def test_engine_reads_its_own_gpu() -> None:
+    from modelyard.hw.gpu_probe import gpu_device_for
+
+    device = gpu_device_for("0")
+    assert device is not None
+    info = device.info()
+    assert info.total_bytes == query_gpus()[0].total_bytes
+    assert info.free_bytes is not None and 0 <= info.free_bytes <= info.total_bytes
