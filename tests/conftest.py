@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.support import FAKE_BACKEND, Server, fake_model, free_port
+from tests.support import FAKE_BACKEND, Server, fake_model, free_port, sleeper
 
 __all__ = ["FAKE_BACKEND", "Server", "fake_model", "free_port", "start_server"]
 
@@ -27,6 +28,17 @@ def start_server(tmp_path: Path) -> Iterator[Any]:
     yield start
     for server in servers:
         server.stop()
+
+
+@pytest.fixture
+def proc() -> Iterator[subprocess.Popen[bytes]]:
+    """A real, live process that a test may kill; always reaped at teardown."""
+    p = sleeper()
+    try:
+        yield p
+    finally:
+        p.kill()
+        p.wait()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

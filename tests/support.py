@@ -82,6 +82,11 @@ class Server:
         return self.proc.returncode
 
 
+def sleeper() -> subprocess.Popen[bytes]:
+    """A real process that lives 30 s unless killed (the caller reaps it)."""
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+
+
 def require_e2e_artifact(path: Path | None, what: str) -> Path:
     """Skip when a real artefact is missing locally; fail when `make test` should have made it."""
     if path is not None and path.exists():

@@ -8,11 +8,11 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
+from tests.support import sleeper
 
 from modelyard.engine.ledger import (
     GpuDevice,
@@ -58,20 +58,6 @@ def test_plannable_free_takes_any_iterable() -> None:
 
 
 # --- wait_for_recovery over a simulated device and real processes ----------------------------
-
-
-def _sleeper() -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
-
-
-@pytest.fixture
-def proc() -> Iterator[subprocess.Popen[bytes]]:
-    p = _sleeper()
-    try:
-        yield p
-    finally:
-        p.kill()
-        p.wait()
 
 
 @pytest.fixture
@@ -121,7 +107,7 @@ async def test_recovery_also_waits_for_the_bytes_wanted(
     device: SimulatedDevice, proc: subprocess.Popen[bytes]
 ) -> None:
     """The gone pid is gone, but another live process still holds what the load needs."""
-    other = _sleeper()
+    other = sleeper()
     try:
         device.on_spawn(other.pid, 5 * GiB)
         proc.kill()
@@ -223,7 +209,7 @@ def test_host_device_used_by_live_and_dead(proc: subprocess.Popen[bytes]) -> Non
     used = device.used_by([proc.pid])
     assert set(used) == {proc.pid}
     assert used[proc.pid] > 1 * MiB  # a Python interpreter's resident memory
-    dead = _sleeper()
+    dead = sleeper()
     dead.kill()
     dead.wait()
     assert device.used_by([dead.pid]) == {}

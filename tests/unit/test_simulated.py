@@ -6,10 +6,10 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests.support import sleeper
 
 from modelyard.hw.simulated import (
     CLAIMS_DIR_ENV,
@@ -91,21 +91,6 @@ def test_parse_simulated_gpus_rejects(spec: str, message: str) -> None:
 # --- SimulatedGpu over real processes -------------------------------------------------------
 
 
-def _sleeper() -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
-
-
-@pytest.fixture
-def proc() -> Iterator[subprocess.Popen[bytes]]:
-    """A real, live process that a test may kill; always reaped at teardown."""
-    p = _sleeper()
-    try:
-        yield p
-    finally:
-        p.kill()
-        p.wait()
-
-
 @pytest.fixture
 def gpu(tmp_path: Path) -> SimulatedGpu:
     g = SimulatedGpu(0, TOTAL, tmp_path / "claims")
@@ -154,7 +139,7 @@ def test_zombie_counts_as_gone(gpu: SimulatedGpu, proc: subprocess.Popen[bytes])
 
 def test_pid_alive() -> None:
     assert pid_alive(os.getpid())
-    p = _sleeper()
+    p = sleeper()
     p.kill()
     p.wait()
     assert not pid_alive(p.pid)

@@ -153,6 +153,16 @@ class FrontState:
             timeout_s=self.settings.queue_timeout_s,
         )
 
+    async def engine_statuses(self) -> list[dict[str, Any]]:
+        """Every engine's /status, named; an engine that does not answer says why."""
+        out = []
+        for engine in self.engines:
+            try:
+                out.append({"name": engine.name, "up": True, **await engine.status()})
+            except ModelyardError as exc:
+                out.append({"name": engine.name, "up": False, "error": exc.message})
+        return out
+
     async def engine_models(self) -> dict[str, dict[str, Any]]:
         """Every model the engines that answer know about, with the engine's name added."""
         models: dict[str, dict[str, Any]] = {}

@@ -15,7 +15,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from modelyard.errors import ModelyardError
 from modelyard.front.state import read_json_object, state_of, validate
 
 
@@ -55,13 +54,7 @@ async def unload(request: Request) -> Response:
 
 async def engines(request: Request) -> Response:
     state = state_of(request)
-    out = []
-    for engine in state.engines:
-        try:
-            out.append({"name": engine.name, "up": True, **await engine.status()})
-        except ModelyardError as exc:
-            out.append({"name": engine.name, "up": False, "error": exc.message})
-    return _json({"engines": out, "queues": state.queues.stats()})
+    return _json({"engines": await state.engine_statuses(), "queues": state.queues.stats()})
 
 
 routes = [

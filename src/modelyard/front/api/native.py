@@ -165,12 +165,7 @@ async def health(request: Request) -> Response:
 
 async def status(request: Request) -> Response:
     state = state_of(request)
-    engines = []
-    for engine in state.engines:
-        try:
-            engines.append({"name": engine.name, "up": True, **await engine.status()})
-        except ModelyardError as exc:
-            engines.append({"name": engine.name, "up": False, "error": exc.message})
+    engines = await state.engine_statuses()
     return _json(
         {
             "version": __version__,
