@@ -74,6 +74,10 @@ class _ModelBase(BaseModel):
     engine: int | None = Field(
         None, ge=0, description="Pin this model to one engine (GPU index); null: routed."
     )
+    requires: list[str] = Field(
+        default_factory=list,
+        description="Capabilities an engine must declare (engine_specs.capabilities) to run it.",
+    )
 
 
 class LlamaCppModel(_ModelBase):
@@ -144,6 +148,10 @@ class EngineSpec(BaseModel):
         None, description="Backends it may run (llamacpp, openai, service…); null: all."
     )
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment.")
+    capabilities: list[str] = Field(
+        default_factory=list,
+        description="Free-form tags (e.g. cuda, vision, fp8) that models' `requires` match.",
+    )
     max_loaded_models: int | None = Field(None, gt=0, description="Overrides the server's.")
     max_concurrency: int | None = Field(None, gt=0, description="Overrides the server's.")
 

@@ -453,3 +453,18 @@ def test_swap_progress_streams_as_reasoning_before_the_first_token(
         events = sse_events(r.text)
         assert events[0]["delta"]["reasoning_content"].startswith("loading bad")
         assert events[-1]["error"] == "model_load_failed"
+
+
+def test_engine_specs_decide_which_engine_may_run_a_model(tmp_path: Path, files: Path) -> None:
+    vision = sim_model("vision", 1, files, requires=["vision"])
+    plain = sim_model("plain", 1, files, engine=0)
+    specs = {1: {"capabilities": ["vision"]}, 0: {"backends": ["llamacpp"]}}
+    cfg = config(vision, plain, simulate_gpus="2x8GiB", engine_specs=specs)
+    with serving(tmp_path, cfg) as server:
+        assert chat(server.url, "vision").status_code == 200
+        engines = status(server)["engines"]
+        assert [m["model"] for m in engines[1]["models"]] == ["vision"]
+        # plain is pinned to engine 0, which runs only llama.cpp models: nowhere to go.
+        r = chat(server.url, "plain")
+        assert r.status_code == 503
+        assert "engine-0" in r.json()["error"]["message"]

@@ -52,8 +52,12 @@ class FrontState:
     estimates: dict[str, int] = field(default_factory=dict)  # model → bytes, for routing
 
     def _compatible(self, engine: EngineClient, entry: Entry) -> bool:
+        """The engine may run the model's backend and has every capability it requires."""
         spec = self.settings.engine_specs.get(engine.index)
-        return spec is None or spec.backends is None or entry.spec.backend in spec.backends
+        if spec is None:
+            return not entry.spec.requires
+        backend_ok = spec.backends is None or entry.spec.backend in spec.backends
+        return backend_ok and set(entry.spec.requires) <= set(spec.capabilities)
 
     async def route(self, entry: Entry) -> EngineClient:
         """The engine that serves `entry` (DESIGN.md §1: pinned, resident, default, least
