@@ -76,6 +76,10 @@ def serve(
         str | None,
         typer.Option(help="Simulated GPUs instead of real ones, e.g. 2x24GiB or 24GiB,8GiB."),
     ] = None,
+    import_dir: Annotated[
+        list[Path] | None,
+        typer.Option(help="Add every GGUF under DIR to the catalog (repeatable; kept)."),
+    ] = None,
 ) -> None:
     """Serve the OpenAI, Ollama and native APIs (or, with --engine-only, one engine)."""
     import uvicorn
@@ -118,7 +122,9 @@ def serve(
         "modelyard %s on http://%s:%s — models: %s", __version__, settings.host, settings.port,
         names,
     )
-    front = create_app(settings, registry=registry, config_file=config)
+    front = create_app(
+        settings, registry=registry, config_file=config, import_dirs=import_dir or ()
+    )
     uvicorn.run(
         front, host=settings.host, port=settings.port, log_level="warning", access_log=False
     )
@@ -265,6 +271,120 @@ def ps(url: UrlOption = DEFAULT_URL) -> None:
     if swaps.row_count:
         console.print("recent swaps")
         console.print(swaps)
+
+
+def _request(method: str, url: str, path: str, body: Any = None) -> Any:
+    """A call to the server; its error message (any API shape) becomes a clean exit."""
+    try:
+        r = httpx.request(method, url.rstrip("/") + path, json=body, timeout=30.0)
+    except httpx.HTTPError as exc:
+        raise ConnectionError(f"cannot reach modelyard at {url}: {exc}") from exc
+    if r.status_code >= 400:
+        try:
+            data = r.json()
+            err = data.get("error")
+            message = data.get("message") or (err.get("message") if isinstance(err, dict) else err)
+        except ValueError:
+            message = r.text
+        err_console.print(f"[red]error:[/red] {message}")
+        raise typer.Exit(1)
+    return r.json() if r.content else None
+
+
+@app.command()
+def pull(
+    model: Annotated[str, typer.Argument(help="org/repo, org/repo:Q4_K_M, org/repo/file.gguf, "
+                                              "optionally @revision.")],
+    quantize: Annotated[str, typer.Option(help="auto, q4, fp16 or no.")] = "auto",
+    init: Annotated[bool, typer.Option("--init", help="Load it once downloaded.")] = False,
+    url: UrlOption = DEFAULT_URL,
+) -> None:
+    """Download a model from the Hugging Face hub (HF_ENDPOINT) with a live progress bar.
+
+    The download runs on the server: Ctrl-C leaves it running, and if the server restarts the
+    bar waits for it, then resumes the interrupted job.
+    """
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    try:
+        accepted = _request("POST", url, "/pull",
+                            {"model": model, "quantize": quantize, "init": init})
+    except ConnectionError as exc:
+        err_console.print(str(exc))
+        raise typer.Exit(1) from exc
+    job_id = accepted["job_id"]
+    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+               TransferSpeedColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=err_console, transient=False) as bar:
+        task = bar.add_task(f"pulling {model}", total=None)
+        job = _follow(url, job_id, bar, task)
+    if job["status"] != "succeeded":
+        err_console.print(f"[red]{job['status']}:[/red] {job.get('error')}")
+        raise typer.Exit(1)
+    console.print(f"{job['model_id']} pulled to {job['local_path']}")
+
+
+def _follow(url: str, job_id: str, bar: Any, task: Any) -> dict[str, Any]:
+    """Poll the job until it is final; ride out a server restart and resume the job."""
+    while True:
+        try:
+            job = _request("GET", url, f"/jobs/{job_id}")
+        except ConnectionError:
+            bar.update(task, description="server unreachable; waiting for it")
+            time.sleep(1.0)
+            continue
+        if job["status"] == "interrupted":
+            bar.update(task, description="resuming after a restart")
+            job = _request("POST", url, f"/jobs/{job_id}/resume")
+        name = job.get("current_file") or job["model"]
+        bar.update(task, total=job.get("bytes_total"), completed=job.get("bytes_done") or 0,
+                   description=f"{job['status']} {name}")
+        if job["status"] in ("succeeded", "failed", "cancelled"):
+            return dict(job)
+        time.sleep(0.3)
+
+
+@app.command()
+def rm(
+    model: Annotated[str, typer.Argument(help="A model modelyard pulled or imported.")],
+    url: UrlOption = DEFAULT_URL,
+) -> None:
+    """Delete a pulled (or forget an imported) model: unloaded, files removed, aliases gone."""
+    try:
+        _request("DELETE", url, f"/models/{quote(model, safe='')}")
+    except ConnectionError as exc:
+        err_console.print(str(exc))
+        raise typer.Exit(1) from exc
+    console.print(f"deleted {model}")
+
+
+@app.command()
+def show(
+    model: Annotated[str, typer.Argument(help="Model id or alias.")],
+    url: UrlOption = DEFAULT_URL,
+) -> None:
+    """Show a model's details: format, parameters, quantization, template, metadata."""
+    try:
+        info = _request("POST", url, "/api/show", {"model": model})
+    except ConnectionError as exc:
+        err_console.print(str(exc))
+        raise typer.Exit(1) from exc
+    details = info.get("details") or {}
+    table = Table(show_header=False)
+    for key in ("family", "parameter_size", "quantization_level", "format"):
+        table.add_row(key, str(details.get(key) or "-"))
+    table.add_row("capabilities", ", ".join(info.get("capabilities") or []))
+    console.print(table)
+    if info.get("template"):
+        console.print("[bold]template[/bold]")
+        console.print(info["template"][:2000], markup=False)
 
 
 def _stream_chat(client: httpx.Client, model: str, messages: list[dict[str, str]]) -> str:

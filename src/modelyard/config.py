@@ -107,6 +107,20 @@ class OpenAIServerModel(_ModelBase):
     ctx_size: int | None = Field(None, gt=0, description="Substituted as `$ctx`.")
 
 
+class TransformersModel(_ModelBase):
+    """A Hugging Face repo (safetensors) run in-process by the transformers backend."""
+
+    backend: Literal["transformers"] = "transformers"
+    path: UserPath = Field(description="The repo directory (config.json, *.safetensors).")
+    quantize: Literal["auto", "q4", "fp16", "no"] = Field(
+        "auto", description="auto: 4-bit on CUDA above q4_threshold_bytes, else 16/32-bit."
+    )
+    ctx_size: int | None = Field(None, gt=0, description="Context size; null: the model's.")
+    trust_remote_code: bool = Field(
+        False, description="Run the repo's own Python code (only for repos you trust)."
+    )
+
+
 ServiceKind = Literal["speech", "transcription", "image", "chat", "embeddings"]
 
 
@@ -135,7 +149,8 @@ class ServiceModel(_ModelBase):
 
 
 ModelSpec = Annotated[
-    LlamaCppModel | OpenAIServerModel | ServiceModel, Field(discriminator="backend")
+    LlamaCppModel | OpenAIServerModel | ServiceModel | TransformersModel,
+    Field(discriminator="backend"),
 ]
 
 
@@ -154,6 +169,23 @@ class EngineSpec(BaseModel):
     )
     max_loaded_models: int | None = Field(None, gt=0, description="Overrides the server's.")
     max_concurrency: int | None = Field(None, gt=0, description="Overrides the server's.")
+
+
+class Preset(BaseModel):
+    """A name for a model with defaults: what a request does not say, the preset fills in."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(min_length=1, description="Name clients use in the `model` field.")
+    model: str = Field(min_length=1, description="The model (id or alias) it runs.")
+    ctx_size: int | None = Field(
+        None, gt=0, description="Context size; a different one runs its own server."
+    )
+    parameters: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Request defaults, e.g. {temperature: 0.2, top_p: 0.9, max_tokens: 512}.",
+    )
+    system: str | None = Field(None, description="System prompt used when a chat has none.")
 
 
 class ThermalSettings(BaseModel):
@@ -283,6 +315,23 @@ class Settings(BaseSettings):
     engine_specs: dict[int, EngineSpec] = Field(
         default_factory=dict, description="Per-engine overrides by engine index."
     )
+    database_url: str | None = Field(
+        None, description="SQLAlchemy URL of modelyard's database; null: SQLite in $home."
+    )
+    max_concurrent_pulls: int = Field(
+        2, gt=0, description="Downloads running at once; more pull jobs wait in a queue."
+    )
+    auto_pull: bool = Field(
+        False, description="Download a model a request names but that is not on disk "
+        "(off: such a request is 404 model_not_pulled, saying how to pull it).",
+    )
+    reserve_free_bytes: int = Field(
+        1 << 30, ge=0, description="Pulls refuse to leave less than this free on the disk."
+    )
+    presets: list[Preset] = Field(
+        default_factory=list, description="Named models with defaults (context, sampling, "
+        "system prompt), listed beside the models.",
+    )
     thermal: ThermalSettings = Field(
         default_factory=ThermalSettings, description="Thermal protection."
     )
@@ -318,6 +367,10 @@ class Settings(BaseSettings):
     @property
     def logs_dir(self) -> Path:
         return self.home / "logs"
+
+    @property
+    def db_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.home / 'modelyard.db'}"
 
     def resolve_llama_server(self) -> Path | None:
         """The llama-server binary to use, or None when there is none to be had."""

@@ -3,6 +3,8 @@
     ModelyardError                  500 internal_error
     ├── InvalidRequest              400 invalid_request      (names the offending field in `param`)
     ├── ModelNotFound               404 model_not_found
+    ├── ModelNotPulled              404 model_not_pulled     (says the pull command)
+    ├── JobNotFound                 404 job_not_found
     ├── RouteNotFound               404 not_found            (no such endpoint)
     ├── MethodNotAllowed            405 method_not_allowed
     ├── BackendUnavailable          503 backend_unavailable  (e.g. no llama-server binary)
@@ -108,6 +110,28 @@ class ModelNotFound(ModelyardError):
         )
 
 
+class ModelNotPulled(ModelyardError):
+    status = 404
+    code = "model_not_pulled"
+    openai_type = "invalid_request_error"
+
+    def __init__(self, model: str) -> None:
+        super().__init__(
+            f"model '{model}' is not on this machine; pull it first: `modelyard pull {model}` "
+            f"(or POST /pull {{\"model\": \"{model}\"}})",
+            param="model",
+            model=model,
+        )
+
+
+class JobNotFound(ModelyardError):
+    status = 404
+    code = "job_not_found"
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"no pull job {job_id!r}; GET /jobs lists them")
+
+
 class RouteNotFound(ModelyardError):
     status = 404
     code = "not_found"
@@ -172,6 +196,8 @@ _BY_CODE: dict[str, type[ModelyardError]] = {
         ModelyardError,
         InvalidRequest,
         ModelNotFound,
+        ModelNotPulled,
+        JobNotFound,
         RouteNotFound,
         MethodNotAllowed,
         BackendUnavailable,
@@ -191,8 +217,8 @@ def from_native_body(body: dict[str, Any]) -> ModelyardError:
     """Rebuild the error an engine raised from its native-shape body."""
     cls = _BY_CODE.get(str(body.get("error")), ModelyardError)
     model = body.get("consumer")
-    if cls is ModelNotFound:
-        return ModelNotFound(str(model))
+    if cls in (ModelNotFound, ModelNotPulled):
+        return cls(str(model))
     return cls(
         str(body.get("message", "engine error")),
         param=body.get("param"),

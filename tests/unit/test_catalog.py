@@ -101,12 +101,13 @@ def test_mmproj_only_attaches_within_its_directory(tmp_path: Path) -> None:
     assert by_id["plain"].mmproj is None
 
 
-def test_prefers_f16_projector_when_several(tmp_path: Path) -> None:
-    gguf(tmp_path / "mmproj-BF16.gguf", arch="clip")
+def test_prefers_bf16_then_f16_then_f32_projector(tmp_path: Path) -> None:
     gguf(tmp_path / "mmproj-F32.gguf", arch="clip")
     gguf(tmp_path / "mmproj-F16.gguf", arch="clip")
     gguf(tmp_path / "m.gguf")
     assert scan_model_dirs([tmp_path])[0].mmproj == tmp_path / "mmproj-F16.gguf"
+    gguf(tmp_path / "mmproj-BF16.gguf", arch="clip")
+    assert scan_model_dirs([tmp_path])[0].mmproj == tmp_path / "mmproj-BF16.gguf"
 
 
 def test_split_model_listed_once_with_summed_size(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@
     GET    /diag                        the device this engine owns
     POST   /models/{id}/load            load a model (evicting if needed) and keep it per keep-alive
     POST   /models/{id}/unload          unload a model once its requests in flight are done
+    POST   /rescan                      re-read the catalog (after a pull or an import)
 
 Leases are not taken here but over the lease channel (engine/lease_channel.py): it is cheaper,
 and it releases the leases of a front whose connection drops. Errors use the native shape so the
@@ -61,6 +62,10 @@ def create_engine_app(engine: Engine, *, watch_parent: bool = False) -> Starlett
         return JSONResponse({"model": lease.model, "status": "loaded",
                              "load_duration_ns": lease.load_duration_ns})
 
+    async def rescan(_: Request) -> Response:
+        await engine.rescan()
+        return JSONResponse({"models": len(engine.registry.entries())})
+
     async def unload(request: Request) -> Response:
         try:
             unloaded = await engine.unload(request.path_params["model"])
@@ -90,6 +95,7 @@ def create_engine_app(engine: Engine, *, watch_parent: bool = False) -> Starlett
         Route("/diag", diag),
         Route("/models/{model:path}/load", load, methods=["POST"]),
         Route("/models/{model:path}/unload", unload, methods=["POST"]),
+        Route("/rescan", rescan, methods=["POST"]),
     ]
     return Starlette(routes=routes, lifespan=lifespan)
 

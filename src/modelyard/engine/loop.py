@@ -142,7 +142,7 @@ class Engine:
     ) -> Lease:
         """A lease on a ready copy of `name`, loading it first (and evicting) if needed;
         `progress` hears what a load does meanwhile (unloading X, loading Y, ready)."""
-        rt = self._runtime(self.registry.resolve(name))
+        rt = self._runtime(await self._resolve(name))
         if progress is None or rt.state is ModelState.READY:
             return await self._acquire(rt, keep_alive_s)
         rt.listeners.add(progress)
@@ -150,6 +150,17 @@ class Engine:
             return await self._acquire(rt, keep_alive_s)
         finally:
             rt.listeners.discard(progress)
+
+    async def _resolve(self, name: str) -> Entry:
+        """The entry for `name`; a name it does not know yet (just pulled, imported) makes it
+        re-read the catalog once."""
+        entry = self.registry.get(name)
+        if entry is None:
+            await self.rescan()
+        return self.registry.resolve(name)
+
+    async def rescan(self) -> None:
+        self.registry = await asyncio.to_thread(ModelRegistry.build, self.settings)
 
     def _say(self, rt: _Runtime, text: str) -> None:
         for listener in list(rt.listeners):
@@ -463,9 +474,10 @@ class Engine:
         if rt.estimate is None:
             rt.estimate = await asyncio.to_thread(estimate_model, rt.spec, self.settings)
         try:
-            await self._place(rt)
             spec = rt.spec
+            # Before placing: a model that cannot run here must not evict anything.
             server = make_backend(spec, self.settings, env=self.env)
+            await self._place(rt)
             log.info("loading %s (%d MiB reserved)", spec.id, rt.reserved_bytes // MIB)
             self._say(rt, f"loading {spec.id} ({rt.reserved_bytes / 2**30:.1f} GiB)")
             await server.start(on_spawn=lambda pid: self._spawned(rt, pid))

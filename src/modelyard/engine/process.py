@@ -18,7 +18,7 @@ import ctypes
 import os
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 
 import psutil
@@ -48,8 +48,10 @@ class ChildProcess:
         name: str,
         log_file: Path,
         env: Mapping[str, str] | None = None,
+        stdout_pipe: bool = False,
     ) -> None:
         self.argv = list(argv)
+        self.stdout_pipe = stdout_pipe  # stdout to the caller (a protocol), stderr to the log
         self.name = name
         self.log_file = log_file
         self.env = dict(env) if env is not None else None
@@ -75,8 +77,8 @@ class ChildProcess:
             self._proc = await asyncio.create_subprocess_exec(
                 *self.argv,
                 stdin=asyncio.subprocess.DEVNULL,
-                stdout=log,
-                stderr=asyncio.subprocess.STDOUT,
+                stdout=asyncio.subprocess.PIPE if self.stdout_pipe else log,
+                stderr=log if self.stdout_pipe else asyncio.subprocess.STDOUT,
                 env=self.env,
                 start_new_session=True,
                 preexec_fn=_die_with_parent if sys.platform == "linux" else None,
@@ -110,6 +112,16 @@ class ChildProcess:
             return []
         text = data.decode("utf-8", "replace").replace("\r", "\n")
         return [ln.rstrip() for ln in text.splitlines() if ln.strip()][-lines:]
+
+    async def stdout_lines(self) -> AsyncIterator[bytes]:
+        """Lines the child writes to stdout (with `stdout_pipe`), until it closes it."""
+        assert self._proc is not None and self._proc.stdout is not None
+        while line := await self._proc.stdout.readline():
+            yield line
+
+    def kill(self) -> None:
+        """SIGKILL the whole group now (no cleanup in the child)."""
+        self._signal_group(signal.SIGKILL)
 
     async def wait(self) -> int:
         assert self._proc is not None

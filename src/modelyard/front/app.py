@@ -7,10 +7,12 @@ when there is none). Errors are rendered in the shape of the API that was called
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import orjson
 from starlette.applications import Starlette
@@ -18,10 +20,12 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from modelyard import db
 from modelyard.config import Settings
 from modelyard.errors import MethodNotAllowed, ModelyardError, RouteNotFound
-from modelyard.front.api import admin, native, ollama, openai, services
+from modelyard.front.api import admin, native, ollama, openai, pulls, services
 from modelyard.front.engines import EngineClient, HttpEngineClient, LocalEngineClient
+from modelyard.front.jobs import PullJobs
 from modelyard.front.proxy import new_upstream_session
 from modelyard.front.state import FrontState
 from modelyard.front.supervisor import EngineSupervisor, plan_engines
@@ -76,6 +80,7 @@ def create_app(
     engines: list[EngineClient] | None = None,
     registry: ModelRegistry | None = None,
     config_file: Path | None = None,
+    import_dirs: Sequence[Path] = (),
 ) -> Starlette:
     registry = registry or ModelRegistry.build(settings)
 
@@ -90,11 +95,18 @@ def create_app(
             stack.push_async_callback(upstream.close)
             state = FrontState(settings, registry, clients, upstream, gpu_count=gpu_count)
             app.state.front = state
+            await _open_model_store(state, stack)
+            for directory in import_dirs:
+                added = await pulls.import_models(state, directory)
+                log.info("imported %d model(s) from %s", len(added), directory)
             await load_startup_models(state)
             yield
 
     app = Starlette(
-        routes=[*openai.routes, *services.routes, *ollama.routes, *native.routes, *admin.routes],
+        routes=[
+            *openai.routes, *services.routes, *ollama.routes, *native.routes, *admin.routes,
+            *pulls.routes,
+        ],
         lifespan=lifespan,
         exception_handlers={
             ModelyardError: _on_modelyard_error,
@@ -103,6 +115,28 @@ def create_app(
         },
     )
     return app
+
+
+async def _open_model_store(state: FrontState, stack: contextlib.AsyncExitStack) -> None:
+    """The database and the pull jobs; jobs a previous run left unfinished become interrupted."""
+    database = await asyncio.to_thread(db.connect, state.settings.db_url)
+    stack.callback(database.dispose)
+    state.db = database
+
+    async def on_pulled(job: dict[str, Any]) -> None:
+        await state.rescan()
+        if job.get("init") and job.get("model_id"):
+            entry = state.registry.resolve(job["model_id"])
+            await (await state.route(entry)).load(entry.id)
+
+    jobs = PullJobs(state.settings, database, on_pulled)
+    interrupted = await jobs.recover()
+    if interrupted:
+        log.warning("%d pull job(s) were interrupted by the last shutdown: POST "
+                    "/jobs/{id}/resume continues them", interrupted)
+    stack.push_async_callback(jobs.shutdown)
+    state.jobs = jobs
+    await state.rescan()  # the catalog now includes what the database holds
 
 
 def count_gpus(settings: Settings) -> int:

@@ -41,6 +41,8 @@ class EngineClient(Protocol):
 
     async def unload(self, model: str) -> dict[str, Any]: ...
 
+    async def rescan(self) -> None: ...
+
     def release(self, lease: Lease) -> None: ...
 
     async def status(self) -> dict[str, Any]: ...
@@ -78,6 +80,9 @@ class LocalEngineClient:
     async def unload(self, model: str) -> dict[str, Any]:
         unloaded = await self.engine.unload(model)
         return {"model": model, "status": "unloaded" if unloaded else "not_loaded"}
+
+    async def rescan(self) -> None:
+        await self.engine.rescan()
 
     def release(self, lease: Lease) -> None:
         self.engine.release(lease.id)
@@ -165,6 +170,9 @@ class HttpEngineClient:
 
     async def unload(self, model: str) -> dict[str, Any]:
         return dict(await self._call("POST", f"/models/{quote(model, safe='')}/unload"))
+
+    async def rescan(self) -> None:
+        await self._call("POST", "/rescan")
 
     def release(self, lease: Lease) -> None:
         # An engine that restarted has forgotten the lease already; nothing to do then.

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 import orjson
+import sqlalchemy as sa
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
@@ -20,10 +21,14 @@ from modelyard.errors import (
     ClientClosedRequest,
     EngineUnavailable,
     InvalidRequest,
+    ModelLoadFailed,
+    ModelNotPulled,
     ModelyardError,
     UpstreamError,
 )
 from modelyard.front.engines import EngineClient
+from modelyard.front.jobs import PullJobs
+from modelyard.front.presets import apply_preset_bytes
 from modelyard.front.proxy import Relay, send_upstream
 from modelyard.front.queueing import Limits, ModelQueues, Slot
 from modelyard.front.routing import EngineView, pick_engine, view_from_status
@@ -50,6 +55,8 @@ class FrontState:
     # Requests in flight per engine: "least queued work" when routing a cold model.
     inflight: dict[str, int] = field(default_factory=dict)
     estimates: dict[str, int] = field(default_factory=dict)  # model → bytes, for routing
+    jobs: PullJobs | None = None
+    db: sa.Engine | None = None
 
     def _compatible(self, engine: EngineClient, entry: Entry) -> bool:
         """The engine may run the model's backend and has every capability it requires."""
@@ -58,6 +65,29 @@ class FrontState:
             return not entry.spec.requires
         backend_ok = spec.backends is None or entry.spec.backend in spec.backends
         return backend_ok and set(entry.spec.requires) <= set(spec.capabilities)
+
+    async def resolve(self, name: str) -> Entry:
+        """The catalog entry `name` reaches; with `auto_pull`, a hub reference not yet on disk
+        is pulled first (the request waits for the download)."""
+        try:
+            return self.registry.resolve(name)
+        except ModelNotPulled:
+            if not self.settings.auto_pull or self.jobs is None:
+                raise
+        submitted, _ = await self.jobs.submit(name)
+        job = await self.jobs.wait(submitted["id"])
+        if job["status"] != "succeeded":
+            raise ModelLoadFailed(
+                f"auto_pull of '{name}' {job['status']}: {job.get('error')}", model=name
+            )
+        await self.rescan()
+        return self.registry.resolve(job.get("model_id") or name)
+
+    async def rescan(self) -> None:
+        """Rebuild the catalog (disk, database, config) here and in every engine."""
+        self.registry = await asyncio.to_thread(ModelRegistry.build, self.settings)
+        await asyncio.gather(*(e.rescan() for e in self.engines if e.up),
+                             return_exceptions=True)
 
     async def route(self, entry: Entry) -> EngineClient:
         """The engine that serves `entry` (DESIGN.md §1: pinned, resident, default, least
@@ -203,7 +233,9 @@ class FrontState:
         return await unless_disconnected(client, work, Relay.close)
 
     async def _open_relay(self, model: str, call: Call) -> Relay:
-        entry = self.registry.resolve(model)
+        entry = await self.resolve(model)
+        if entry.preset is not None and call.content_type == "application/json":
+            call = replace(call, payload=apply_preset_bytes(entry.preset, call.payload))
         engine = await self.route(entry)
         slot = await self.admit(entry, engine, call.priority)
         self.inflight[engine.name] = self.inflight.get(engine.name, 0) + 1

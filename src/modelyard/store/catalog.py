@@ -17,8 +17,9 @@ from modelyard.store.gguf import is_mmproj, parse_split_name, quant_tag_from_fil
 
 PARTIAL_SUFFIXES: tuple[str, ...] = (".part", ".incomplete", ".tmp")
 
-# When a directory holds several projectors, prefer the precision llama.cpp users usually pick.
-_MMPROJ_RANK = {"F16": 0, "BF16": 1, "F32": 2}
+# When a directory holds several projectors, prefer BF16, then F16, then F32 (closest to the
+# weights the projector was trained in, at half the size of F32).
+_MMPROJ_RANK = {"BF16": 0, "F16": 1, "F32": 2}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -7,41 +7,63 @@ alias, then case-insensitively, and an Ollama-style `:latest` tag is ignored, so
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import sqlalchemy as sa
+
+from modelyard import db
 from modelyard.config import (
     DEMO_MODEL_FILE,
     DEMO_MODEL_ID,
     LlamaCppModel,
     ModelSpec,
+    Preset,
     Settings,
+    TransformersModel,
 )
-from modelyard.errors import ModelNotFound
+from modelyard.errors import ModelNotFound, ModelNotPulled
 from modelyard.store.catalog import (
     DiscoveredModel,
     default_hf_cache_dir,
     scan_hf_cache,
     scan_model_dirs,
 )
+from modelyard.store.refs import parse_ref
 
-Source = Literal["config", "demo", "dir", "hf_cache"]
+Source = Literal["config", "demo", "dir", "hf_cache", "pulled", "imported"]
+# Found by scanning: they come and go with their files. The rest are `manual`: declared, pulled
+# or imported, and never dropped by a rescan.
+AUTO_SOURCES = ("dir", "hf_cache")
 
 
 @dataclass(frozen=True)
 class Entry:
     spec: ModelSpec
     source: Source
+    preset: Preset | None = None
 
     @property
     def id(self) -> str:
+        """The model that runs (a preset without its own context runs its base model)."""
         return self.spec.id
 
     @property
+    def name(self) -> str:
+        """The name it is listed under."""
+        return self.preset.id if self.preset is not None else self.spec.id
+
+    @property
+    def origin(self) -> Literal["auto", "manual"]:
+        return "auto" if self.source in AUTO_SOURCES else "manual"
+
+    @property
     def format(self) -> str:
-        return "gguf" if self.spec.backend == "llamacpp" else "openai"
+        return {"llamacpp": "gguf", "transformers": "safetensors"}.get(
+            self.spec.backend, self.spec.backend
+        )
 
     @property
     def path(self) -> Path | None:
@@ -51,6 +73,8 @@ class Entry:
     def size_bytes(self) -> int | None:
         path = self.spec.path
         try:
+            if path is not None and path.is_dir():
+                return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
             return path.stat().st_size if path is not None else None
         except OSError:
             return None
@@ -62,18 +86,36 @@ def _key(name: str) -> str:
 
 
 class ModelRegistry:
-    def __init__(self, entries: Iterable[Entry]) -> None:
+    def __init__(self, entries: Iterable[Entry], aliases: Mapping[str, str] | None = None) -> None:
         self._entries: dict[str, Entry] = {}
-        self._names: dict[str, str] = {}
+        self._names: dict[str, str] = {}  # lookup key → entry name
+        self._aliases: dict[str, list[str]] = {}  # entry name → other names, as written
         for entry in entries:
-            if entry.id in self._entries:
+            if entry.name in self._entries:
                 continue
-            self._entries[entry.id] = entry
-            for name in (entry.id, *entry.spec.aliases):
-                self._names.setdefault(_key(name), entry.id)
+            self._entries[entry.name] = entry
+            self._names.setdefault(_key(entry.name), entry.name)
+            for alias in () if entry.preset else entry.spec.aliases:
+                self._add_alias(alias, entry.name)
+        for alias, target in (aliases or {}).items():
+            if target in self._entries:
+                self._add_alias(alias, target)
+
+    def _add_alias(self, alias: str, target: str) -> None:
+        if _key(alias) not in self._names:
+            self._names[_key(alias)] = target
+            self._aliases.setdefault(target, []).append(alias)
 
     def entries(self) -> list[Entry]:
         return list(self._entries.values())
+
+    def aliases_of(self, name: str) -> list[str]:
+        """Every other name that reaches `name` (config aliases and /api/copy ones)."""
+        return list(self._aliases.get(name, []))
+
+    def names(self) -> list[tuple[str, Entry]]:
+        """Every name a client may use, with its entry: what the model lists show."""
+        return [(n, e) for e in self._entries.values() for n in (e.name, *self.aliases_of(e.name))]
 
     def get(self, name: str) -> Entry | None:
         if name in self._entries:
@@ -83,9 +125,11 @@ class ModelRegistry:
 
     def resolve(self, name: str) -> Entry:
         entry = self.get(name)
-        if entry is None:
-            raise ModelNotFound(name)
-        return entry
+        if entry is not None:
+            return entry
+        if looks_like_hub_ref(name):
+            raise ModelNotPulled(name)
+        raise ModelNotFound(name)
 
     @classmethod
     def build(cls, settings: Settings) -> ModelRegistry:
@@ -100,6 +144,15 @@ class ModelRegistry:
             declared.append(Entry(LlamaCppModel(id=DEMO_MODEL_ID, path=demo_path), "demo"))
             seen_paths.add(demo_path.resolve())
 
+        stored, aliases = _stored(settings)
+        for entry in stored:
+            if entry.id in seen_ids or (entry.path and entry.path.resolve() in seen_paths):
+                continue
+            declared.append(entry)
+            seen_ids.add(entry.id)
+            if entry.path is not None:
+                seen_paths.add(entry.path.resolve())
+
         found: list[tuple[DiscoveredModel, Source]] = [
             (m, "dir") for m in scan_model_dirs([settings.models_dir, *settings.model_dirs])
         ]
@@ -113,4 +166,54 @@ class ModelRegistry:
                 continue
             spec = LlamaCppModel(id=model.id, path=model.path, mmproj=model.mmproj)
             discovered.append(Entry(spec, source))
-        return cls([*declared, *discovered])
+        base = cls([*declared, *discovered], aliases)
+        return cls([*base.entries(), *_presets(settings, base)], aliases)
+
+
+def looks_like_hub_ref(name: str) -> bool:
+    """`org/repo`, `org/repo:Q4_K_M`, `hf.co/…`: a name that could be pulled."""
+    try:
+        parse_ref(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _stored(settings: Settings) -> tuple[list[Entry], dict[str, str]]:
+    """Models pulled or imported, and aliases, from the database (if there is one yet)."""
+    url = settings.db_url
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
+        return [], {}
+    engine = db.connect(url)
+    try:
+        with engine.connect() as conn:
+            models = db.rows(conn.execute(sa.select(db.models).order_by(db.models.c.added_at)))
+            aliases = {r["name"]: r["model"] for r in db.rows(conn.execute(sa.select(db.aliases)))}
+    finally:
+        engine.dispose()
+    entries = []
+    for row in models:
+        path = Path(row["path"])
+        spec: ModelSpec
+        if row["format"] == "safetensors":
+            spec = TransformersModel(id=row["id"], path=path, quantize=row["quantize"] or "auto")
+        else:
+            mmproj = Path(row["mmproj"]) if row["mmproj"] else None
+            spec = LlamaCppModel(id=row["id"], path=path, mmproj=mmproj)
+        entries.append(Entry(spec, row["source"]))
+    return entries, aliases
+
+
+def _presets(settings: Settings, base: ModelRegistry) -> list[Entry]:
+    out = []
+    for preset in settings.presets:
+        target = base.get(preset.model)
+        if target is None:
+            continue  # its model is gone: the preset is not listed (the log says why)
+        spec = target.spec
+        if preset.ctx_size is not None and hasattr(spec, "ctx_size"):
+            # Another context is another server: the preset becomes a model of its own.
+            spec = spec.model_copy(update={"id": preset.id, "ctx_size": preset.ctx_size,
+                                           "aliases": []})
+        out.append(Entry(spec, target.source, preset))
+    return out

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from modelyard.config import ModelSpec, ServiceModel, Settings
+from modelyard.config import ModelSpec, ServiceModel, Settings, TransformersModel
+from modelyard.errors import BackendUnavailable
 
 
 class Backend(Protocol):
@@ -47,6 +48,12 @@ def make_backend(
         from modelyard.engine.backends.service import ServiceBackend
 
         return ServiceBackend(spec, settings)
+    if isinstance(spec, TransformersModel):
+        raise BackendUnavailable(
+            f"'{spec.id}' is a safetensors model: the in-process transformers backend is not "
+            "part of this release yet; pull a GGUF quant of it instead (org/repo:Q4_K_M)",
+            model=spec.id,
+        )
     from modelyard.engine.backends.openai_server import ChildServer
 
     return ChildServer(spec, settings, env=env)

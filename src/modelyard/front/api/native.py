@@ -120,8 +120,10 @@ async def models(request: Request) -> Response:
         m = running.get(entry.id, {})
         out.append(
             {
-                "model": entry.id,
-                "aliases": entry.spec.aliases,
+                "model": entry.name,
+                "aliases": state.registry.aliases_of(entry.name),
+                "origin": entry.origin,
+                "preset": entry.preset.model_dump() if entry.preset else None,
                 "loaded": m.get("state") == "ready",
                 "backend": entry.spec.backend,
                 "format": entry.format,

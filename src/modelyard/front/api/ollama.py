@@ -343,13 +343,13 @@ def _details(entry: Entry, info: GgufInfo | None) -> dict[str, Any]:
     }
 
 
-def _tag(entry: Entry, info: GgufInfo | None) -> dict[str, Any]:
+def _tag(entry: Entry, info: GgufInfo | None, name: str | None = None) -> dict[str, Any]:
     mtime = entry.path.stat().st_mtime if entry.path and entry.path.exists() else 0
     from datetime import UTC, datetime
 
     return {
-        "name": entry.id,
-        "model": entry.id,
+        "name": name or entry.name,
+        "model": name or entry.name,
         "modified_at": datetime.fromtimestamp(mtime, UTC).isoformat().replace("+00:00", "Z"),
         "size": entry.size_bytes or 0,
         "digest": _digest(entry),
@@ -359,7 +359,7 @@ def _tag(entry: Entry, info: GgufInfo | None) -> dict[str, Any]:
 
 async def tags(request: Request) -> Response:
     state = state_of(request)
-    models = [_tag(e, _gguf(e)) for e in state.registry.entries()]
+    models = [_tag(e, _gguf(e), name) for name, e in state.registry.names()]
     return Response(orjson.dumps({"models": models}), media_type="application/json")
 
 

@@ -104,8 +104,8 @@ async def list_models(request: Request) -> Response:
     state = state_of(request)
     created = int(state.started_at)
     data: list[dict[str, Any]] = [
-        {"id": e.id, "object": "model", "created": created, "owned_by": "modelyard"}
-        for e in state.registry.entries()
+        {"id": name, "object": "model", "created": created, "owned_by": "modelyard"}
+        for name, _ in state.registry.names()
     ]
     return Response(
         orjson.dumps({"object": "list", "data": data}), media_type="application/json"
@@ -117,7 +117,7 @@ async def retrieve_model(request: Request) -> Response:
     entry = state.registry.resolve(request.path_params["model"])
     return Response(
         orjson.dumps(
-            {"id": entry.id, "object": "model", "created": int(time.time()),
+            {"id": entry.name, "object": "model", "created": int(time.time()),
              "owned_by": "modelyard"}
         ),
         media_type="application/json",

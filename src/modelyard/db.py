@@ -1,0 +1,85 @@
+"""modelyard's database: SQLite under MODELYARD_HOME by default, through SQLAlchemy Core.
+
+What must survive a restart lives here: pull jobs, the models pulled and imported, aliases.
+SQLite runs in WAL mode so the front writes while engines read (they list pulled models).
+Calls are blocking and short; async callers run them with `asyncio.to_thread`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+metadata = sa.MetaData()
+
+jobs = sa.Table(
+    "jobs",
+    metadata,
+    sa.Column("id", sa.String(32), primary_key=True),
+    sa.Column("model", sa.String, nullable=False),  # the reference as the user wrote it
+    sa.Column("ref", sa.String, nullable=False, index=True),  # canonical reference
+    sa.Column("model_id", sa.String),  # the catalog name it gets
+    sa.Column("status", sa.String(16), nullable=False, index=True),
+    sa.Column("quantize", sa.String(8), nullable=False),
+    sa.Column("init", sa.Boolean, nullable=False, default=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("started_at", sa.Float),
+    sa.Column("finished_at", sa.Float),
+    sa.Column("format", sa.String(16)),
+    sa.Column("local_path", sa.String),
+    sa.Column("preferred_quantized", sa.Boolean),
+    sa.Column("bytes_done", sa.BigInteger, nullable=False, default=0),
+    sa.Column("bytes_total", sa.BigInteger),
+    sa.Column("current_file", sa.String),
+    sa.Column("error", sa.Text),
+    sa.Column("error_code", sa.String(32)),
+)
+
+# Models that are on disk because a pull or an import put them there (the catalog's `manual`).
+models = sa.Table(
+    "models",
+    metadata,
+    sa.Column("id", sa.String, primary_key=True),
+    sa.Column("source", sa.String(16), nullable=False),  # pulled | imported
+    sa.Column("ref", sa.String),
+    sa.Column("format", sa.String(16), nullable=False),  # gguf | safetensors
+    sa.Column("path", sa.String, nullable=False),
+    sa.Column("mmproj", sa.String),
+    sa.Column("files", sa.JSON, nullable=False, default=list),
+    sa.Column("revision", sa.String),
+    sa.Column("quantize", sa.String(8)),
+    sa.Column("added_at", sa.Float, nullable=False),
+)
+
+aliases = sa.Table(
+    "aliases",
+    metadata,
+    sa.Column("name", sa.String, primary_key=True),
+    sa.Column("model", sa.String, nullable=False),
+)
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")  # readers (engines) never block the writer
+    cursor.execute("PRAGMA busy_timeout=5000")
+    cursor.close()
+
+
+def connect(url: str) -> Engine:
+    """An engine with the schema created (idempotent)."""
+    if url.startswith("sqlite:///"):
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    engine = sa.create_engine(url, connect_args={"check_same_thread": False}
+                              if url.startswith("sqlite") else {})
+    if url.startswith("sqlite"):
+        sa.event.listen(engine, "connect", _sqlite_pragmas)
+    metadata.create_all(engine)
+    return engine
+
+
+def rows(result: sa.CursorResult[Any]) -> list[dict[str, Any]]:
+    return [dict(r._mapping) for r in result]

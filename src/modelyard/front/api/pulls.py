@@ -1,0 +1,320 @@
+"""Model management routes: pull jobs (native and Ollama), delete, copy, rescan, import.
+
+    POST   /pull                {"model", "quantize": auto|q4|fp16|no, "init": false}
+    GET    /jobs                GET /jobs/{id}      DELETE /jobs/{id}     POST /jobs/{id}/resume
+    POST   /api/pull            Ollama: NDJSON progress, or one answer with "stream": false
+    POST   /api/delete          Ollama: forget a pulled or imported model and delete its files
+    POST   /api/copy            Ollama: another name for a model (an alias)
+    POST   /admin/rescan        re-read disks, database and config
+    POST   /admin/import        {"path": DIR}: add every GGUF under DIR (recursively)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, Literal
+
+import orjson
+import sqlalchemy as sa
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from modelyard import db
+from modelyard.errors import InvalidRequest, ModelNotFound, ModelyardError
+from modelyard.front.jobs import PullJobs
+from modelyard.front.state import FrontState, read_json_object, state_of, validate
+from modelyard.store.catalog import DiscoveredModel, scan_model_dirs
+from modelyard.store.registry import Entry
+
+
+def _json(payload: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(payload), status_code=status, media_type="application/json")
+
+
+def _jobs(state: FrontState) -> PullJobs:
+    assert state.jobs is not None, "the front starts its pull jobs at startup"
+    return state.jobs
+
+
+class PullRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(min_length=1)
+    quantize: Literal["auto", "q4", "fp16", "no"] = "auto"
+    init: bool = False
+
+
+async def pull(request: Request) -> Response:
+    state = state_of(request)
+    req = validate(PullRequest, await read_json_object(request))
+    job, created = await _jobs(state).submit(req.model, req.quantize, req.init)
+    return _json({"status": "accepted", "job_id": job["id"], "created": created, "job": job},
+                 202)
+
+
+async def list_jobs(request: Request) -> Response:
+    return _json({"jobs": await _jobs(state_of(request)).list()})
+
+
+async def get_job(request: Request) -> Response:
+    return _json(await _jobs(state_of(request)).get(request.path_params["job_id"]))
+
+
+async def cancel_job(request: Request) -> Response:
+    return _json(await _jobs(state_of(request)).cancel(request.path_params["job_id"]))
+
+
+async def resume_job(request: Request) -> Response:
+    return _json(await _jobs(state_of(request)).resume(request.path_params["job_id"]))
+
+
+# ---- Ollama ---------------------------------------------------------------------------------
+
+
+class OllamaPullRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    name: str | None = None  # older clients
+    stream: bool = True
+    insecure: bool = False
+
+
+def _digest(name: str) -> str:
+    return "sha256:" + hashlib.sha256(name.encode()).hexdigest()
+
+
+def _ollama_events(job: dict[str, Any], sent: set[str]) -> list[dict[str, Any]]:
+    """Ollama's progress lines for one look at a job (`sent`: statuses already sent once)."""
+    out: list[dict[str, Any]] = []
+    if "manifest" not in sent:
+        sent.add("manifest")
+        out.append({"status": "pulling manifest"})
+    current = job.get("current_file")
+    if job["status"] == "running" and current:
+        out.append({"status": f"pulling {current}", "digest": _digest(current),
+                    "total": job.get("bytes_total") or 0,
+                    "completed": job.get("bytes_done") or 0})
+    if job["status"] == "succeeded":
+        out += [{"status": "verifying sha256 digest"}, {"status": "writing manifest"},
+                {"status": "success"}]
+    return out
+
+
+def _failure(job: dict[str, Any]) -> ModelyardError:
+    message = job.get("error") or job["status"]
+    err = ModelyardError(f"pull of {job['model']} {job['status']}: {message}")
+    status = {"repo_not_found": 404, "revision_not_found": 404, "file_not_found": 404,
+              "unknown_quant": 400, "invalid_reference": 400, "insufficient_storage": 507}
+    err.status = status.get(job.get("error_code") or "", 502)  # type: ignore[misc]
+    return err
+
+
+async def ollama_pull(request: Request) -> Response:
+    state = state_of(request)
+    req = validate(OllamaPullRequest, await read_json_object(request))
+    name = req.model or req.name
+    if not name:
+        raise InvalidRequest("`model` is required", param="model")
+    jobs = _jobs(state)
+    job, _ = await jobs.submit(name.removeprefix("hf.co/").removeprefix("huggingface.co/"))
+    if not req.stream:
+        final = await jobs.wait(job["id"])
+        if final["status"] != "succeeded":
+            err = _failure(final)
+            return _json(err.ollama_body(), err.status)
+        await state.rescan()
+        return _json({"status": "success"})
+
+    async def lines() -> AsyncIterator[bytes]:
+        sent: set[str] = set()
+        async for seen in jobs.watch(job["id"]):
+            if seen["status"] in ("failed", "cancelled", "interrupted"):
+                yield orjson.dumps(_failure(seen).ollama_body()) + b"\n"
+                return
+            if seen["status"] == "succeeded":
+                await state.rescan()
+            for event in _ollama_events(seen, sent):
+                yield orjson.dumps(event) + b"\n"
+
+    return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+
+class NameRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    name: str | None = None
+
+    def target(self) -> str:
+        found = self.model or self.name
+        if not found:
+            raise InvalidRequest("`model` is required", param="model")
+        return found
+
+
+async def ollama_delete(request: Request) -> Response:
+    state = state_of(request)
+    entry = state.registry.resolve(validate(NameRequest, await read_json_object(request)).target())
+    await delete_model(state, entry)
+    return Response(status_code=200)
+
+
+async def delete_model(state: FrontState, entry: Entry) -> None:
+    """Unload it everywhere, delete what a pull put on disk, forget it and its aliases."""
+    if entry.source not in ("pulled", "imported"):
+        raise InvalidRequest(
+            f"'{entry.name}' comes from {entry.source} ({entry.path}); modelyard deletes only "
+            "models it pulled or imported — remove it from the config or the disk yourself",
+            param="model",
+        )
+    for engine in state.engines:
+        if engine.up:
+            await engine.unload(entry.id)
+
+    def forget(c: sa.Connection) -> list[dict[str, Any]]:
+        found = db.rows(c.execute(sa.select(db.models).where(db.models.c.id == entry.id)))
+        c.execute(sa.delete(db.models).where(db.models.c.id == entry.id))
+        c.execute(sa.delete(db.aliases).where(db.aliases.c.model == entry.name))
+        return found
+
+    removed = await _in_db(state, forget)
+    if removed and removed[0]["source"] == "pulled":
+        await asyncio.to_thread(_delete_pulled_files, removed[0])
+    await state.rescan()
+
+
+def _delete_pulled_files(row: dict[str, Any]) -> None:
+    """The snapshot links of its files and the blobs they point to (HF cache layout)."""
+    path = Path(row["path"])
+    snapshot = path if path.is_dir() else path.parent
+    for name in row.get("files") or []:
+        link = snapshot / name
+        if row.get("format") == "gguf" and link.parent != snapshot and not link.exists():
+            link = path.parent / Path(name).name
+        target = link.resolve()
+        link.unlink(missing_ok=True)
+        if target != link:
+            target.unlink(missing_ok=True)
+
+
+class CopyRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    source: str = Field(min_length=1)
+    destination: str = Field(min_length=1)
+
+
+async def ollama_copy(request: Request) -> Response:
+    state = state_of(request)
+    req = validate(CopyRequest, await read_json_object(request))
+    entry = state.registry.resolve(req.source)
+    if state.registry.get(req.destination) is not None:
+        raise InvalidRequest(f"'{req.destination}' already names a model", param="destination")
+
+    def add(c: sa.Connection) -> None:
+        c.execute(sa.insert(db.aliases).values(name=req.destination, model=entry.name))
+
+    await _in_db(state, add)
+    await state.rescan()
+    return Response(status_code=200)
+
+
+# ---- catalog --------------------------------------------------------------------------------
+
+
+async def rescan(request: Request) -> Response:
+    state = state_of(request)
+    await state.rescan()
+    return _json({"models": [
+        {"model": e.name, "origin": e.origin, "source": e.source}
+        for e in state.registry.entries()
+    ]})
+
+
+class ImportRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(min_length=1)
+
+
+async def import_dir(request: Request) -> Response:
+    state = state_of(request)
+    req = validate(ImportRequest, await read_json_object(request))
+    added = await import_models(state, Path(req.path))
+    return _json({"imported": added})
+
+
+async def import_models(state: FrontState, directory: Path) -> list[str]:
+    """Every GGUF under `directory` becomes a manual model (idempotent: a file already known
+    keeps its entry); projectors are attached, never listed as models."""
+    def scan() -> list[DiscoveredModel]:
+        where = directory.expanduser().resolve()
+        if not where.is_dir():
+            raise InvalidRequest(f"{where} is not a directory", param="path")
+        return scan_model_dirs([where])
+
+    found = await asyncio.to_thread(scan)
+
+    def add(c: sa.Connection) -> list[str]:
+        known = {r["path"] for r in db.rows(c.execute(sa.select(db.models.c.path)))}
+        ids = {r["id"] for r in db.rows(c.execute(sa.select(db.models.c.id)))}
+        added = []
+        for model in found:
+            if str(model.path) in known:
+                continue
+            model_id = model.id if model.id not in ids else f"{model.id}-{len(ids)}"
+            c.execute(sa.insert(db.models).values(
+                id=model_id, source="imported", format="gguf", path=str(model.path),
+                mmproj=str(model.mmproj) if model.mmproj else None, files=[],
+                added_at=time.time(),
+            ))
+            ids.add(model_id)
+            added.append(model_id)
+        return added
+
+    added: list[str] = await _in_db(state, add)
+    await state.rescan()
+    return added
+
+
+async def _in_db(state: FrontState, fn: Any) -> Any:
+    database = state.db
+    assert database is not None, "the front opens its database at startup"
+
+    def run() -> Any:
+        with database.begin() as conn:
+            return fn(conn)
+
+    return await asyncio.to_thread(run)
+
+
+async def delete_route(request: Request) -> Response:
+    """DELETE /models/{id}: the native form of /api/delete."""
+    state = state_of(request)
+    entry = state.registry.get(request.path_params["model"])
+    if entry is None:
+        raise ModelNotFound(request.path_params["model"])
+    await delete_model(state, entry)
+    return _json({"model": entry.name, "status": "deleted"})
+
+
+routes = [
+    Route("/pull", pull, methods=["POST"]),
+    Route("/jobs", list_jobs, methods=["GET"]),
+    Route("/jobs/{job_id}", get_job, methods=["GET"]),
+    Route("/jobs/{job_id}", cancel_job, methods=["DELETE"]),
+    Route("/jobs/{job_id}/resume", resume_job, methods=["POST"]),
+    Route("/models/{model:path}", delete_route, methods=["DELETE"]),
+    Route("/api/pull", ollama_pull, methods=["POST"]),
+    Route("/api/delete", ollama_delete, methods=["DELETE", "POST"]),
+    Route("/api/copy", ollama_copy, methods=["POST"]),
+    Route("/admin/rescan", rescan, methods=["POST"]),
+    Route("/admin/import", import_dir, methods=["POST"]),
+]
