@@ -152,7 +152,8 @@ def _size(n: int | None) -> str:
 
 @app.command("ls")
 def list_models(url: UrlOption = DEFAULT_URL, config: ConfigOption = None) -> None:
-    """List models: id, format, size, path (and whether loaded, when the server is up)."""
+    """List models: name, where it came from (pulled, imported, config, found on disk), format,
+    size, path, and — when the server is up — whether it is loaded and on which engine."""
     try:
         models = _get(url, "/models")["models"]
         online = True
@@ -161,14 +162,15 @@ def list_models(url: UrlOption = DEFAULT_URL, config: ConfigOption = None) -> No
 
         registry = ModelRegistry.build(load_settings(config))
         models = [
-            {"model": e.id, "format": e.format, "size_bytes": e.size_bytes,
-             "local_path": str(e.path) if e.path else None}
+            {"model": e.name, "format": e.format, "size_bytes": e.size_bytes,
+             "source": e.source, "local_path": str(e.path) if e.path else None}
             for e in registry.entries()
         ]
         online = False
-    table = Table("ID", "FORMAT", "SIZE", "PATH", *(["LOADED"] if online else []))
+    table = Table("ID", "SOURCE", "FORMAT", "SIZE", "PATH", *(["LOADED"] if online else []))
     for m in models:
-        row = [m["model"], m["format"], _size(m.get("size_bytes")), m.get("local_path") or "-"]
+        row = [m["model"], m.get("source") or "-", m["format"], _size(m.get("size_bytes")),
+               m.get("local_path") or "-"]
         if online:
             row.append(f"yes ({m['engine']})" if m.get("loaded") else "no")
         table.add_row(*row)

@@ -130,6 +130,7 @@ async def models(request: Request) -> Response:
                 "source": entry.source,
                 "size_bytes": entry.size_bytes,
                 "local_path": str(entry.path) if entry.path else None,
+                "mmproj": str(mmproj) if (mmproj := getattr(entry.spec, "mmproj", None)) else None,
                 "load_duration": m.get("load_duration_s"),
                 "engine": m.get("engine"),
             }

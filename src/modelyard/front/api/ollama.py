@@ -33,6 +33,7 @@ from modelyard.front.state import (
 )
 from modelyard.front.swap_progress import open_for_stream
 from modelyard.front.translate import Generation, now_rfc3339, rfc3339
+from modelyard.store.estimate import safetensors_params
 from modelyard.store.gguf import GgufError, GgufInfo, read_gguf_info
 from modelyard.store.registry import Entry
 
@@ -399,6 +400,8 @@ async def show(request: Request) -> Response:
         raise InvalidRequest("`model` is required", param="model")
     entry = state.registry.resolve(name)
     info = _gguf(entry)
+    if entry.format == "safetensors" and entry.path is not None:
+        return _show_safetensors(entry)
     body: dict[str, Any] = {
         "modelfile": f"FROM {entry.path}\n" if entry.path else "",
         "parameters": "",
@@ -408,6 +411,34 @@ async def show(request: Request) -> Response:
         "capabilities": ["completion"],
         "modified_at": _tag(entry, info)["modified_at"],
     }
+    return Response(orjson.dumps(body), media_type="application/json")
+
+
+def _show_safetensors(entry: Entry) -> Response:
+    """/api/show for a Hugging Face repo: its config.json is the metadata."""
+    assert entry.path is not None
+    try:
+        config = orjson.loads((entry.path / "config.json").read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        config = {}
+    params = 0
+    dtypes: set[str] = set()
+    for shard in sorted(entry.path.glob("*.safetensors")):
+        try:
+            counts = safetensors_params(shard)
+        except (OSError, ValueError):
+            continue
+        params += sum(counts.values())
+        dtypes |= set(counts)
+    family = str(config.get("model_type") or "")
+    details = {
+        "parent_model": "", "format": "safetensors", "family": family,
+        "families": [family] if family else None, "parameter_size": _parameter_size(params),
+        "quantization_level": ",".join(sorted(dtypes)),
+    }
+    body = {"modelfile": f"FROM {entry.path}\n", "parameters": "", "template": "",
+            "details": details, "model_info": config, "capabilities": ["completion"],
+            "modified_at": _tag(entry, None)["modified_at"]}
     return Response(orjson.dumps(body), media_type="application/json")
 
 
