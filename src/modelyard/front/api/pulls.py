@@ -178,26 +178,41 @@ async def delete_model(state: FrontState, entry: Entry) -> None:
         if engine.up:
             await engine.unload(entry.id)
 
-    def forget(c: sa.Connection) -> list[dict[str, Any]]:
+    def forget(c: sa.Connection) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         found = db.rows(c.execute(sa.select(db.models).where(db.models.c.id == entry.id)))
         c.execute(sa.delete(db.models).where(db.models.c.id == entry.id))
         c.execute(sa.delete(db.aliases).where(db.aliases.c.model == entry.name))
-        return found
+        others = db.rows(c.execute(sa.select(db.models).where(db.models.c.source == "pulled")))
+        return found, others
 
-    removed = await _in_db(state, forget)
+    removed, others = await _in_db(state, forget)
     if removed and removed[0]["source"] == "pulled":
-        await asyncio.to_thread(_delete_pulled_files, removed[0])
+        await asyncio.to_thread(_delete_pulled_files, removed[0], others)
     await state.rescan()
 
 
-def _delete_pulled_files(row: dict[str, Any]) -> None:
-    """The snapshot links of its files and the blobs they point to (HF cache layout)."""
-    path = Path(row["path"])
-    snapshot = path if path.is_dir() else path.parent
+def _snapshot(row: dict[str, Any]) -> Path:
+    """The snapshot directory a pulled model's files are relative to."""
+    path, files = row["path"], row.get("files") or []
+    if row["format"] != "gguf":
+        return Path(path)
+    first = next((f for f in files if path.endswith("/" + f)), None)
+    return Path(path[: -len(first)]) if first else Path(path).parent
+
+
+def _delete_pulled_files(row: dict[str, Any], others: list[dict[str, Any]]) -> None:
+    """Its snapshot links and the blobs behind them (HF cache layout) — except files another
+    pulled model of the same snapshot still uses (two quants share one mmproj)."""
+    snapshot = _snapshot(row)
+    kept = {
+        _snapshot(other) / name
+        for other in others
+        for name in other.get("files") or []
+    }
     for name in row.get("files") or []:
         link = snapshot / name
-        if row.get("format") == "gguf" and link.parent != snapshot and not link.exists():
-            link = path.parent / Path(name).name
+        if link in kept:
+            continue
         target = link.resolve()
         link.unlink(missing_ok=True)
         if target != link:
