@@ -23,7 +23,7 @@ from starlette.responses import Response
 from modelyard import db
 from modelyard.config import Settings
 from modelyard.errors import MethodNotAllowed, ModelyardError, RouteNotFound
-from modelyard.front.api import admin, native, ollama, openai, pulls, services
+from modelyard.front.api import admin, embeddings, native, ollama, openai, pulls, services
 from modelyard.front.engines import EngineClient, HttpEngineClient, LocalEngineClient
 from modelyard.front.jobs import PullJobs
 from modelyard.front.proxy import new_upstream_session
@@ -105,7 +105,7 @@ def create_app(
     app = Starlette(
         routes=[
             *openai.routes, *services.routes, *ollama.routes, *native.routes, *admin.routes,
-            *pulls.routes,
+            *pulls.routes, *embeddings.routes,
         ],
         lifespan=lifespan,
         exception_handlers={
@@ -124,12 +124,11 @@ async def _open_model_store(state: FrontState, stack: contextlib.AsyncExitStack)
     state.db = database
 
     async def on_pulled(job: dict[str, Any]) -> None:
-        await state.rescan()
         if job.get("init") and job.get("model_id"):
             entry = state.registry.resolve(job["model_id"])
             await (await state.route(entry)).load(entry.id)
 
-    jobs = PullJobs(state.settings, database, on_pulled)
+    jobs = PullJobs(state.settings, database, catalog_changed=state.rescan, on_pulled=on_pulled)
     interrupted = await jobs.recover()
     if interrupted:
         log.warning("%d pull job(s) were interrupted by the last shutdown: POST "

@@ -41,13 +41,22 @@ Q4_THRESHOLD_BYTES = 14_000_000_000
 DB_PROGRESS_EVERY_S = 1.0
 
 OnPulled = Callable[[dict[str, Any]], Awaitable[None]]
+CatalogChanged = Callable[[], Awaitable[None]]
 
 
 class PullJobs:
-    def __init__(self, settings: Settings, engine: Engine, on_pulled: OnPulled) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        engine: Engine,
+        *,
+        catalog_changed: CatalogChanged,
+        on_pulled: OnPulled,
+    ) -> None:
         self.settings = settings
         self.db = engine
-        self.on_pulled = on_pulled
+        self.catalog_changed = catalog_changed
+        self.on_pulled = on_pulled  # after success: e.g. load it (`init`)
         self._slots = asyncio.Semaphore(settings.max_concurrent_pulls)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._children: dict[str, ChildProcess] = {}
@@ -262,6 +271,7 @@ class PullJobs:
             return None  # cancel() writes the final state
         if done is not None and code == 0:
             await self._record_model(job, done)
+            await self.catalog_changed()  # listed before the job reads succeeded
             total = self._live[job_id].get("bytes_total") or 0
             return {"status": "succeeded", "local_path": done["local_path"],
                     "model_id": done.get("model_id"), "bytes_done": total,

@@ -145,8 +145,10 @@ class ModelRegistry:
             seen_paths.add(demo_path.resolve())
 
         stored, aliases = _stored(settings)
+        config_paths = set(seen_paths)
         for entry in stored:
-            if entry.id in seen_ids or (entry.path and entry.path.resolve() in seen_paths):
+            # Two pulled models may share a blob (identical files): both stay listed.
+            if entry.id in seen_ids or (entry.path and entry.path.resolve() in config_paths):
                 continue
             declared.append(entry)
             seen_ids.add(entry.id)

@@ -201,21 +201,21 @@ def _snapshot(row: dict[str, Any]) -> Path:
 
 
 def _delete_pulled_files(row: dict[str, Any], others: list[dict[str, Any]]) -> None:
-    """Its snapshot links and the blobs behind them (HF cache layout) — except files another
-    pulled model of the same snapshot still uses (two quants share one mmproj)."""
+    """Its snapshot links and the blobs behind them (HF cache layout) — except what another
+    pulled model still uses (two quants share one mmproj; identical files share one blob)."""
     snapshot = _snapshot(row)
-    kept = {
-        _snapshot(other) / name
+    still_used = {  # identical files of two quants share one blob
+        (_snapshot(other) / name).resolve()
         for other in others
         for name in other.get("files") or []
     }
     for name in row.get("files") or []:
         link = snapshot / name
-        if link in kept:
-            continue
         target = link.resolve()
+        if link in still_used or target == link:
+            continue  # another model's link, or not a link at all
         link.unlink(missing_ok=True)
-        if target != link:
+        if target not in still_used:
             target.unlink(missing_ok=True)
 
 

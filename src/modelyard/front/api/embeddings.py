@@ -1,0 +1,149 @@
+"""Embeddings: OpenAI `POST /v1/embeddings`, Ollama `POST /api/embed` and `POST /api/embeddings`.
+
+Every backend is asked in OpenAI's shape, `POST {upstream}/v1/embeddings` (the transformers
+backend, llama-server with `--embeddings`, any OpenAI server; a `service` model at the path its
+`paths.embeddings` names). The OpenAI route checks the
+request (a bad one is a 400 before any load) and relays its bytes unchanged, and the answer back
+unchanged; the Ollama routes translate both ways (modelyard.embeddings_shapes, shared with the
+engine and free of torch). Errors come in each API's own shape: ours through front/app.py's
+`render_error`, a backend's 4xx/5xx passed through (OpenAI) or re-worded (`{"error": …}`).
+"""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from modelyard.config import ServiceModel
+from modelyard.embeddings_shapes import (
+    EmbeddingRequest,
+    EmbeddingResult,
+    openai_body,
+    parse_ollama_embed,
+    parse_ollama_embeddings,
+    parse_openai_request,
+    read_openai_response,
+    render_ollama_embed,
+    render_ollama_embeddings,
+)
+from modelyard.errors import ModelyardError, UpstreamError
+from modelyard.front.api.ollama import keep_alive_seconds
+from modelyard.front.proxy import passthrough_error
+from modelyard.front.state import (
+    FrontState,
+    read_json_object,
+    request_priority,
+    state_of,
+    upstream_message,
+)
+
+PATH = "/v1/embeddings"  # what every backend serves
+
+
+def upstream_path(state: FrontState, model: str) -> str:
+    """Where the model's backend takes embeddings: /v1/embeddings, or the route a `service`
+    model declares for `embeddings` in its `paths`."""
+    try:
+        entry = state.registry.resolve(model)
+    except ModelyardError:
+        return PATH  # open_relay resolves it again (pulling it, with auto_pull) or says why
+    if isinstance(entry.spec, ServiceModel):
+        return entry.spec.paths.get("embeddings", PATH)
+    return PATH
+
+
+async def openai_embeddings(request: Request) -> Response:
+    state = state_of(request)
+    body = await request.body()
+    req = parse_openai_request(await read_json_object(request))
+    relay = await state.open_relay(
+        req.model, upstream_path(state, req.model), body, priority=request_priority(request),
+        client=request,
+    )
+    answer = await relay.read()  # closes the relay: the lease goes back
+    if relay.status != 200:
+        return passthrough_error(relay, answer)
+    return Response(answer, media_type="application/json")
+
+
+def _ollama_error(status: int, body: bytes) -> Response:
+    return Response(
+        orjson.dumps({"error": upstream_message(body)}), status_code=status,
+        media_type="application/json",
+    )
+
+
+def parse_upstream(body: bytes, model: str) -> EmbeddingResult:
+    """A backend's OpenAI answer; one that is not is the backend's fault (502)."""
+    try:
+        return read_openai_response(orjson.loads(body))
+    except (orjson.JSONDecodeError, ValueError, TypeError) as exc:
+        raise UpstreamError(
+            f"backend of '{model}' sent an unreadable embeddings answer: {exc}", model=model
+        ) from exc
+
+
+async def _load_or_unload(state: FrontState, req: EmbeddingRequest) -> None:
+    """Ollama loads the model for a request with nothing to embed (unloads it for
+    `keep_alive: 0`)."""
+    keep_alive_s = keep_alive_seconds(req.keep_alive)
+    entry = await state.resolve(req.model)
+    engine = await state.route(entry)
+    if keep_alive_s == 0:
+        await engine.unload(entry.id)
+    else:
+        await engine.load(entry.id, keep_alive_s)
+
+
+async def _ollama(
+    request: Request, req: EmbeddingRequest
+) -> tuple[EmbeddingResult, int, int] | Response:
+    """Embed through the backend: (result, load_duration_ns, total_duration_ns), or the error
+    response to send."""
+    started = time.monotonic_ns()
+    state = state_of(request)
+    if not req.texts:
+        await _load_or_unload(state, req)
+        return EmbeddingResult([], 0), 0, time.monotonic_ns() - started
+    relay = await state.open_relay(
+        req.model, upstream_path(state, req.model), orjson.dumps(openai_body(req)),
+        keep_alive_s=keep_alive_seconds(req.keep_alive), priority=request_priority(request),
+        client=request,
+    )
+    load_ns = relay.lease.load_duration_ns
+    answer = await relay.read()
+    if relay.status != 200:
+        return _ollama_error(relay.status, answer)
+    return parse_upstream(answer, req.model), load_ns, time.monotonic_ns() - started
+
+
+async def ollama_embed(request: Request) -> Response:
+    req = parse_ollama_embed(await read_json_object(request))
+    done = await _ollama(request, req)
+    if isinstance(done, Response):
+        return done
+    result, load_ns, total_ns = done
+    out = render_ollama_embed(
+        req.model, result, total_duration_ns=total_ns, load_duration_ns=load_ns
+    )
+    return Response(orjson.dumps(out), media_type="application/json")
+
+
+async def ollama_embeddings(request: Request) -> Response:
+    req = parse_ollama_embeddings(await read_json_object(request))
+    done = await _ollama(request, req)
+    if isinstance(done, Response):
+        return done
+    return Response(orjson.dumps(render_ollama_embeddings(done[0])),
+                    media_type="application/json")
+
+
+routes = [
+    Route("/v1/embeddings", openai_embeddings, methods=["POST"]),
+    Route("/api/embed", ollama_embed, methods=["POST"]),
+    Route("/api/embeddings", ollama_embeddings, methods=["POST"]),
+]
