@@ -204,18 +204,15 @@ def _delete_pulled_files(row: dict[str, Any], others: list[dict[str, Any]]) -> N
     """Its snapshot links and the blobs behind them (HF cache layout) — except what another
     pulled model still uses (two quants share one mmproj; identical files share one blob)."""
     snapshot = _snapshot(row)
-    still_used = {  # identical files of two quants share one blob
-        (_snapshot(other) / name).resolve()
-        for other in others
-        for name in other.get("files") or []
-    }
+    other_links = {_snapshot(o) / name for o in others for name in o.get("files") or []}
+    other_blobs = {link.resolve() for link in other_links}  # identical files share a blob
     for name in row.get("files") or []:
         link = snapshot / name
         target = link.resolve()
-        if link in still_used or target == link:
-            continue  # another model's link, or not a link at all
+        if link in other_links or target == link:
+            continue  # another model's link too, or not a link at all
         link.unlink(missing_ok=True)
-        if target not in still_used:
+        if target not in other_blobs:
             target.unlink(missing_ok=True)
 
 
