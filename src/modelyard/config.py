@@ -122,6 +122,13 @@ class TransformersModel(_ModelBase):
     trust_remote_code: bool = Field(
         False, description="Run the repo's own Python code (only for repos you trust)."
     )
+    runtime: Literal["auto", "transformers", "vllm"] = Field(
+        "auto", description="auto: a child `vllm serve` when vLLM and CUDA are present, else "
+        "in-process transformers.",
+    )
+    vllm_args: list[str] = Field(
+        default_factory=list, description="Extra `vllm serve` arguments (runtime vllm)."
+    )
     gguf_file: str | None = Field(
         None, description="Load this GGUF file of `path` through transformers' GGUF loader."
     )
@@ -136,7 +143,12 @@ class TransformersModel(_ModelBase):
     max_batch_size: int = Field(8, gt=0, description="Sequences decoded together.")
     max_batch_tokens: int = Field(4096, gt=0, description="Tokens in flight per step.")
     prefix_cache_tokens: int = Field(
-        32768, ge=0, description="Prompt-prefix KV kept for reuse (tokens); 0 disables it."
+        8192, ge=0, description="Prompt-prefix KV kept for reuse (tokens); 0 disables it. "
+        "Memory: tokens x the model's KV bytes per token.",
+    )
+    prefill_chunk_tokens: int = Field(
+        256, gt=0, description="Prompt tokens prefilled per step while other streams decode "
+        "(smaller: smoother streams; larger: faster long prompts).",
     )
 
 

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from modelyard.config import ModelSpec, ServiceModel, Settings, TransformersModel
+from modelyard.config import (
+    ModelSpec,
+    OpenAIServerModel,
+    ServiceModel,
+    Settings,
+    TransformersModel,
+)
 from modelyard.errors import BackendUnavailable
 
 
@@ -48,6 +56,10 @@ def make_backend(
         from modelyard.engine.backends.service import ServiceBackend
 
         return ServiceBackend(spec, settings)
+    if isinstance(spec, TransformersModel) and use_vllm(spec):
+        from modelyard.engine.backends.openai_server import ChildServer
+
+        return ChildServer(vllm_spec(spec), settings, env=env)
     if isinstance(spec, TransformersModel):
         try:
             from modelyard.engine.backends.transformers.backend import TransformersBackend
@@ -61,3 +73,33 @@ def make_backend(
     from modelyard.engine.backends.openai_server import ChildServer
 
     return ChildServer(spec, settings, env=env)
+
+
+def use_vllm(spec: TransformersModel) -> bool:
+    """vLLM serves safetensors models where it can: it is faster than anything in-process."""
+    if spec.runtime != "auto":
+        return spec.runtime == "vllm"
+    if spec.gguf_file or importlib.util.find_spec("vllm") is None:
+        return False
+    import torch  # noqa: TID251  (engines only: the front never builds a backend)
+
+    return bool(torch.cuda.is_available())
+
+
+def vllm_spec(spec: TransformersModel) -> OpenAIServerModel:
+    """`vllm serve` as a child OpenAI server, with sleep mode for fast swaps."""
+    argv = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", "$path", "--served-model-name", "$id", "--host", "$host", "--port", "$port",
+        "--enable-sleep-mode",
+    ]
+    if spec.ctx_size:
+        argv += ["--max-model-len", "$ctx"]
+    if spec.quantize == "q4":
+        argv += ["--quantization", "bitsandbytes"]
+    if spec.trust_remote_code:
+        argv.append("--trust-remote-code")
+    return OpenAIServerModel(
+        id=spec.id, argv=argv + spec.vllm_args, path=spec.path, ctx_size=spec.ctx_size,
+        health_path="/health", aliases=spec.aliases, vram_bytes=spec.vram_bytes,
+    )

@@ -1,0 +1,147 @@
+"""The transformers backend as the engine sees it: a model loaded in this process, served on a
+loopback port of its own (server.py), started and stopped like any other backend.
+
+Loading happens in a worker thread; the HTTP server runs on the engine's event loop; the
+generator's own thread owns the model during inference. Stopping frees the weights (and the
+CUDA cache) before the engine waits for the device to report the memory back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+
+from modelyard.config import Settings, TransformersModel
+from modelyard.engine.backends.openai_server import LOOPBACK, free_port
+from modelyard.engine.backends.transformers.loader import (
+    chat_prompt_ids,
+    completion_prompt_ids,
+    decide_precision,
+    load_causal_lm,
+)
+from modelyard.errors import ModelLoadFailed
+
+log = logging.getLogger("modelyard.engine.transformers")
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield  # the engine owns its process's signals
+
+
+class TransformersBackend:
+    def __init__(self, spec: TransformersModel, settings: Settings) -> None:
+        self.spec = spec
+        self.settings = settings
+        self.precision = decide_precision(spec)  # a q4 that cannot run fails here: nothing evicted
+        self.port = free_port()
+        self.url = f"http://{LOOPBACK}:{self.port}"
+        self._server: _Server | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._generator: Any = None
+        self._loaded: Any = None
+        self._log: list[str] = []
+
+    @property
+    def pid(self) -> int | None:
+        return None  # in-process: the engine's own memory
+
+    @property
+    def alive(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def memory_bytes(self) -> int | None:
+        return None
+
+    def tail(self, lines: int) -> list[str]:
+        return self._log[-lines:]
+
+    async def start(self, on_spawn: Callable[[int], None] | None = None) -> None:
+        try:
+            app = await self._load()
+        except (OSError, ValueError, RuntimeError, ImportError) as exc:
+            self._log.append(f"{type(exc).__name__}: {exc}")
+            raise ModelLoadFailed(
+                f"model '{self.spec.id}' failed to load: {type(exc).__name__}: {exc}",
+                model=self.spec.id, log_tail=self.tail(self.settings.log_tail_lines),
+            ) from exc
+        config = uvicorn.Config(app, host=LOOPBACK, port=self.port, log_level="warning",
+                                access_log=False, lifespan="off")
+        self._server = _Server(config)
+        self._task = asyncio.create_task(self._server.serve(), name=f"serve:{self.spec.id}")
+        while not self._server.started:
+            if self._task.done():
+                await self.stop()
+                raise ModelLoadFailed(f"model '{self.spec.id}': its HTTP server did not start",
+                                      model=self.spec.id)
+            await asyncio.sleep(0.01)  # uvicorn has no started event to await
+
+    async def _load(self) -> Starlette:
+        """Weights into memory (in a thread), then the app that serves them."""
+        from modelyard.engine.backends.transformers.embedder import Embedder, is_embedding_repo
+        from modelyard.engine.backends.transformers.embeddings_api import embeddings_handler
+        from modelyard.engine.backends.transformers.generator import BatchGenerator
+        from modelyard.engine.backends.transformers.server import build_app
+
+        if is_embedding_repo(self.spec.path):
+            device = "cuda" if self.precision.dtype != "float32" else "cpu"
+            embedder = await asyncio.to_thread(Embedder.load, self.spec.path, device=device)
+            self._loaded = embedder
+            self._log.append(f"embedding model loaded on {device}")
+            return build_app(self.spec.id, None, _no_ids, _no_ids,
+                             embed=embeddings_handler(embedder.embed, self.spec.id))
+        loaded = await asyncio.to_thread(load_causal_lm, self.spec, self.precision)
+        self._loaded = loaded
+        self._log.append(f"loaded on {loaded.device} ({loaded.precision.why})")
+        generator = BatchGenerator(
+            loaded.model, loaded.tokenizer,
+            max_batch_size=self.spec.max_batch_size,
+            max_batch_tokens=self.spec.max_batch_tokens,
+            prefill_chunk_tokens=self.spec.prefill_chunk_tokens,
+            prefix_cache_tokens=self.spec.prefix_cache_tokens,
+        )
+        generator.start()
+        self._generator = generator
+        return build_app(
+            self.spec.id, generator,
+            chat_ids=lambda body: chat_prompt_ids(loaded.tokenizer, body),
+            prompt_ids=lambda body: completion_prompt_ids(loaded.tokenizer, body),
+        )
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._generator is not None:
+            await asyncio.to_thread(self._generator.stop)
+        self._generator = self._loaded = None
+        await asyncio.to_thread(_free_memory)
+
+    async def wait_exit(self) -> int | None:
+        while self._task is None:
+            await asyncio.sleep(0.1)
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        return 0
+
+
+def _no_ids(body: dict[str, Any]) -> list[int]:
+    raise ValueError("this is an embedding model")
+
+
+def _free_memory() -> None:
+    gc.collect()
+    import torch  # noqa: TID251
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

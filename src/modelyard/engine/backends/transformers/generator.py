@@ -1,0 +1,570 @@
+"""`BatchGenerator`: continuous batching over one in-process model, streamed to asyncio callers.
+
+One worker thread owns the model. Each iteration of its loop (a *step*):
+
+1. takes new requests and cancellations from a thread-safe inbox;
+2. retires cancelled sequences (their slot is free for this very step);
+3. admits waiting sequences while `running + prefilling < max_batch_size`, FIFO; each looks up
+   the prefix cache and starts from the longest cached prefix of its prompt;
+4. runs one prefill *chunk* for all prefilling sequences together (one padded forward), so a
+   long prompt is spread over several steps: at most `prefill_chunk_tokens` prompt tokens in all
+   while other sequences decode (this bounds how long a step makes running streams wait), else
+   up to `max_batch_tokens`, at most `prefill_chunk_tokens` per prompt. A sequence whose prompt is
+   done samples its first token and moves to the decode batch;
+5. runs one decode forward for the decode batch (one token per sequence), samples with each
+   sequence's own parameters, streams the text, and retires finished sequences.
+
+Running streams thus get a token every step while long prompts prefill beside them, and new
+sequences join (and finished ones leave) between any two steps. See `kvbatch.py` for the padded
+cache layout and `prefix_cache.py` for what is cached.
+
+Threads and loops: `generate()` must be called on an asyncio event loop; events come back on that
+loop (one `call_soon_threadsafe` per loop per step, into each sequence's `asyncio.Queue`).
+Closing the iterator (`aclose()`), cancelling the task awaiting it, or dropping it unfinished
+cancels the sequence; the worker frees its slot at the next step. Nothing else may run the model
+while the worker does (it is not locked). A failed step (an exception in the forward pass, e.g.
+out of memory) raises `RuntimeError` in the streams of that step's sequences; the worker goes on.
+
+Memory: the decode batch holds `rows x longest row` KV columns (left padding), the prefilling
+batch likewise, and the prefix cache up to `prefix_cache_tokens` tokens; all on the model's
+device, `kv_bytes_per_token` each (in `stats()`). `max_batch_tokens` bounds the tokens computed
+per step (decode rows + prefill chunk tokens, like vLLM's `max_num_batched_tokens`), not the KV.
+
+Models: any decoder-only `*ForCausalLM` whose layers all use a plain (full-attention) KV cache
+and take `position_ids` and a 2D `attention_mask` (Llama, Qwen2/3, Mistral, Phi-3, SmolLM,
+Gemma...). The cache keeps every token even for sliding-window layers, whose masks transformers
+computes by column; so a sliding window counts the (masked) holes a chunked prefill leaves
+between chunks of a short prompt batched with a longer one. Recurrent/linear-attention layers
+(Mamba, Qwen3-Next...) are not supported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch  # noqa: TID251
+
+from modelyard.engine.backends.transformers.detok import (
+    IncrementalDetokenizer,
+    StopMatcher,
+    TokenText,
+)
+from modelyard.engine.backends.transformers.kvbatch import KVBatch, RowKV, slice_row
+from modelyard.engine.backends.transformers.params import InvalidParams, SamplingParams
+from modelyard.engine.backends.transformers.prefix_cache import PrefixCache
+from modelyard.engine.backends.transformers.sampling import Choice, RowSampler, sample
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TokenEvent:
+    """One streamed piece of a sequence's output."""
+
+    text: str  # new text ("" while a character or a possible stop string is incomplete)
+    token_ids: list[int]
+    logprobs: list[dict[str, Any]] | None  # OpenAI chat-style entries, when asked
+    finish_reason: str | None  # on the last event: "stop" | "length" | "cancelled"
+    usage: dict[str, int] | None = None  # last event: prompt/completion/cached tokens
+    timings: dict[str, float] | None = None  # last event: queue/prefill/decode/ttft ms
+
+
+@dataclass(eq=False)
+class _Seq:
+    id: int
+    prompt: list[int]
+    params: SamplingParams
+    max_new: int
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue[TokenEvent | BaseException]
+    detok: IncrementalDetokenizer
+    stopper: StopMatcher
+    sampler: RowSampler
+    submitted: float = field(default_factory=time.perf_counter)
+    admitted: float = 0.0
+    first_token: float = 0.0
+    cached: int = 0
+    remaining: list[int] = field(default_factory=list)
+    generated: list[int] = field(default_factory=list)
+    cancelled: bool = False
+    finished: bool = False
+
+
+_Delivery = tuple[_Seq, "TokenEvent | BaseException"]
+
+
+class TokenStream:
+    """The async iterator `generate()` returns; `aclose()` (or cancelling the task awaiting it)
+    cancels the sequence. Iterating it after the last event raises StopAsyncIteration."""
+
+    def __init__(self, owner: BatchGenerator, seq: _Seq,
+                 events: asyncio.Queue[TokenEvent | BaseException]) -> None:
+        self._owner, self._seq, self._events = owner, seq, events
+        self._done = False
+
+    def __aiter__(self) -> TokenStream:
+        return self
+
+    async def __anext__(self) -> TokenEvent:
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            item = await self._events.get()
+        except asyncio.CancelledError:
+            self._cancel()
+            raise
+        if isinstance(item, BaseException):
+            self._done = True
+            raise item
+        if item.finish_reason is not None:
+            self._done = True
+        return item
+
+    async def aclose(self) -> None:
+        self._cancel()
+
+    def _cancel(self) -> None:
+        if not self._done:
+            self._done = True
+            self._owner._cancel(self._seq)
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self._cancel()
+
+
+class BatchGenerator:
+    def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 8,
+                 max_batch_tokens: int = 4096, prefill_chunk_tokens: int = 512,
+                 prefix_cache_tokens: int = 32768) -> None:
+        if max_batch_size < 1 or max_batch_tokens < 1 or prefill_chunk_tokens < 1:
+            raise ValueError("max_batch_size, max_batch_tokens and prefill_chunk_tokens must be "
+                             ">= 1")
+        self._model = model.eval()
+        self._tokenizer = tokenizer
+        self.max_batch_size = max_batch_size
+        self.max_batch_tokens = max_batch_tokens
+        self.prefill_chunk_tokens = prefill_chunk_tokens
+        self._device: torch.device = model.device
+        self._eos = _eos_ids(model, tokenizer)
+        self._pad = _pad_id(tokenizer, self._eos)
+        self._context = _context_length(model)
+        self.kv_bytes_per_token = _kv_bytes_per_token(model)
+        self._token_text = TokenText(tokenizer)
+        self._keep_one = "logits_to_keep" in _forward_params(model)
+        self._prefix: PrefixCache[RowKV] = PrefixCache(prefix_cache_tokens)
+        self._inbox: queue.SimpleQueue[tuple[str, _Seq | None]] = queue.SimpleQueue()
+        self._waiting: deque[_Seq] = deque()
+        self._prefilling: KVBatch[_Seq] = KVBatch(self._device)
+        self._running: KVBatch[_Seq] = KVBatch(self._device)
+        self._thread: threading.Thread | None = None
+        self._outbox: dict[asyncio.AbstractEventLoop, list[_Delivery]] = {}
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self._pending = 0  # submitted, not yet taken from the inbox
+        self._steps = 0
+        self._prefill_steps = 0
+        self._batch_hist: dict[int, int] = {}
+        self._tokens_generated = 0
+        self._prompt_tokens = 0
+        self._prefill_tokens = 0  # prompt tokens computed (not reused from the cache)
+        self._finished = 0
+        self._errors = 0
+
+    # ---------------------------------------------------------------- caller side
+
+    def start(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._thread = threading.Thread(target=self._run, name="batch-generator", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the worker; sequences still in flight end with finish_reason "cancelled"."""
+        thread = self._thread
+        if thread is None:
+            return
+        self._inbox.put(("stop", None))
+        thread.join()
+        self._thread = None
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams) -> TokenStream:
+        """Queue a sequence now; iterate to receive its events. Raises InvalidParams for an empty
+        prompt or one that leaves no room in the model's context."""
+        if self._thread is None or not self._thread.is_alive():
+            raise RuntimeError("BatchGenerator is not running (call start())")
+        if not prompt_ids:
+            raise InvalidParams("the prompt is empty", "prompt")
+        room = self._context - len(prompt_ids)
+        if room < 1:
+            raise InvalidParams(f"the prompt has {len(prompt_ids)} tokens; the model's context "
+                                f"is {self._context}", "prompt")
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[TokenEvent | BaseException] = asyncio.Queue()
+        prompt = [int(t) for t in prompt_ids]
+        seq = _Seq(
+            id=next(self._ids), prompt=prompt, params=params,
+            max_new=min(params.max_tokens or room, room), loop=loop, events=events,
+            detok=IncrementalDetokenizer(self._tokenizer, prompt),
+            stopper=StopMatcher(params.stop), sampler=RowSampler(params, prompt),
+        )
+        with self._lock:
+            self._pending += 1
+        self._inbox.put(("add", seq))
+        return TokenStream(self, seq, events)
+
+    def _cancel(self, seq: _Seq) -> None:
+        if not seq.finished:
+            self._inbox.put(("cancel", seq))
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            steps = self._steps
+            hist = dict(sorted(self._batch_hist.items()))
+            rows = sum(size * count for size, count in hist.items())
+            decoding, prefilling = _live(self._running.rows), _live(self._prefilling.rows)
+            return {
+                "running": decoding + prefilling,
+                "decoding": decoding,
+                "prefilling": prefilling,
+                "waiting": len(self._waiting) + self._pending,
+                "steps": steps,
+                "prefill_steps": self._prefill_steps,
+                "batch_size_avg": rows / steps if steps else 0.0,
+                "batch_size_hist": {str(k): v for k, v in hist.items()},
+                "tokens_generated": self._tokens_generated,
+                "prompt_tokens": self._prompt_tokens,
+                "prompt_tokens_computed": self._prefill_tokens,
+                "requests_finished": self._finished,
+                "errors": self._errors,
+                "max_batch_size": self.max_batch_size,
+                "max_batch_tokens": self.max_batch_tokens,
+                "kv_bytes_per_token": self.kv_bytes_per_token,
+                # padded KV of the batches (rows x columns): what sequences in flight hold now
+                "kv_tokens_allocated": len(self._running) * self._running.length
+                + len(self._prefilling) * self._prefilling.length,
+                "prefix_cache": {**self._prefix.stats(), "bytes": self._prefix.tokens_cached
+                                 * self.kv_bytes_per_token},
+            }
+
+    # ---------------------------------------------------------------- worker side
+
+    def _run(self) -> None:
+        try:
+            with torch.inference_mode():
+                while True:
+                    idle = not (self._waiting or self._running or self._prefilling)
+                    if not self._drain(block=idle):
+                        break
+                    try:
+                        self._step()
+                    except Exception as exc:  # a failed forward fails its batch, not the worker
+                        log.exception("generation step failed")
+                        self._fail_batches(exc)
+                    self._flush()
+        finally:
+            self._shutdown()
+            self._flush()
+
+    def _drain(self, block: bool) -> bool:
+        """Take everything from the inbox (waiting for something when idle); False on stop."""
+        first = True
+        while True:
+            try:
+                kind, seq = self._inbox.get(block=block and first)
+            except queue.Empty:
+                return True
+            first = False
+            if kind == "stop":
+                return False
+            assert seq is not None
+            if kind == "add":
+                with self._lock:
+                    self._pending -= 1
+                if seq.cancelled:
+                    continue
+                self._waiting.append(seq)
+            elif kind == "cancel":
+                seq.cancelled = True
+                if seq in self._waiting:
+                    self._waiting.remove(seq)
+
+    def _step(self) -> None:
+        for batch in (self._prefilling, self._running):
+            self._retire(batch, [i for i, s in enumerate(batch.rows) if s.cancelled or s.finished])
+        self._admit()
+        if self._prefilling:
+            self._prefill_step()
+            self._flush()  # first tokens go out now, not after the decode forward
+        if self._running:
+            self._decode_step()
+
+    def _admit(self) -> None:
+        free = self.max_batch_size - len(self._running) - len(self._prefilling)
+        joining: list[tuple[_Seq, RowKV | None]] = []
+        now = time.perf_counter()
+        while free > 0 and self._waiting:
+            seq = self._waiting.popleft()
+            hit = self._prefix.lookup(seq.prompt, max_tokens=len(seq.prompt) - 1)
+            kv = slice_row(hit.value, hit.tokens) if hit else None
+            seq.cached = hit.tokens if hit else 0
+            seq.remaining = seq.prompt[seq.cached:]
+            seq.admitted = now
+            joining.append((seq, kv))
+            free -= 1
+        try:
+            self._prefilling.add(joining)
+        except Exception as exc:  # e.g. out of memory: these sequences are in no batch yet
+            for seq, _ in joining:
+                seq.finished = True
+                self._emit(seq, _failure(exc))
+            raise
+        with self._lock:
+            self._prompt_tokens += sum(len(s.prompt) for s, _ in joining)
+
+    def _forward(self, inputs: dict[str, Any]) -> torch.Tensor:
+        if self._keep_one:
+            inputs = {**inputs, "logits_to_keep": 1}
+        out = self._model(**inputs, use_cache=True)
+        logits: torch.Tensor = out.logits
+        return logits[:, -1, :]
+
+    def _prefill_step(self) -> None:
+        batch = self._prefilling
+        budget = self.max_batch_tokens - len(self._running)
+        if self._running:  # streams are waiting for this step: at most one chunk of work
+            budget = min(budget, self.prefill_chunk_tokens)
+        per_row = max(1, min(self.prefill_chunk_tokens, budget // len(batch)))
+        chunks = [seq.remaining[:per_row] for seq in batch.rows]
+        inputs = batch.chunk_inputs(chunks, self._pad)
+        logits = self._forward(inputs)
+        batch.advance(inputs)
+        for seq, chunk in zip(batch.rows, chunks, strict=True):
+            seq.remaining = seq.remaining[len(chunk):]
+        done = [i for i, seq in enumerate(batch.rows) if not seq.remaining]
+        with self._lock:
+            self._prefill_steps += 1
+            self._prefill_tokens += sum(len(c) for c in chunks)
+        if not done:
+            return
+        seqs = [batch.rows[i] for i in done]
+        choices = sample(logits[done], [s.sampler for s in seqs])
+        moving: list[tuple[_Seq, RowKV | None]] = []
+        for i, seq, choice in zip(done, seqs, choices, strict=True):
+            kv = batch.row_kv(i)
+            if kv is not None:
+                self._prefix.insert(seq.prompt, kv)
+            self._accept(seq, choice)
+            if not seq.finished and not seq.cancelled:
+                moving.append((seq, kv))
+        self._running.add(moving)  # (before they leave this batch: a failure loses no one)
+        batch.keep(sorted(set(range(len(batch))) - set(done)))
+
+    def _decode_step(self) -> None:
+        batch = self._running
+        seqs = batch.rows
+        inputs = batch.decode_inputs([s.generated[-1] for s in seqs])
+        logits = self._forward(inputs)
+        batch.advance(inputs)
+        choices = sample(logits, [s.sampler for s in seqs])
+        with self._lock:
+            self._steps += 1
+            self._batch_hist[len(seqs)] = self._batch_hist.get(len(seqs), 0) + 1
+        for seq, choice in zip(seqs, choices, strict=True):
+            self._accept(seq, choice)
+        self._retire(batch, [i for i, s in enumerate(seqs) if s.finished or s.cancelled])
+
+    def _retire(self, batch: KVBatch[_Seq], leaving: list[int]) -> None:
+        """Drop these rows; keep their KV (tokens fed so far) in the prefix cache."""
+        if not leaving:
+            return
+        positions = batch.pos.tolist()
+        for i in leaving:
+            seq = batch.rows[i]
+            fed = (seq.prompt + seq.generated)[:positions[i]]
+            if len(fed) > self._prefix.min_tokens and self._prefix.capacity_tokens:
+                kv = batch.row_kv(i)
+                if kv is not None:
+                    self._prefix.insert(fed, kv)
+        batch.keep(sorted(set(range(len(batch))) - set(leaving)))
+
+    def _accept(self, seq: _Seq, choice: Choice) -> None:
+        """Record a sampled token and stream what it adds."""
+        now = time.perf_counter()
+        token = choice.token
+        seq.generated.append(token)
+        if len(seq.generated) == 1:
+            seq.first_token = now
+        with self._lock:
+            self._tokens_generated += 1
+        eos = token in self._eos and not seq.params.ignore_eos
+        text = "" if eos else seq.stopper.feed(seq.detok.add(token))
+        finish: str | None = None
+        if eos or seq.stopper.stopped:
+            finish = "stop"
+        elif len(seq.generated) >= seq.max_new:
+            finish = "length"
+        if finish is not None and not seq.stopper.stopped:
+            text += seq.stopper.feed(seq.detok.finish())
+            if seq.stopper.stopped:
+                finish = "stop"
+            text += seq.stopper.flush()
+        logprobs = None
+        if seq.params.logprobs is not None:
+            logprobs = [] if eos else [self._logprob_entry(choice)]
+        event = TokenEvent(text, [token], logprobs, finish)
+        if finish is not None:
+            self._finish(seq, event, finish)
+        else:
+            self._emit(seq, event)
+
+    def _finish(self, seq: _Seq, event: TokenEvent, reason: str) -> None:
+        now = time.perf_counter()
+        seq.finished = True
+        first = seq.first_token or now
+        admitted = seq.admitted or now
+        event.finish_reason = reason
+        event.usage = {"prompt_tokens": len(seq.prompt), "completion_tokens": len(seq.generated),
+                       "cached_tokens": seq.cached}
+        event.timings = {
+            "queue_ms": 1e3 * (admitted - seq.submitted),
+            "prefill_ms": 1e3 * (first - admitted) if seq.generated else 0.0,
+            "ttft_ms": 1e3 * (first - seq.submitted) if seq.generated else 0.0,
+            "decode_ms": 1e3 * (now - first) if seq.generated else 0.0,
+        }
+        with self._lock:
+            self._finished += 1
+        self._emit(seq, event)
+
+    def _emit(self, seq: _Seq, item: TokenEvent | BaseException) -> None:
+        self._outbox.setdefault(seq.loop, []).append((seq, item))
+
+    def _flush(self) -> None:
+        """Hand this step's events to their event loops: one wake-up per loop per step."""
+        outbox, self._outbox = self._outbox, {}
+        for loop, items in outbox.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:  # that loop is closed: nobody listens any more
+                for seq, _ in items:
+                    seq.cancelled = True
+
+    def _logprob_entry(self, choice: Choice) -> dict[str, Any]:
+        text, raw = self._token_text(choice.token)
+        top = []
+        for token, logprob in choice.top or []:
+            t_text, t_raw = self._token_text(token)
+            top.append({"token": t_text, "logprob": logprob, "bytes": t_raw})
+        return {"token": text, "logprob": choice.logprob, "bytes": raw, "top_logprobs": top}
+
+    def _fail_batches(self, exc: Exception) -> None:
+        error = _failure(exc)
+        with self._lock:
+            self._errors += 1
+            seen: set[int] = set()
+            for batch in (self._prefilling, self._running):
+                for seq in batch.rows:
+                    if not seq.finished and seq.id not in seen:
+                        seen.add(seq.id)
+                        seq.finished = True
+                        self._emit(seq, error)
+            self._prefilling = KVBatch(self._device)
+            self._running = KVBatch(self._device)
+
+    def _shutdown(self) -> None:
+        """The worker is stopping: end every sequence it knows of, free the KV."""
+        leftovers = list(self._prefilling.rows) + list(self._running.rows) + list(self._waiting)
+        while True:
+            try:
+                kind, seq = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "add" and seq is not None:
+                with self._lock:
+                    self._pending -= 1
+                leftovers.append(seq)
+        for seq in leftovers:
+            if not seq.finished:
+                self._finish(seq, TokenEvent("", [], None, None), "cancelled")
+        with self._lock:
+            self._waiting.clear()
+            self._prefilling = KVBatch(self._device)
+            self._running = KVBatch(self._device)
+            self._prefix.clear()
+
+
+def _failure(exc: Exception) -> RuntimeError:
+    error = RuntimeError(f"generation failed: {type(exc).__name__}: {exc}")
+    error.__cause__ = exc
+    return error
+
+
+def _deliver(items: list[_Delivery]) -> None:
+    for seq, item in items:
+        seq.events.put_nowait(item)
+
+
+def _live(rows: list[_Seq]) -> int:
+    return sum(1 for s in list(rows) if not (s.finished or s.cancelled))
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), getattr(model, "config", None),
+                   tokenizer):
+        value = getattr(source, "eos_token_id", None)
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list | tuple):
+            ids.update(int(v) for v in value)
+    return frozenset(i for i in ids if i >= 0)
+
+
+def _pad_id(tokenizer: Any, eos: frozenset[int]) -> int:
+    pad = getattr(tokenizer, "pad_token_id", None)
+    if isinstance(pad, int) and pad >= 0:
+        return pad
+    return min(eos) if eos else 0
+
+
+def _context_length(model: Any) -> int:
+    config = model.config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for name in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
+        value = getattr(text, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 1 << 30
+
+
+def _kv_bytes_per_token(model: Any) -> int:
+    """Bytes of keys and values one token takes in the cache (all layers), from the config."""
+    config = model.config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    layers = int(getattr(text, "num_hidden_layers", 0) or 0)
+    heads = int(getattr(text, "num_attention_heads", 0) or 0)
+    kv_heads = int(getattr(text, "num_key_value_heads", 0) or heads)
+    head_dim = int(getattr(text, "head_dim", 0) or 0)
+    if not head_dim and heads:
+        head_dim = int(getattr(text, "hidden_size", 0) or 0) // heads
+    dtype = getattr(model, "dtype", torch.float32)
+    itemsize = torch.empty(0, dtype=dtype).element_size() if isinstance(dtype, torch.dtype) else 4
+    return 2 * layers * kv_heads * head_dim * itemsize
+
+
+def _forward_params(model: Any) -> set[str]:
+    import inspect
+
+    try:
+        return set(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError):
+        return set()

@@ -1,0 +1,211 @@
+"""The OpenAI-speaking HTTP face of an in-process transformers model.
+
+The engine serves each transformers model on a loopback port of its own, so the front relays to
+it exactly as it relays to llama-server: same routes, same response shapes (including
+llama-server's `timings`, which the Ollama API turns into its statistics).
+
+    GET  /health                  200 once the model is loaded
+    POST /v1/chat/completions     the model's chat template; JSON or SSE
+    POST /v1/completions          a raw prompt; JSON or SSE
+    POST /v1/embeddings           (embedding models)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from modelyard.engine.backends.transformers.generator import BatchGenerator, TokenEvent
+from modelyard.engine.backends.transformers.params import InvalidParams, SamplingParams
+
+Tokenize = Callable[[dict[str, Any]], list[int]]
+
+
+def error(status: int, message: str, param: str | None = None,
+          kind: str = "invalid_request_error") -> JSONResponse:
+    body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
+    return JSONResponse(body, status_code=status)
+
+
+def sse(payload: Any) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode() + \
+        b"\n\n"
+
+
+def timings(last: TokenEvent) -> dict[str, Any]:
+    """llama-server's `timings` fields, from the generator's own."""
+    t = last.timings or {}
+    usage = last.usage or {}
+    prompt_ms = float(t.get("prefill_ms", 0.0))
+    predicted_ms = float(t.get("decode_ms", 0.0))
+    n_prompt, n_pred = int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
+    return {
+        "cache_n": int(usage.get("cached_tokens", 0)),
+        "prompt_n": n_prompt, "prompt_ms": prompt_ms,
+        "prompt_per_second": 1e3 * n_prompt / prompt_ms if prompt_ms else 0.0,
+        "predicted_n": n_pred, "predicted_ms": predicted_ms,
+        "predicted_per_second": 1e3 * n_pred / predicted_ms if predicted_ms else 0.0,
+        "ttft_ms": float(t.get("ttft_ms", 0.0)), "queue_ms": float(t.get("queue_ms", 0.0)),
+    }
+
+
+def usage_of(last: TokenEvent) -> dict[str, Any]:
+    u = last.usage or {}
+    prompt, completion = int(u.get("prompt_tokens", 0)), int(u.get("completion_tokens", 0))
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": int(u.get("cached_tokens", 0))}}
+
+
+class Completion:
+    """One request: its ids, its envelope, and the two ways of answering it."""
+
+    def __init__(self, model_name: str, chat: bool, body: dict[str, Any]) -> None:
+        self.model_name = model_name
+        self.chat = chat
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+        options = body.get("stream_options")
+        self.include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+
+    def envelope(self, choices: list[Any], **extra: Any) -> dict[str, Any]:
+        obj = "chat.completion" if self.chat else "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created,
+                "model": self.model_name, "choices": choices, **extra}
+
+    def chunk_choice(self, event: TokenEvent, first: bool) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "finish_reason": event.finish_reason}
+        if self.chat:
+            delta: dict[str, Any] = {"content": event.text} if event.text else {}
+            if first:
+                delta = {"role": "assistant", **delta}
+            choice["delta"] = delta
+        else:
+            choice["text"] = event.text
+        if event.logprobs is not None:
+            choice["logprobs"] = {"content": event.logprobs}
+        return choice
+
+    async def stream(self, events: AsyncIterator[TokenEvent]) -> AsyncIterator[bytes]:
+        first = True
+        try:
+            async for event in events:
+                chunk = self.envelope([self.chunk_choice(event, first)])
+                if self.chat:
+                    chunk["object"] = "chat.completion.chunk"
+                first = False
+                if event.finish_reason is not None:
+                    chunk["timings"] = timings(event)
+                    yield sse(chunk)
+                    if self.include_usage:
+                        tail = self.envelope([], usage=usage_of(event))
+                        tail["object"] = chunk["object"]
+                        yield sse(tail)
+                    break
+                if event.text or event.logprobs:
+                    yield sse(chunk)
+            yield b"data: [DONE]\n\n"
+        finally:
+            await _close(events)  # a client that left cancels its sequence
+
+    async def whole(self, events: AsyncIterator[TokenEvent]) -> dict[str, Any]:
+        text, logprobs, last = [], [], None
+        try:
+            async for event in events:
+                text.append(event.text)
+                if event.logprobs:
+                    logprobs += event.logprobs
+                last = event
+        finally:
+            await _close(events)
+        assert last is not None
+        choice: dict[str, Any] = {"index": 0, "finish_reason": last.finish_reason,
+                                  "logprobs": {"content": logprobs} if logprobs else None}
+        if self.chat:
+            choice["message"] = {"role": "assistant", "content": "".join(text)}
+        else:
+            choice["text"] = "".join(text)
+        return self.envelope([choice], usage=usage_of(last), timings=timings(last))
+
+
+async def _close(events: AsyncIterator[TokenEvent]) -> None:
+    aclose = getattr(events, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
+def build_app(
+    model_name: str,
+    generator: BatchGenerator | None,
+    chat_ids: Tokenize,
+    prompt_ids: Tokenize,
+    embed: Callable[[dict[str, Any]], Any] | None = None,
+) -> Starlette:
+    """`chat_ids`/`prompt_ids` turn a request body into prompt token ids (raising ValueError
+    with a message for a body they cannot use)."""
+
+    async def health(_: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def complete(request: Request, chat: bool) -> Response:
+        if generator is None:
+            return error(400, f"'{model_name}' is an embedding model: use /v1/embeddings", "model")
+        try:
+            body = json.loads(await request.body())
+        except ValueError as exc:
+            return error(400, f"request body is not JSON: {exc}")
+        if not isinstance(body, dict):
+            return error(400, "request body must be a JSON object")
+        try:
+            params = SamplingParams.from_openai(body)
+        except InvalidParams as exc:
+            return error(400, str(exc), exc.param)
+        try:
+            ids = await asyncio.to_thread(chat_ids if chat else prompt_ids, body)
+        except (ValueError, TypeError, KeyError) as exc:
+            return error(400, str(exc), "messages" if chat else "prompt")
+        completion = Completion(model_name, chat, body)
+        try:
+            events = generator.generate(ids, params)
+        except InvalidParams as exc:  # an empty prompt, or one longer than the context
+            return error(400, str(exc), exc.param)
+        if body.get("stream"):
+            return StreamingResponse(completion.stream(events), media_type="text/event-stream")
+        return JSONResponse(await completion.whole(events))
+
+    async def chat_route(request: Request) -> Response:
+        return await complete(request, chat=True)
+
+    async def completions_route(request: Request) -> Response:
+        return await complete(request, chat=False)
+
+    async def stats(_: Request) -> Response:
+        return JSONResponse(generator.stats() if generator is not None else {})
+
+    async def embeddings(request: Request) -> Response:
+        if embed is None:
+            return error(400, f"'{model_name}' is not an embedding model", "model")
+        try:
+            body = json.loads(await request.body())
+            return JSONResponse(await asyncio.to_thread(embed, body))
+        except ValueError as exc:  # InvalidParams of either kind name the field
+            return error(400, str(exc), getattr(exc, "param", None))
+
+    routes = [
+        Route("/health", health), Route("/v1/health", health), Route("/stats", stats),
+        Route("/v1/chat/completions", chat_route, methods=["POST"]),
+        Route("/chat/completions", chat_route, methods=["POST"]),
+        Route("/v1/completions", completions_route, methods=["POST"]),
+        Route("/completions", completions_route, methods=["POST"]),
+        Route("/v1/embeddings", embeddings, methods=["POST"]),
+    ]
+    return Starlette(routes=routes)

