@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: run install llama-server demo-model demo-safetensors test test-unit test-integration test-e2e check bench-proxy bench-sched clean
+.PHONY: run install llama-server demo-model demo-safetensors test test-unit test-integration test-e2e check bench-proxy bench-sched bench-batch clean
 
 install: $(STAMP)
 
@@ -55,6 +55,10 @@ bench-proxy: install llama-server demo-model
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+
+# Continuous batching and the prefix cache vs one `generate` per request, on the demo model.
+bench-batch: install demo-safetensors
+	$(BIN)/python bench/batch_core.py --model "$(DEMO_ST)" --repeats 1
 
 bench-sched: install
 	$(BIN)/python bench/sched.py
