@@ -177,21 +177,13 @@ def list_models(url: UrlOption = DEFAULT_URL, config: ConfigOption = None) -> No
     console.print(table)
 
 
-def _post(url: str, path: str, body: dict[str, Any] | None = None) -> Any:
-    """POST to the server; its error message (native shape) becomes a clean exit."""
+def _call(method: str, url: str, path: str, body: Any = None) -> Any:
+    """`_request`, where an unreachable server ends the command with a clean message."""
     try:
-        r = httpx.post(url.rstrip("/") + path, json=body, timeout=httpx.Timeout(10.0, read=None))
-    except httpx.HTTPError as exc:
-        err_console.print(f"cannot reach modelyard at {url}: {exc}")
+        return _request(method, url, path, body)
+    except ConnectionError as exc:
+        err_console.print(str(exc))
         raise typer.Exit(1) from exc
-    if r.status_code >= 400:
-        try:
-            message = r.json().get("message", r.text)
-        except ValueError:
-            message = r.text
-        err_console.print(f"[red]error:[/red] {message}")
-        raise typer.Exit(1)
-    return r.json()
 
 
 @app.command()
@@ -204,7 +196,7 @@ def load(
 ) -> None:
     """Load a model now (evicting idle ones if memory is short)."""
     body = {"keep_alive_s": keep_alive} if keep_alive is not None else None
-    result = _post(url, f"/admin/models/{quote(model, safe='')}/load", body)
+    result = _call("POST", url, f"/admin/models/{quote(model, safe='')}/load", body)
     seconds = result.get("load_duration_ns", 0) / 1e9
     console.print(f"{result['model']} loaded on {result.get('engine')} ({seconds:.2f} s)")
 
@@ -215,7 +207,7 @@ def unload(
     url: UrlOption = DEFAULT_URL,
 ) -> None:
     """Unload a model once its requests in flight are done."""
-    result = _post(url, f"/admin/models/{quote(model, safe='')}/unload")
+    result = _call("POST", url, f"/admin/models/{quote(model, safe='')}/unload")
     if result["status"] == "unloaded":
         console.print(f"{result['model']} unloaded from {', '.join(result['engines'])}")
     else:
@@ -315,12 +307,7 @@ def pull(
         TransferSpeedColumn,
     )
 
-    try:
-        accepted = _request("POST", url, "/pull",
-                            {"model": model, "quantize": quantize, "init": init})
-    except ConnectionError as exc:
-        err_console.print(str(exc))
-        raise typer.Exit(1) from exc
+    accepted = _call("POST", url, "/pull", {"model": model, "quantize": quantize, "init": init})
     job_id = accepted["job_id"]
     columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
                TransferSpeedColumn(), TimeRemainingColumn())
@@ -359,11 +346,7 @@ def rm(
     url: UrlOption = DEFAULT_URL,
 ) -> None:
     """Delete a pulled (or forget an imported) model: unloaded, files removed, aliases gone."""
-    try:
-        _request("DELETE", url, f"/models/{quote(model, safe='')}")
-    except ConnectionError as exc:
-        err_console.print(str(exc))
-        raise typer.Exit(1) from exc
+    _call("DELETE", url, f"/models/{quote(model, safe='')}")
     console.print(f"deleted {model}")
 
 
@@ -373,11 +356,7 @@ def show(
     url: UrlOption = DEFAULT_URL,
 ) -> None:
     """Show a model's details: format, parameters, quantization, template, metadata."""
-    try:
-        info = _request("POST", url, "/api/show", {"model": model})
-    except ConnectionError as exc:
-        err_console.print(str(exc))
-        raise typer.Exit(1) from exc
+    info = _call("POST", url, "/api/show", {"model": model})
     details = info.get("details") or {}
     table = Table(show_header=False)
     for key in ("family", "parameter_size", "quantization_level", "format"):
