@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import math
 import os
 import subprocess
@@ -55,6 +56,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             # The same model through transformers' own GGUF loader (dequantized at load).
             {"id": "smol-tf-gguf", "backend": "transformers", "path": str(gguf.parent),
              "gguf_file": gguf.name},
+            # 4-bit needs CUDA and bitsandbytes: here, a 400 that says so.
+            {"id": "smol-q4", "backend": "transformers", "path": str(repo), "quantize": "q4"},
         ],
         # `modelyard run` sends no sampling parameters: a preset makes it greedy.
         "presets": [{"id": "smol-greedy", "model": "smol-tf",
@@ -109,37 +112,69 @@ def test_the_gguf_file_through_transformers_answers_like_the_safetensors_repo(
     assert greedy("smol-tf-gguf") == greedy("smol-tf")
 
 
-def test_concurrent_streams_interleave(server: Server) -> None:
-    """Tokens of several requests arrive between each other, not one request after another."""
+def test_concurrent_streams_interleave_and_answer_as_alone(
+    server: Server, oai: openai.OpenAI
+) -> None:
+    """Tokens of several requests arrive between each other, not one request after another,
+    and each greedy answer is the one the request gets alone."""
+    prompts = [[{"role": "user", "content": f"Count to {i + 3}."}] for i in range(4)]
+    alone = [
+        oai.chat.completions.create(model="smol-tf", messages=p, max_tokens=16,  # type: ignore[arg-type]
+                                    temperature=0).choices[0].message.content
+        for p in prompts
+    ]
 
-    async def run() -> list[tuple[float, int]]:
+    async def run() -> tuple[list[tuple[float, int]], list[str]]:
         arrivals: list[tuple[float, int]] = []
+        texts = [""] * len(prompts)
         async with httpx.AsyncClient(base_url=server.url, timeout=240) as client:
 
             async def one(i: int) -> None:
                 body = {"model": "smol-tf", "stream": True, "max_tokens": 16, "temperature": 0,
-                        "messages": [{"role": "user", "content": f"Count to {i + 3}."}]}
+                        "messages": prompts[i]}
                 async with client.stream("POST", "/v1/chat/completions", json=body) as r:
                     assert r.status_code == 200
                     async for line in r.aiter_lines():
                         if line.startswith("data:") and '"content"' in line:
                             arrivals.append((time.monotonic(), i))
+                            delta = json.loads(line[5:])["choices"][0]["delta"]
+                            texts[i] += delta.get("content") or ""
 
-            await asyncio.gather(*(one(i) for i in range(4)))
-        return arrivals
+            await asyncio.gather(*(one(i) for i in range(len(prompts))))
+        return arrivals, texts
 
-    arrivals = sorted(asyncio.run(run()))
-    order = [i for _, i in arrivals]
+    arrivals, texts = asyncio.run(run())
+    order = [i for _, i in sorted(arrivals)]
     switches = sum(1 for a, b in itertools.pairwise(order) if a != b)
     # Served one after another there would be 3 switches; batched, many.
     assert switches >= 8, order
+    assert texts == alone
+    stats = next(m for e in httpx.get(server.url + "/status", timeout=10).json()["engines"]
+                 for m in e["models"] if m["model"] == "smol-tf")["backend_stats"]
+    assert stats["batch_size_avg"] > 1 and stats["tokens_generated"] > 0
 
 
-def test_bad_sampling_values_are_400(oai: openai.OpenAI) -> None:
+def test_bad_sampling_values_and_impossible_quantization_are_400(oai: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as err:
         oai.chat.completions.create(model="smol-tf", messages=QUESTION,  # type: ignore[arg-type]
                                     top_p=1.5)
     assert "top_p" in str(err.value)
+    with pytest.raises(openai.BadRequestError) as err:
+        oai.chat.completions.create(model="smol-q4", messages=QUESTION)  # type: ignore[arg-type]
+    assert "CUDA" in str(err.value)
+
+
+def test_a_second_turn_reuses_the_prefix_cache(server: Server, oai: openai.OpenAI) -> None:
+    history = [{"role": "system", "content": "You are a geography teacher. " * 30},
+               *QUESTION]
+    first = oai.chat.completions.create(model="smol-tf", messages=history,  # type: ignore[arg-type]
+                                        max_tokens=8, temperature=0)
+    second_turn = [*history, {"role": "assistant", "content": first.choices[0].message.content},
+                   {"role": "user", "content": "And of Italy?"}]
+    second = oai.chat.completions.create(model="smol-tf", messages=second_turn,  # type: ignore[arg-type]
+                                         max_tokens=8, temperature=0)
+    assert second.usage is not None and second.usage.prompt_tokens_details is not None
+    assert (second.usage.prompt_tokens_details.cached_tokens or 0) > 100
 
 
 def test_embeddings_through_openai_and_ollama(server: Server, oai: openai.OpenAI) -> None:

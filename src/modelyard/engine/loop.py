@@ -657,9 +657,16 @@ class Engine:
                         "measured_bytes": rt.measured_bytes if server else None,
                         "host_bytes": server.memory_bytes() if server else None,
                     },
+                    # What the backend says of itself (batching, prefix-cache hit rate…).
+                    "backend_stats": _backend_stats(server),
                     "restarts": rt.restarts,
                     "last_error": rt.last_error.message if rt.last_error else None,
                     "cooldown_s": max(0.0, rt.cooldown_until - now) or None,
                 }
             )
         return out
+
+
+def _backend_stats(server: Backend | None) -> dict[str, Any] | None:
+    stats = getattr(server, "stats", None)
+    return stats() if callable(stats) else None

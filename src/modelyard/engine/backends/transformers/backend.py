@@ -64,6 +64,10 @@ class TransformersBackend:
     def tail(self, lines: int) -> list[str]:
         return self._log[-lines:]
 
+    def stats(self) -> dict[str, Any] | None:
+        """Batching and prefix-cache figures, for /status."""
+        return self._generator.stats() if self._generator is not None else None
+
     async def start(self, on_spawn: Callable[[int], None] | None = None) -> None:
         try:
             app = await self._load()
