@@ -315,3 +315,24 @@ def test_estimate_model_without_a_repo_dir_is_none(
     if where == "file":
         write_safetensors(tmp_path / "w.safetensors", {"w": ("F16", [8, 8])})
     assert estimate_model(spec(path), settings) is None
+
+
+def test_a_transformers_model_counts_every_slot_and_the_prefix_cache(
+    tmp_path: Path, settings: Settings
+) -> None:
+    from modelyard.config import TransformersModel
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    data = write_safetensors(repo / "model.safetensors", TENSORS)
+    write_config(repo, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                 hidden_size=64)
+    model = TransformersModel(id="tf", path=repo, ctx_size=256, max_batch_size=4,
+                              prefix_cache_tokens=1000)
+    est = estimate_model(model, settings)
+    assert est is not None
+    cells = 256 * 4 + 1000  # all slots at full context, plus the prefix cache
+    assert est.kv_cache_bytes == 2 * 2 * 16 * cells * 2 * 2
+    assert est.weights_bytes == data
+    four_bit = estimate_model(model.model_copy(update={"quantize": "q4"}), settings)
+    assert four_bit is not None and four_bit.weights_bytes < data

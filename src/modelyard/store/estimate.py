@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from modelyard.config import LlamaCppModel, ModelSpec, Settings
+from modelyard.config import LlamaCppModel, ModelSpec, Settings, TransformersModel
 from modelyard.store.gguf import GgufError, GgufInfo, MetadataValue, read_gguf_info
 
 log = logging.getLogger("modelyard.store")
@@ -219,6 +219,14 @@ def estimate_model(spec: ModelSpec, settings: Settings) -> MemoryEstimate | None
                 ctx_size=spec.ctx_size or settings.default_ctx_size,
                 parallel=settings.llama_server_parallel,
                 mmproj_path=spec.mmproj,
+            )
+        if isinstance(spec, TransformersModel) and spec.path.is_dir():
+            # Worst case in the batching loop: every slot at the full context, plus what the
+            # prefix cache may hold.
+            ctx = spec.ctx_size or settings.default_ctx_size
+            cells = ctx * spec.max_batch_size + spec.prefix_cache_tokens
+            return estimate_safetensors(
+                spec.path, ctx_size=cells, quantize_4bit=spec.quantize == "q4"
             )
         if spec.path is not None and spec.path.is_dir():
             return estimate_safetensors(
