@@ -23,6 +23,7 @@ import collections
 import contextlib
 import dataclasses
 import logging
+import math
 import os
 import time
 import uuid
@@ -115,6 +116,9 @@ class Engine:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._placing = asyncio.Lock()
         self._changed = asyncio.Event()  # replaced on every change; waiters re-plan
+        self._waiters = 0  # loads and unloads waiting for a change
+        self._estimates: dict[str, MemoryEstimate | None] = {}  # read ahead of cold loads
+        self._reaper_wakes_at = math.inf  # when the keep-alive reaper looks next
         self._cool = asyncio.Event()
         self._cool.set()
         self.paused_reason: str | None = None
@@ -197,8 +201,22 @@ class Engine:
         rt = self._models[model_id]
         rt.leases.discard(lease_id)
         rt.last_used = self.clock()
-        if not rt.leases:
-            self._notify()  # a waiting load may now evict it; keep_alive 0 may unload it
+        if rt.leases:
+            return
+        # Wake whoever must act now: a load waiting for this model to go idle, or the reaper if
+        # this model expires before the reaper's next look. Usually nobody (the hot path).
+        keep_alive = self._keep_alive(rt)
+        expires = rt.last_used + keep_alive if keep_alive is not None else math.inf
+        if self._waiters or expires < self._reaper_wakes_at:
+            self._notify()
+
+    async def _wait_for(self, changed: asyncio.Event, timeout: float | None) -> None:
+        """Wait for a change, counted, so releases know someone needs waking."""
+        self._waiters += 1
+        try:
+            await asyncio.wait_for(changed.wait(), timeout)
+        finally:
+            self._waiters -= 1
 
     def _notify(self) -> None:
         self._changed.set()
@@ -363,7 +381,7 @@ class Engine:
                     retry_after_s=5.0,
                 )
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), remaining)
+                await self._wait_for(changed, remaining)
 
     async def _evict(
         self, victims: tuple[str, ...], *, for_model: str | None, reason: str = "unload"
@@ -415,15 +433,23 @@ class Engine:
                     await self._evict((rt.entry.id,), for_model=None, reason="unload")
                     return True
                 changed = self._changed
-            await changed.wait()
+            await self._wait_for(changed, None)
 
     # ---- background duties ----------------------------------------------------------------
 
     def start(self) -> None:
         """Start the keep-alive reaper and the thermal watch (call from the engine's loop)."""
         self._ensure_reaper()
+        self._spawn(self._prefetch_estimates(), "estimates")
         if self.settings.thermal.enabled:
             self._spawn(self._watch_thermal(), "thermal")
+
+    async def _prefetch_estimates(self) -> None:
+        """Read every known model's estimate now, so a cold load does not wait for it."""
+        for entry in self.registry.entries():
+            if entry.id not in self._estimates:
+                found = await asyncio.to_thread(estimate_model, entry.spec, self.settings)
+                self._estimates.setdefault(entry.id, found)
 
     async def _watch_thermal(self) -> None:
         t = self.settings.thermal
@@ -463,7 +489,8 @@ class Engine:
                 continue
             deadlines = [r.last_used + r.keep_alive_s for r in idle
                          if r.keep_alive_s is not None and not r.pinned]
-            timeout = max(0.0, min(deadlines) - now) if deadlines else None
+            self._reaper_wakes_at = min(deadlines, default=math.inf)
+            timeout = max(0.0, self._reaper_wakes_at - now) if deadlines else None
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), timeout)
 
@@ -472,7 +499,10 @@ class Engine:
     async def _load(self, rt: _Runtime) -> None:
         started = self.clock()
         if rt.estimate is None:
-            rt.estimate = await asyncio.to_thread(estimate_model, rt.spec, self.settings)
+            if rt.entry.id not in self._estimates:
+                found = await asyncio.to_thread(estimate_model, rt.spec, self.settings)
+                self._estimates.setdefault(rt.entry.id, found)
+            rt.estimate = self._estimates[rt.entry.id]
         try:
             spec = rt.spec
             # Before placing: a model that cannot run here must not evict anything.

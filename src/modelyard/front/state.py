@@ -30,7 +30,7 @@ from modelyard.front.engines import EngineClient
 from modelyard.front.jobs import PullJobs
 from modelyard.front.presets import apply_preset_bytes
 from modelyard.front.proxy import Relay, send_upstream
-from modelyard.front.queueing import Limits, ModelQueues, Slot
+from modelyard.front.queueing import Limits, ModelQueues
 from modelyard.front.routing import EngineView, pick_engine, view_from_status
 from modelyard.store.estimate import estimate_model
 from modelyard.store.registry import Entry, ModelRegistry
@@ -178,15 +178,6 @@ class FrontState:
             concurrency, self.settings.max_queue if max_queue is None else max_queue
         )
 
-    async def admit(
-        self, entry: Entry, engine: EngineClient, priority: int = 0
-    ) -> Slot:
-        """A place among the requests `entry` serves at once (waiting in its queue if need be)."""
-        return await self.queues.acquire(
-            entry.id, self.limits(entry, engine), priority=priority,
-            timeout_s=self.settings.queue_timeout_s,
-        )
-
     async def engine_statuses(self) -> list[dict[str, Any]]:
         """Every engine's /status, named; an engine that does not answer says why."""
         out = []
@@ -227,17 +218,29 @@ class FrontState:
         queue, for a load) takes it out of the queue at once; `on_progress` hears what a load
         it waits for does (swap progress)."""
         call = Call(path, payload, content_type, keep_alive_s, priority, on_progress)
-        work = self._open_relay(model, call)
-        if client is None:
-            return await work
-        return await unless_disconnected(client, work, Relay.close)
-
-    async def _open_relay(self, model: str, call: Call) -> Relay:
         entry = await self.resolve(model)
         if entry.preset is not None and call.content_type == "application/json":
             call = replace(call, payload=apply_preset_bytes(entry.preset, call.payload))
         engine = await self.route(entry)
-        slot = await self.admit(entry, engine, call.priority)
+        limits = self.limits(entry, engine)
+        # Waiting (a full queue, a cold model) watches the client, so one that leaves stops
+        # waiting; a request served at once skips the watch, which costs two tasks.
+        must_wait = (
+            self.queues.running(entry.id) >= limits.max_concurrency
+            or self.queues.queued(entry.id) > 0
+            or (engine.name, entry.id) not in self.upstreams
+        )
+        work = self._open_relay(entry, engine, limits, call)
+        if client is None or not must_wait:
+            return await work
+        return await unless_disconnected(client, work, Relay.close)
+
+    async def _open_relay(
+        self, entry: Entry, engine: EngineClient, limits: Limits, call: Call
+    ) -> Relay:
+        slot = await self.queues.acquire(
+            entry.id, limits, priority=call.priority, timeout_s=self.settings.queue_timeout_s
+        )
         self.inflight[engine.name] = self.inflight.get(engine.name, 0) + 1
 
         def done() -> None:

@@ -14,6 +14,7 @@ from modelyard.config import (
     Settings,
     TransformersModel,
 )
+from modelyard.engine.backends.openai_server import ChildServer  # imported now: not on a load
 from modelyard.errors import BackendUnavailable
 
 
@@ -57,8 +58,6 @@ def make_backend(
 
         return ServiceBackend(spec, settings)
     if isinstance(spec, TransformersModel) and use_vllm(spec):
-        from modelyard.engine.backends.openai_server import ChildServer
-
         return ChildServer(vllm_spec(spec), settings, env=env)
     if isinstance(spec, TransformersModel):
         try:
@@ -70,8 +69,6 @@ def make_backend(
                 model=spec.id,
             ) from exc
         return TransformersBackend(spec, settings)
-    from modelyard.engine.backends.openai_server import ChildServer
-
     return ChildServer(spec, settings, env=env)
 
 
