@@ -50,7 +50,7 @@ from modelyard.errors import (
 )
 from modelyard.hw.devices import describe_devices
 from modelyard.hw.thermal import DEFAULT_THRESHOLDS, ThermalSensors, engine_paused
-from modelyard.store.estimate import MemoryEstimate, estimate_model
+from modelyard.store.estimate import MemoryEstimate, estimate_model, serving_bytes
 from modelyard.store.registry import Entry, ModelRegistry
 from modelyard.types import Lease
 
@@ -82,7 +82,6 @@ class _Runtime:
     load_duration_s: float | None = None
     last_used: float = 0.0
     restarts: int = 0
-    estimate: MemoryEstimate | None = None
     reserved_bytes: int = 0  # what the ledger promised it when it was placed
     pid: int | None = None  # the process holding its memory, from spawn to stop
     measured_bytes: int | None = None  # what the device shows that process holding now
@@ -262,14 +261,8 @@ class Engine:
     # ---- placement ------------------------------------------------------------------------
 
     def _want_bytes(self, rt: _Runtime) -> int:
-        spec = rt.spec
-        if spec.vram_bytes is not None:
-            return spec.vram_bytes
-        if isinstance(spec, ServiceModel):
-            return 0 if spec.self_managed else spec.vram_resident_mib * MIB
-        if rt.known_bytes:
-            return rt.known_bytes  # measured on an earlier load: better than any estimate
-        return rt.estimate.total_bytes if rt.estimate else (rt.entry.size_bytes or 0)
+        return serving_bytes(rt.spec, self._estimates.get(rt.entry.id),
+                             measured=rt.known_bytes, file_bytes=rt.entry.size_bytes)
 
     def _keep_alive(self, rt: _Runtime) -> float | None:
         if rt.spec.pinned:
@@ -498,11 +491,9 @@ class Engine:
 
     async def _load(self, rt: _Runtime) -> None:
         started = self.clock()
-        if rt.estimate is None:
-            if rt.entry.id not in self._estimates:
-                found = await asyncio.to_thread(estimate_model, rt.spec, self.settings)
-                self._estimates.setdefault(rt.entry.id, found)
-            rt.estimate = self._estimates[rt.entry.id]
+        if rt.entry.id not in self._estimates:
+            found = await asyncio.to_thread(estimate_model, rt.spec, self.settings)
+            self._estimates.setdefault(rt.entry.id, found)
         try:
             spec = rt.spec
             # Before placing: a model that cannot run here must not evict anything.
@@ -655,6 +646,7 @@ class Engine:
         now = self.clock()
         for rt in self._models.values():
             server = rt.server
+            estimate = self._estimates.get(rt.entry.id)
             keep_alive = self._keep_alive(rt)
             idle = rt.state is ModelState.READY and not rt.leases
             out.append(
@@ -681,8 +673,8 @@ class Engine:
                         now - rt.waiting_since if rt.waiting_since is not None else None
                     ),
                     "memory": {
-                        "estimate_bytes": rt.estimate.total_bytes if rt.estimate else None,
-                        "estimate": rt.estimate.to_json() if rt.estimate else None,
+                        "estimate_bytes": estimate.total_bytes if estimate else None,
+                        "estimate": estimate.to_json() if estimate else None,
                         "reserved_bytes": rt.reserved_bytes if server or rt.load else None,
                         "measured_bytes": rt.measured_bytes if server else None,
                         "host_bytes": server.memory_bytes() if server else None,

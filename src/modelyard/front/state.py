@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
-from modelyard.config import ServiceModel, Settings
+from modelyard.config import Settings
 from modelyard.engine import scheduler
 from modelyard.errors import (
     ClientClosedRequest,
@@ -32,7 +32,7 @@ from modelyard.front.presets import apply_preset_bytes
 from modelyard.front.proxy import Relay, send_upstream
 from modelyard.front.queueing import Limits, ModelQueues
 from modelyard.front.routing import EngineView, pick_engine, view_from_status
-from modelyard.store.estimate import estimate_model
+from modelyard.store.estimate import MemoryEstimate, estimate_model, serving_bytes
 from modelyard.store.registry import Entry, ModelRegistry
 from modelyard.types import Lease
 
@@ -54,7 +54,7 @@ class FrontState:
     queues: ModelQueues = field(default_factory=ModelQueues)
     # Requests in flight per engine: "least queued work" when routing a cold model.
     inflight: dict[str, int] = field(default_factory=dict)
-    estimates: dict[str, int] = field(default_factory=dict)  # model → bytes, for routing
+    estimates: dict[str, MemoryEstimate | None] = field(default_factory=dict)  # for routing
     jobs: PullJobs | None = None
     db: sa.Engine | None = None
 
@@ -157,15 +157,11 @@ class FrontState:
         return views
 
     async def _want_bytes(self, entry: Entry) -> int:
-        spec = entry.spec
-        if spec.vram_bytes is not None:
-            return spec.vram_bytes
-        if isinstance(spec, ServiceModel):
-            return 0 if spec.self_managed else spec.vram_resident_mib * 2**20
         if entry.id not in self.estimates:
-            found = await asyncio.to_thread(estimate_model, spec, self.settings)
-            self.estimates[entry.id] = found.total_bytes if found else (entry.size_bytes or 0)
-        return self.estimates[entry.id]
+            self.estimates[entry.id] = await asyncio.to_thread(
+                estimate_model, entry.spec, self.settings
+            )
+        return serving_bytes(entry.spec, self.estimates[entry.id], file_bytes=entry.size_bytes)
 
     def limits(self, entry: Entry, engine: EngineClient) -> Limits:
         """max_concurrency: the model's, else its engine's, else the server's (same for queues)."""

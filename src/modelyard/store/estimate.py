@@ -14,7 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from modelyard.config import LlamaCppModel, ModelSpec, Settings, TransformersModel
+from modelyard.config import (
+    LlamaCppModel,
+    ModelSpec,
+    ServiceModel,
+    Settings,
+    TransformersModel,
+)
 from modelyard.store.gguf import GgufError, GgufInfo, MetadataValue, read_gguf_info
 
 log = logging.getLogger("modelyard.store")
@@ -208,6 +214,25 @@ def _hf_kv_cache_bytes(config: dict[str, Any], cells: int, dtype_bytes: int = 2)
     kv_heads = int(config.get("num_key_value_heads") or heads)
     head_dim = int(config.get("head_dim") or (int(config.get("hidden_size") or 0) // heads))
     return 2 * layers * kv_heads * head_dim * cells * dtype_bytes
+
+
+def serving_bytes(
+    spec: ModelSpec,
+    estimate: MemoryEstimate | None,
+    *,
+    measured: int | None = None,
+    file_bytes: int | None = None,
+) -> int:
+    """What placing `spec` must make room for — the one rule the engine plans with and the
+    front routes with: a declared `vram_bytes`; a service's resident memory (none for one that
+    manages its own); what an earlier load measured; the estimate; the files' size."""
+    if spec.vram_bytes is not None:
+        return spec.vram_bytes
+    if isinstance(spec, ServiceModel):
+        return 0 if spec.self_managed else spec.vram_resident_mib * MIB
+    if measured:
+        return measured
+    return estimate.total_bytes if estimate else (file_bytes or 0)
 
 
 def estimate_model(spec: ModelSpec, settings: Settings) -> MemoryEstimate | None:
