@@ -92,6 +92,13 @@ def serve(
     except (FileNotFoundError, ValueError) as exc:
         err_console.print(f"[red]config error:[/red] {exc}")
         raise typer.Exit(2) from exc
+    from modelyard.front.auth import check_bind
+
+    try:
+        check_bind(settings)
+    except ValueError as exc:
+        err_console.print(f"[red]refusing to start:[/red] {exc}")
+        raise typer.Exit(2) from exc
     settings.home.mkdir(parents=True, exist_ok=True)
     settings.models_dir.mkdir(parents=True, exist_ok=True)
 
@@ -130,9 +137,21 @@ def serve(
     )
 
 
+def _home() -> Path:
+    return Path(os.environ.get("MODELYARD_HOME", Path.home() / ".modelyard")).expanduser()
+
+
+def auth_headers() -> dict[str, str]:
+    """The CLI authenticates with MODELYARD_TOKEN, else the admin token first boot wrote."""
+    from modelyard.front.tokens import read_cli_token
+
+    token = read_cli_token(_home())
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
 def _get(url: str, path: str) -> Any:
     try:
-        r = httpx.get(url.rstrip("/") + path, timeout=10.0)
+        r = httpx.get(url.rstrip("/") + path, timeout=10.0, headers=auth_headers())
     except httpx.HTTPError as exc:
         raise ConnectionError(f"cannot reach modelyard at {url}: {exc}") from exc
     r.raise_for_status()
@@ -270,7 +289,8 @@ def ps(url: UrlOption = DEFAULT_URL) -> None:
 def _request(method: str, url: str, path: str, body: Any = None) -> Any:
     """A call to the server; its error message (any API shape) becomes a clean exit."""
     try:
-        r = httpx.request(method, url.rstrip("/") + path, json=body, timeout=30.0)
+        r = httpx.request(method, url.rstrip("/") + path, json=body, timeout=30.0,
+                          headers=auth_headers())
     except httpx.HTTPError as exc:
         raise ConnectionError(f"cannot reach modelyard at {url}: {exc}") from exc
     if r.status_code >= 400:
@@ -398,7 +418,8 @@ def run(
 ) -> None:
     """Stream an answer to PROMPT, or open an interactive chat when no prompt is given."""
     messages: list[dict[str, str]] = []
-    with httpx.Client(base_url=url, timeout=httpx.Timeout(10.0, read=None)) as client:
+    with httpx.Client(base_url=url, timeout=httpx.Timeout(10.0, read=None),
+                      headers=auth_headers()) as client:
         try:
             if prompt is not None:
                 _stream_chat(client, model, [{"role": "user", "content": prompt}])
@@ -434,6 +455,16 @@ def config_schema() -> None:
 def version() -> None:
     """Print modelyard's version."""
     console.print(__version__)
+
+
+def _register_account_commands() -> None:
+    from modelyard.cli_accounts import tokens_app, users_app
+
+    app.add_typer(users_app, name="users")
+    app.add_typer(tokens_app, name="tokens")
+
+
+_register_account_commands()
 
 
 def main() -> None:

@@ -248,6 +248,27 @@ class Settings(BaseSettings):
     )
     host: str = Field("127.0.0.1", description="Address the public front binds.")
     port: int = Field(8770, ge=0, le=65535, description="Public port of the front.")
+    auth: Literal["auto", "required", "none"] = Field(
+        "auto", description="`auto`: on loopback the inference APIs are open and the Studio and "
+        "management routes need a login or an admin token; on any other address everything but "
+        "/health and the login needs auth. `required`: auth everywhere. `none`: no auth "
+        "(loopback only). Env MODELYARD_AUTH.",
+    )
+    session_ttl_s: float = Field(
+        7 * 86400.0, gt=0, description="How long a Web Studio login lasts."
+    )
+    allowed_hosts: list[str] = Field(
+        default_factory=list, description="Host names clients may use besides the bound address "
+        "(and localhost on loopback); requests naming any other Host are refused (DNS "
+        "rebinding). Empty with a wildcard bind (0.0.0.0): any.",
+    )
+    cors_origins: list[str] = Field(
+        default_factory=list, description="Origins allowed to call the API from a browser "
+        "(CORS); empty = same origin only.",
+    )
+    max_body_bytes: int = Field(
+        16 * 1024 * 1024, gt=0, description="Largest request body accepted (413 beyond)."
+    )
     model_dirs: list[UserPath] = Field(
         default_factory=list,
         description="Extra directories scanned for GGUF files ($home/models is always scanned).",

@@ -1,6 +1,7 @@
 """modelyard's database: SQLite under MODELYARD_HOME by default, through SQLAlchemy Core.
 
-What must survive a restart lives here: pull jobs, the models pulled and imported, aliases.
+What must survive a restart lives here: pull jobs, the models pulled and imported, aliases,
+users, their sessions and API tokens, and the archive index.
 SQLite runs in WAL mode so the front writes while engines read (they list pulled models).
 Calls are blocking and short; async callers run them with `asyncio.to_thread`.
 """
@@ -59,6 +60,63 @@ aliases = sa.Table(
     metadata,
     sa.Column("name", sa.String, primary_key=True),
     sa.Column("model", sa.String, nullable=False),
+)
+
+
+users = sa.Table(
+    "users",
+    metadata,
+    sa.Column("name", sa.String(64), primary_key=True),
+    sa.Column("password_hash", sa.String, nullable=False),  # argon2id
+    sa.Column("is_admin", sa.Boolean, nullable=False, default=False),
+    sa.Column("must_change_password", sa.Boolean, nullable=False, default=False),
+    sa.Column("archive_retention", sa.String(8)),  # the user's default; None = server default
+    sa.Column("created_at", sa.Float, nullable=False),
+)
+
+# A web session: the signed cookie carries only the id; logout or a password change deletes it.
+sessions = sa.Table(
+    "sessions",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("user", sa.String(64), nullable=False, index=True),
+    sa.Column("csrf", sa.String(64), nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("expires_at", sa.Float, nullable=False),
+)
+
+# API bearer tokens: shown once, stored as a SHA-256 of the token (they are 256-bit random, so a
+# slow hash adds nothing but latency on every request).
+tokens = sa.Table(
+    "tokens",
+    metadata,
+    sa.Column("id", sa.String(32), primary_key=True),
+    sa.Column("name", sa.String(64), nullable=False),
+    sa.Column("owner", sa.String(64), nullable=False, index=True),
+    sa.Column("token_hash", sa.String(64), nullable=False, unique=True),
+    sa.Column("prefix", sa.String(16), nullable=False),  # to recognise it in lists
+    sa.Column("scopes", sa.JSON, nullable=False),  # ["inference"] or ["inference", "admin"]
+    sa.Column("archive_retention", sa.String(8)),  # default retention of what it archives
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("expires_at", sa.Float),
+    sa.Column("last_used_at", sa.Float),
+)
+
+# Generated files and transcripts; the bytes live under $MODELYARD_HOME/archive/<id>.
+archive = sa.Table(
+    "archive",
+    metadata,
+    sa.Column("id", sa.String(32), primary_key=True),
+    sa.Column("owner", sa.String(64), index=True),  # None: anonymous (loopback, auth auto)
+    sa.Column("kind", sa.String(16), nullable=False),  # chat | image | speech | transcription
+    sa.Column("model", sa.String),
+    sa.Column("filename", sa.String, nullable=False),  # the download name, never a path
+    sa.Column("media_type", sa.String, nullable=False),
+    sa.Column("size_bytes", sa.BigInteger, nullable=False),
+    sa.Column("retention", sa.String(8), nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("expires_at", sa.Float, index=True),  # None: kept forever
+    sa.Column("meta", sa.JSON, nullable=False, default=dict),
 )
 
 

@@ -6,6 +6,14 @@
     ├── ModelNotPulled              404 model_not_pulled     (says the pull command)
     ├── JobNotFound                 404 job_not_found
     ├── RouteNotFound               404 not_found            (no such endpoint)
+    ├── ArchiveItemNotFound         404 archive_item_not_found (or not yours)
+    ├── Unauthorized                401 unauthorized         (no or bad credentials)
+    ├── Forbidden                   403 forbidden            (credentials lack the scope/role)
+    ├── PasswordChangeRequired      403 password_change_required (first login: change it first)
+    ├── CsrfFailed                  403 csrf_failed          (cookie request without X-CSRF-Token)
+    ├── HostNotAllowed              421 host_not_allowed     (Host header is not the bound name)
+    ├── PayloadTooLarge             413 payload_too_large    (body over max_body_bytes)
+    ├── Conflict                    409 conflict             (e.g. the user exists already)
     ├── MethodNotAllowed            405 method_not_allowed
     ├── BackendUnavailable          503 backend_unavailable  (e.g. no llama-server binary)
     ├── ModelLoadFailed             503 model_load_failed    (carries the child's last log lines)
@@ -130,6 +138,56 @@ class JobNotFound(ModelyardError):
 
     def __init__(self, job_id: str) -> None:
         super().__init__(f"no pull job {job_id!r}; GET /jobs lists them")
+
+
+class ArchiveItemNotFound(ModelyardError):
+    status = 404
+    code = "archive_item_not_found"
+
+    def __init__(self, item_id: str) -> None:
+        super().__init__(f"no archive item {item_id!r} (or it is not yours); GET /archive lists "
+                         "yours")
+
+
+class Unauthorized(ModelyardError):
+    status = 401
+    code = "unauthorized"
+    openai_type = "authentication_error"
+
+    def headers(self) -> dict[str, str]:
+        return {"WWW-Authenticate": 'Bearer realm="modelyard"'}
+
+
+class Forbidden(ModelyardError):
+    status = 403
+    code = "forbidden"
+    openai_type = "permission_error"
+
+
+class PasswordChangeRequired(Forbidden):
+    code = "password_change_required"
+
+
+class CsrfFailed(Forbidden):
+    code = "csrf_failed"
+
+
+class HostNotAllowed(ModelyardError):
+    status = 421
+    code = "host_not_allowed"
+    openai_type = "invalid_request_error"
+
+
+class PayloadTooLarge(ModelyardError):
+    status = 413
+    code = "payload_too_large"
+    openai_type = "invalid_request_error"
+
+
+class Conflict(ModelyardError):
+    status = 409
+    code = "conflict"
+    openai_type = "invalid_request_error"
 
 
 class RouteNotFound(ModelyardError):

@@ -31,7 +31,7 @@ from modelyard.embeddings_shapes import (
 )
 from modelyard.errors import ModelNotFound, ModelyardError, UpstreamError
 from modelyard.front.api import embeddings
-from modelyard.front.app import render_error
+from modelyard.front.render import render_error
 from modelyard.types import Lease
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]

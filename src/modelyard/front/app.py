@@ -10,23 +10,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import sys
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 
 from modelyard import db
 from modelyard.config import Settings
 from modelyard.errors import MethodNotAllowed, ModelyardError, RouteNotFound
+from modelyard.front import accounts, auth, tokens
+from modelyard.front.api import accounts as accounts_api
 from modelyard.front.api import admin, embeddings, native, ollama, openai, pulls, services
 from modelyard.front.engines import EngineClient, HttpEngineClient, LocalEngineClient
 from modelyard.front.jobs import PullJobs
 from modelyard.front.proxy import new_upstream_session
+from modelyard.front.render import render_error
 from modelyard.front.state import FrontState
 from modelyard.front.supervisor import EngineSupervisor, plan_engines
 from modelyard.hw.simulated import parse_simulated_gpus
@@ -34,24 +40,6 @@ from modelyard.hw.smi import query_gpus
 from modelyard.store.registry import ModelRegistry
 
 log = logging.getLogger("modelyard.front")
-
-
-def render_error(request: Request, exc: ModelyardError) -> Response:
-    path = request.url.path
-    if path.startswith(services.PATH_PREFIXES):
-        body = exc.native_body()
-    elif path.startswith("/v1/"):
-        body = exc.openai_body()
-    elif path.startswith("/api/"):
-        body = exc.ollama_body()
-    else:
-        body = exc.native_body()
-    return Response(
-        orjson.dumps(body),
-        status_code=exc.status,
-        headers=exc.headers(),
-        media_type="application/json",
-    )
 
 
 async def _on_modelyard_error(request: Request, exc: Exception) -> Response:
@@ -105,8 +93,9 @@ def create_app(
     app = Starlette(
         routes=[
             *openai.routes, *services.routes, *ollama.routes, *native.routes, *admin.routes,
-            *pulls.routes, *embeddings.routes,
+            *pulls.routes, *embeddings.routes, *accounts_api.routes,
         ],
+        middleware=_middleware(settings),
         lifespan=lifespan,
         exception_handlers={
             ModelyardError: _on_modelyard_error,
@@ -117,11 +106,44 @@ def create_app(
     return app
 
 
+def _middleware(settings: Settings) -> list[Middleware]:
+    """CORS (only when origins are configured) outside the auth gate, so a browser's preflight
+    is answered without credentials, as the CORS protocol requires."""
+    stack = []
+    if settings.cors_origins:
+        stack.append(Middleware(
+            CORSMiddleware, allow_origins=settings.cors_origins, allow_credentials=True,
+            allow_methods=["*"], allow_headers=["*"]))
+    stack.append(Middleware(auth.AuthGate, settings=settings))
+    return stack
+
+
+async def _open_accounts(state: FrontState) -> None:
+    """First boot: `admin` with a one-time password, printed once (never logged), and the
+    CLI's admin token in $MODELYARD_HOME/cli-token (0600)."""
+    assert state.db is not None
+    settings = state.settings
+    password = os.environ.get("MODELYARD_ADMIN_PASSWORD") or None
+    generated = await asyncio.to_thread(accounts.ensure_first_admin, state.db, password)
+    if generated:
+        print(f"\nmodelyard first boot: log in to http://{settings.host}:{settings.port}/ as "
+              f"`admin` with the one-time password\n\n    {generated}\n\nYou will choose a new "
+              "one at first login. (This is shown only once.)\n", file=sys.stderr, flush=True)
+    admins = [u.name for u in await asyncio.to_thread(accounts.list_users, state.db)
+              if u.is_admin]
+    if admins:
+        owner = accounts.ADMIN if accounts.ADMIN in admins else admins[0]
+        await asyncio.to_thread(tokens.ensure_cli_token, state.db, settings.home, owner)
+    key = await asyncio.to_thread(auth.load_secret_key, settings.home)
+    state.auth = auth.Auth(settings, state.db, key)
+
+
 async def _open_model_store(state: FrontState, stack: contextlib.AsyncExitStack) -> None:
     """The database and the pull jobs; jobs a previous run left unfinished become interrupted."""
     database = await asyncio.to_thread(db.connect, state.settings.db_url)
     stack.callback(database.dispose)
     state.db = database
+    await _open_accounts(state)
 
     async def on_pulled(job: dict[str, Any]) -> None:
         if job.get("init") and job.get("model_id"):

@@ -7,7 +7,7 @@ import contextlib
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiohttp
 import orjson
@@ -36,6 +36,9 @@ from modelyard.store.estimate import MemoryEstimate, estimate_model, serving_byt
 from modelyard.store.registry import Entry, ModelRegistry
 from modelyard.types import Lease
 
+if TYPE_CHECKING:
+    from modelyard.front.auth import Auth
+
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
 
@@ -57,6 +60,7 @@ class FrontState:
     estimates: dict[str, MemoryEstimate | None] = field(default_factory=dict)  # for routing
     jobs: PullJobs | None = None
     db: sa.Engine | None = None
+    auth: Auth | None = None  # identifies callers (front/auth.py); opened with the database
 
     def _compatible(self, engine: EngineClient, entry: Entry) -> bool:
         """The engine may run the model's backend and has every capability it requires."""

@@ -1,0 +1,328 @@
+"""Who may call what: the gate every public request passes before its handler.
+
+Route classes (the whole policy is `route_class` plus `AuthGate._decide`):
+
+    public     /health, the login page and its assets, POST /auth/login: never need auth
+    inference  the generating and listing APIs (/v1/*, Ollama's chat/generate/embed/tags/ps/show,
+               native /chat /models /status /diag): open on loopback with auth `auto`
+    user       /auth/*, /tokens*, /archive*, /studio/events: need a real identity
+    admin      everything else (/admin/*, pulls and jobs, deleting models): need the admin scope
+
+Identity comes from `Authorization: Bearer my-…` (an API token) or the signed session cookie of
+the Web Studio; state-changing requests made with the cookie must carry `X-CSRF-Token`. The gate
+also refuses a `Host` that is not the bound name (DNS rebinding) and bodies over
+`max_body_bytes`. It is plain ASGI so streamed responses pass through untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import secrets
+import time
+from collections.abc import MutableMapping
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from itsdangerous import BadSignature, URLSafeTimedSerializer
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from modelyard.config import Settings
+from modelyard.errors import (
+    CsrfFailed,
+    Forbidden,
+    HostNotAllowed,
+    ModelyardError,
+    PasswordChangeRequired,
+    PayloadTooLarge,
+    Unauthorized,
+)
+from modelyard.front import accounts, tokens
+from modelyard.front.principal import ANONYMOUS_ADMIN, ANONYMOUS_INFERENCE, Principal
+from modelyard.front.render import error_response
+
+SESSION_COOKIE = "modelyard_session"
+CSRF_HEADER = "x-csrf-token"
+SECRET_KEY_FILE = "secret-key"
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+_TOKEN_CACHE_S = 2.0  # a token revoked by another process (the CLI) stops working within this
+
+
+class RouteClass(StrEnum):
+    PUBLIC = "public"
+    INFERENCE = "inference"
+    USER = "user"
+    ADMIN = "admin"
+
+
+_PUBLIC = {("GET", "/health"), ("GET", "/"), ("GET", "/login"), ("POST", "/auth/login")}
+_PUBLIC_PREFIXES = ("/studio/assets/",)
+_INFERENCE_EXACT = {
+    ("POST", "/chat"), ("GET", "/models"), ("GET", "/status"), ("GET", "/diag"),
+    ("POST", "/api/chat"), ("POST", "/api/generate"), ("POST", "/api/embed"),
+    ("POST", "/api/embeddings"), ("GET", "/api/tags"), ("GET", "/api/ps"), ("POST", "/api/show"),
+    ("GET", "/api/version"),
+}
+_USER_PREFIXES = ("/auth/", "/tokens", "/archive", "/studio/events")
+# While a session must change its password it may do only this.
+_PASSWORD_CHANGE_ROUTES = {"/auth/me", "/auth/password", "/auth/logout"}
+
+
+def route_class(method: str, path: str) -> RouteClass:
+    method = "GET" if method == "HEAD" else method
+    if (method, path) in _PUBLIC or (method == "GET" and path.startswith(_PUBLIC_PREFIXES)):
+        return RouteClass.PUBLIC
+    if path.startswith("/v1/") or (method, path) in _INFERENCE_EXACT:
+        return RouteClass.INFERENCE
+    if path.startswith(_USER_PREFIXES):
+        return RouteClass.USER
+    return RouteClass.ADMIN
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _is_wildcard(host: str) -> bool:
+    return host in ("0.0.0.0", "::", "[::]", "")
+
+
+def check_bind(settings: Settings) -> None:
+    """`auth: none` off loopback would hand every model and the admin API to the network."""
+    if settings.auth == "none" and not is_loopback(settings.host):
+        raise ValueError(
+            f"auth: none is accepted only on a loopback address, and host is {settings.host}. "
+            "Bind 127.0.0.1 (--host 127.0.0.1), or keep auth `auto`/`required` and create a "
+            "token: `modelyard tokens create NAME`."
+        )
+
+
+def allowed_host_names(settings: Settings) -> frozenset[str] | None:
+    """Host names requests may name; None: any (a wildcard bind with no allowed_hosts)."""
+    names = {h.lower() for h in settings.allowed_hosts}
+    if _is_wildcard(settings.host):
+        return frozenset(names | {"localhost", "127.0.0.1", "::1"}) if names else None
+    names.add(settings.host.strip("[]").lower())
+    if is_loopback(settings.host):
+        names |= {"localhost", "127.0.0.1", "::1"}
+    return frozenset(names)
+
+
+def host_name(header: str) -> str:
+    """`example.org:8770` → `example.org`; `[::1]:8770` → `::1`."""
+    if header.startswith("["):
+        return header[1:].split("]", 1)[0].lower()
+    return header.rsplit(":", 1)[0].lower() if header.count(":") == 1 else header.lower()
+
+
+def load_secret_key(home: Path) -> str:
+    """The cookie-signing key, made once per MODELYARD_HOME (mode 0600)."""
+    path = home / SECRET_KEY_FILE
+    if not path.exists():
+        with contextlib.suppress(FileExistsError):  # another process is writing it
+            tokens.write_secret_file(path, secrets.token_urlsafe(48))
+    return path.read_text().strip()
+
+
+@dataclass
+class Identified:
+    principal: Principal
+    session: accounts.Session | None = None
+
+
+class Auth:
+    """Identifies callers: sessions (signed cookie → session row) and bearer tokens."""
+
+    def __init__(self, settings: Settings, database: sa.Engine, secret_key: str) -> None:
+        self.settings = settings
+        self.db = database
+        self.cookies = URLSafeTimedSerializer(secret_key, salt="modelyard-session")
+        self._tokens: dict[str, tuple[float, tokens.Token | None]] = {}
+
+    def forget_tokens(self) -> None:
+        """After a revocation here: it takes effect on the next request."""
+        self._tokens.clear()
+
+    def cookie_value(self, session: accounts.Session) -> str:
+        return self.cookies.dumps(session.id)
+
+    async def by_token(self, secret: str) -> tokens.Token | None:
+        key = tokens.hash_secret(secret)
+        cached = self._tokens.get(key)
+        now = time.monotonic()
+        if cached is not None and now - cached[0] < _TOKEN_CACHE_S:
+            token = cached[1]
+        else:
+            token = await asyncio.to_thread(tokens.find_token, self.db, secret)
+            if len(self._tokens) > 10_000:
+                self._tokens.clear()
+            self._tokens[key] = (now, token)
+        if token is not None and token.expires_at is not None and token.expires_at <= time.time():
+            return None
+        return token
+
+    async def by_cookie(self, value: str) -> accounts.Session | None:
+        try:
+            session_id = self.cookies.loads(value, max_age=int(self.settings.session_ttl_s))
+        except BadSignature:
+            return None
+        return await asyncio.to_thread(accounts.find_session, self.db, str(session_id))
+
+    async def identify(self, headers: Headers) -> tuple[Identified | None, bool]:
+        """(who, whether a bearer token was given but is not valid)."""
+        authorization = headers.get("authorization", "")
+        scheme, _, secret = authorization.partition(" ")
+        if scheme.lower() == "bearer" and secret.strip():
+            token = await self.by_token(secret.strip())
+            if token is None:
+                return None, True
+            return Identified(token_principal(token)), False
+        cookie = _cookie(headers, SESSION_COOKIE)
+        if cookie:
+            session = await self.by_cookie(cookie)
+            if session is not None:
+                return Identified(session_principal(session.user), session), False
+        return None, False
+
+
+def session_principal(user: accounts.User) -> Principal:
+    scopes = frozenset({"inference", "admin"} if user.is_admin else {"inference"})
+    return Principal(user.name, user.is_admin, scopes, "session",
+                     archive_retention=user.archive_retention)
+
+
+def token_principal(token: tokens.Token) -> Principal:
+    # An admin scope counts only while the owner is still an admin.
+    scopes = frozenset(s for s in token.scopes if s != "admin" or token.owner_is_admin)
+    return Principal(token.owner, "admin" in scopes, scopes, "token", token.id,
+                     token.archive_retention)
+
+
+def _cookie(headers: Headers, name: str) -> str | None:
+    for part in headers.get("cookie", "").split(";"):
+        key, _, value = part.strip().partition("=")
+        if key == name:
+            return value
+    return None
+
+
+def decide(settings: Settings, cls: RouteClass, method: str, path: str,
+           who: Identified | None, bad_token: bool, csrf_header: str | None) -> Principal:
+    """The principal a request runs as, or the error that refuses it."""
+    mode = settings.auth
+    open_inference = mode == "none" or (mode == "auto" and is_loopback(settings.host))
+    if cls is RouteClass.PUBLIC:
+        return who.principal if who else ANONYMOUS_INFERENCE
+    if who is None:
+        # A wrong key on an open route is ignored, as by Ollama: clients often send a dummy one.
+        if mode == "none":
+            return ANONYMOUS_ADMIN
+        if cls is RouteClass.INFERENCE and open_inference:
+            return ANONYMOUS_INFERENCE
+        if bad_token:
+            raise Unauthorized("the bearer token is not valid (unknown, revoked or expired)")
+        raise Unauthorized(
+            "this route needs authentication: log in to the Web Studio, or send "
+            "`Authorization: Bearer <token>` (`modelyard tokens create NAME` makes one)")
+    principal = who.principal
+    if who.session is not None:
+        if who.session.user.must_change_password and path not in _PASSWORD_CHANGE_ROUTES:
+            raise PasswordChangeRequired(
+                "change the one-time password first (POST /auth/password or the Studio)")
+        if method not in _SAFE_METHODS and csrf_header != who.session.csrf:
+            raise CsrfFailed("missing or wrong X-CSRF-Token header (it comes with the login "
+                             "and from GET /auth/me)")
+    if mode == "none":
+        return replace(principal, is_admin=True, scopes=ANONYMOUS_ADMIN.scopes)
+    if cls is RouteClass.ADMIN and not principal.can("admin"):
+        raise Forbidden("this route needs the admin scope (an admin's login or admin token)")
+    if cls is RouteClass.INFERENCE and not principal.can("inference"):
+        raise Forbidden("this token lacks the inference scope")
+    return principal
+
+
+class AuthGate:
+    """The ASGI middleware: Host check, body limit, identity, policy."""
+
+    def __init__(self, app: ASGIApp, settings: Settings) -> None:
+        self.app = app
+        self.settings = settings
+        self.hosts = allowed_host_names(settings)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path: str = scope["path"]
+        try:
+            headers = Headers(scope=scope)
+            self._check_host(headers)
+            receive = self._limit_body(headers, receive)
+            auth: Auth = scope["app"].state.front.auth
+            cls = route_class(scope["method"], path)
+            who, bad_token = (None, False)
+            if cls is not RouteClass.PUBLIC or headers.get("cookie") or headers.get(
+                    "authorization"):
+                who, bad_token = await auth.identify(headers)
+            principal = decide(self.settings, cls, scope["method"], path, who, bad_token,
+                               headers.get(CSRF_HEADER))
+        except ModelyardError as exc:
+            await error_response(path, exc)(scope, receive, send)
+            return
+        scope["modelyard.principal"] = principal
+        if who is not None and who.session is not None:
+            scope["modelyard.session"] = who.session
+        await self.app(scope, receive, send)
+
+    def _check_host(self, headers: Headers) -> None:
+        if self.hosts is None:
+            return
+        name = host_name(headers.get("host", ""))
+        if name not in self.hosts:
+            raise HostNotAllowed(
+                f"Host {name or '(none)'!r} is not a name this server answers to; add it to "
+                "`allowed_hosts` if it is yours")
+
+    def _limit_body(self, headers: Headers, receive: Receive) -> Receive:
+        limit = self.settings.max_body_bytes
+        length = headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            raise PayloadTooLarge(f"the request body is {length} bytes; the limit is {limit} "
+                                  "(max_body_bytes)")
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise PayloadTooLarge(f"the request body exceeds the limit of {limit} bytes "
+                                          "(max_body_bytes)")
+            return message
+
+        return counted
+
+
+def cookie_header(value: str, *, max_age_s: float, secure: bool) -> str:
+    parts = [f"{SESSION_COOKIE}={value}", "Path=/", "HttpOnly", "SameSite=Lax",
+             f"Max-Age={int(max_age_s)}"]
+    if secure:
+        parts.append("Secure")
+    return "; ".join(parts)
+
+
+def session_of(scope: MutableMapping[str, Any]) -> accounts.Session | None:
+    session = scope.get("modelyard.session")
+    assert session is None or isinstance(session, accounts.Session)
+    return session
