@@ -70,6 +70,12 @@ class Server:
     def output(self) -> str:
         return (self.home / "serve.out").read_text()
 
+    @property
+    def admin_headers(self) -> dict[str, str]:
+        """The admin token first boot wrote for the CLI (auth `auto` needs it on /admin …)."""
+        token = (self.home / "cli-token").read_text().strip()
+        return {"Authorization": f"Bearer {token}"}
+
     def stop(self) -> int:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)

@@ -7,6 +7,7 @@ a token revoked here stops working on a running server within two seconds.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 import sys
 from pathlib import Path
@@ -145,11 +146,17 @@ def tokens_create(
 @tokens_app.command("ls")
 def tokens_ls(
     owner: Annotated[str | None, typer.Option(help="Only this user's tokens.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON lines, for scripts.")] = False,
     config: ConfigOption = None,
 ) -> None:
     """List tokens (never their secrets)."""
+    found = tokens.list_tokens(_database(config), owner)
+    if as_json:
+        for t in found:
+            print(json.dumps(t.public()))
+        return
     table = Table("ID", "NAME", "OWNER", "PREFIX", "SCOPES", "CREATED", "EXPIRES", "LAST USED")
-    for t in tokens.list_tokens(_database(config), owner):
+    for t in found:
         table.add_row(t.id, t.name, t.owner, t.prefix + "…", ",".join(t.scopes),
                       _when(t.created_at), _when(t.expires_at), _when(t.last_used_at))
     console.print(table)

@@ -68,7 +68,7 @@ def running_server(home: Path, cfg: dict[str, Any], env: dict[str, str],
 
 
 def post(server: Server, path: str, body: Any = None, timeout: float = 30.0) -> httpx.Response:
-    return httpx.post(server.url + path, json=body, timeout=timeout)
+    return httpx.post(server.url + path, json=body, headers=server.admin_headers, timeout=timeout)
 
 
 def submit(server: Server, model: str, **fields: Any) -> dict[str, Any]:
@@ -81,7 +81,7 @@ def submit(server: Server, model: str, **fields: Any) -> dict[str, Any]:
 
 
 def get_job(server: Server, job_id: str) -> dict[str, Any]:
-    r = httpx.get(f"{server.url}/jobs/{job_id}", timeout=10)
+    r = httpx.get(f"{server.url}/jobs/{job_id}", headers=server.admin_headers, timeout=10)
     assert r.status_code == 200, r.text
     return dict(r.json())
 
@@ -121,19 +121,19 @@ def wait_bytes(server: Server, job_id: str, at_least: int,
 
 
 def openai_ids(server: Server) -> list[str]:
-    r = httpx.get(server.url + "/v1/models", timeout=10)
+    r = httpx.get(server.url + "/v1/models", headers=server.admin_headers, timeout=10)
     assert r.status_code == 200, r.text
     return [m["id"] for m in r.json()["data"]]
 
 
 def ollama_names(server: Server) -> list[str]:
-    r = httpx.get(server.url + "/api/tags", timeout=10)
+    r = httpx.get(server.url + "/api/tags", headers=server.admin_headers, timeout=10)
     assert r.status_code == 200, r.text
     return [m["name"] for m in r.json()["models"]]
 
 
 def native_models(server: Server) -> dict[str, dict[str, Any]]:
-    r = httpx.get(server.url + "/models", timeout=10)
+    r = httpx.get(server.url + "/models", headers=server.admin_headers, timeout=10)
     assert r.status_code == 200, r.text
     return {m["model"]: m for m in r.json()["models"]}
 

@@ -162,7 +162,7 @@ def chat(server: Server, model: str, api: str = "openai", *, timeout: float = 12
                                    "options": {"num_predict": max_tokens}}
     else:
         path, body = "/chat", {"model": model, "messages": HELLO, "max_tokens": max_tokens}
-    return httpx.post(server.url + path, json=body, timeout=timeout)
+    return httpx.post(server.url + path, json=body, headers=server.admin_headers, timeout=timeout)
 
 
 def _listed(server: Server, name: str) -> dict[str, bool]:
@@ -224,7 +224,8 @@ def test_pull_reports_progress_and_lands_byte_identical_in_the_hf_cache(
     assert Path(job["local_path"]).resolve() == files[name].resolve()
     assert partials(hf_home) == []
 
-    listed = httpx.get(server.url + "/jobs", timeout=10).json()["jobs"]
+    listed = httpx.get(server.url + "/jobs",
+                       headers=server.admin_headers, timeout=10).json()["jobs"]
     assert accepted["job_id"] in [j["id"] for j in listed]
 
 
@@ -256,7 +257,8 @@ def test_ollama_pull_streams_ndjson_progress_then_success(
     server, hf_home = fast
     name = "Model-Q4_K_M.gguf"
     with httpx.stream("POST", server.url + "/api/pull",
-                      json={"model": "hf.co/org/stream-GGUF:Q4_K_M"}, timeout=60) as r:
+                      json={"model": "hf.co/org/stream-GGUF:Q4_K_M"},
+                      headers=server.admin_headers, timeout=60) as r:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("application/x-ndjson")
         lines = [json.loads(line) for line in r.iter_lines() if line.strip()]
@@ -300,7 +302,8 @@ def test_ollama_pull_of_an_unknown_repo_is_an_error(fast: tuple[Server, Path]) -
     assert set(body) == {"error"} and "org/no-such-repo" in body["error"]
 
     with httpx.stream("POST", server.url + "/api/pull",
-                      json={"name": "org/no-such-repo-either"}, timeout=60) as r:
+                      json={"name": "org/no-such-repo-either"},
+                      headers=server.admin_headers, timeout=60) as r:
         assert r.status_code == 200  # the stream had begun: the error is in-band
         lines = [json.loads(line) for line in r.iter_lines() if line.strip()]
     assert lines[0] == {"status": "pulling manifest"}
@@ -340,19 +343,21 @@ def test_unknown_quant_fails_and_lists_the_available_ones(fast: tuple[Server, Pa
 def test_bad_pull_requests_are_400_at_once(fast: tuple[Server, Path], body: dict[str, Any],
                                            param: str) -> None:
     server, _ = fast
-    before = len(httpx.get(server.url + "/jobs", timeout=10).json()["jobs"])
+    before = len(httpx.get(server.url + "/jobs",
+                           headers=server.admin_headers, timeout=10).json()["jobs"])
     r = post(server, "/pull", body)
     assert r.status_code == 400, r.text
     err = r.json()
     assert err["error"] == "invalid_request"
     assert err.get("param") == param, err
     assert err["message"]
-    assert len(httpx.get(server.url + "/jobs", timeout=10).json()["jobs"]) == before
+    assert len(httpx.get(server.url + "/jobs",
+                         headers=server.admin_headers, timeout=10).json()["jobs"]) == before
 
 
 def test_unknown_job_is_404(fast: tuple[Server, Path]) -> None:
     server, _ = fast
-    r = httpx.get(server.url + "/jobs/0123456789abcdef", timeout=10)
+    r = httpx.get(server.url + "/jobs/0123456789abcdef", headers=server.admin_headers, timeout=10)
     assert r.status_code == 404 and r.json()["error"] == "job_not_found"
 
 
@@ -367,7 +372,8 @@ def test_two_pulls_of_the_same_ref_share_one_job(fast: tuple[Server, Path]) -> N
     assert second["job_id"] == first["job_id"]
     job = wait_job(server, first["job_id"])
     assert job["status"] == "succeeded", job
-    ids = [j["id"] for j in httpx.get(server.url + "/jobs", timeout=10).json()["jobs"]
+    ids = [j["id"] for j in httpx.get(server.url + "/jobs",
+                                      headers=server.admin_headers, timeout=10).json()["jobs"]
            if j["model_id"] == "org/share-gguf:q4_0"]
     assert ids == [first["job_id"]]
     # Once it is over, a new pull of that reference is a new job (nothing to download).
@@ -408,7 +414,8 @@ def test_deleting_a_pulled_quant_keeps_a_blob_another_pulled_quant_links_to(
     q4, q5 = files[f"{SMOL}-Q4_0.gguf"], files[f"{SMOL}-Q5_0.gguf"]
     assert q4.resolve() == q5.resolve()
 
-    r = httpx.delete(server.url + "/models/org/twin2-gguf:q4_0", timeout=30)
+    r = httpx.delete(server.url + "/models/org/twin2-gguf:q4_0",
+                     headers=server.admin_headers, timeout=30)
     assert r.status_code == 200, r.text
     assert r.json() == {"model": "org/twin2-gguf:q4_0", "status": "deleted"}
     assert not q4.is_symlink()
@@ -437,7 +444,7 @@ def test_chat_with_a_model_not_pulled_is_404_saying_how_to_pull_it(
     assert code in (None, "model_not_pulled")
     assert "modelyard pull org/not-here" in message
     assert not (hf_home / "hub" / "models--org--not-here").exists()
-    jobs = httpx.get(server.url + "/jobs", timeout=10).json()["jobs"]
+    jobs = httpx.get(server.url + "/jobs", headers=server.admin_headers, timeout=10).json()["jobs"]
     assert not [j for j in jobs if j["model"] == "org/not-here"]
 
 
@@ -505,7 +512,7 @@ def test_cancel_stops_the_download_and_leaves_nothing(slow: tuple[Server, Path])
     wait_bytes(server, job_id, 2 * MB)
     assert partials(hf_home), "a running download writes its .incomplete file"
 
-    r = httpx.delete(f"{server.url}/jobs/{job_id}", timeout=30)
+    r = httpx.delete(f"{server.url}/jobs/{job_id}", headers=server.admin_headers, timeout=30)
     assert r.status_code == 200, r.text
     assert r.json()["status"] == "cancelled"
     job = get_job(server, job_id)
@@ -517,7 +524,7 @@ def test_cancel_stops_the_download_and_leaves_nothing(slow: tuple[Server, Path])
     assert _listed(server, "org/cancel-gguf:q4_0") == {"openai": False, "ollama": False,
                                                        "native": False}
     # Cancelling again changes nothing.
-    again = httpx.delete(f"{server.url}/jobs/{job_id}", timeout=30)
+    again = httpx.delete(f"{server.url}/jobs/{job_id}", headers=server.admin_headers, timeout=30)
     assert again.status_code == 200 and again.json()["status"] == "cancelled"
 
 
@@ -537,10 +544,11 @@ def test_pulls_beyond_max_concurrent_pulls_wait_in_the_queue(slow: tuple[Server,
     assert get_job(server, first)["status"] == "running"
 
     # Its slot freed, the queued one starts.
-    assert httpx.delete(f"{server.url}/jobs/{first}", timeout=30).json()["status"] == "cancelled"
+    assert httpx.delete(f"{server.url}/jobs/{first}",
+                        headers=server.admin_headers, timeout=30).json()["status"] == "cancelled"
     wait_bytes(server, second["job_id"], 1)
     assert httpx.delete(f"{server.url}/jobs/{second['job_id']}",
-                        timeout=30).json()["status"] == "cancelled"
+                        headers=server.admin_headers, timeout=30).json()["status"] == "cancelled"
     assert partials(hf_home) == []
 
 
@@ -606,7 +614,8 @@ def test_a_pull_interrupted_by_a_restart_is_listed_and_resumes_with_a_range_requ
         old_pid = hub.pid
         hub.restart()  # no throttle now: the rest comes quickly
         with running_server(home, cfg, hub_env(hub, hf_home)) as again:
-            jobs = {j["id"]: j for j in httpx.get(again.url + "/jobs", timeout=10).json()["jobs"]}
+            listed = httpx.get(again.url + "/jobs", headers=again.admin_headers, timeout=10)
+            jobs = {j["id"]: j for j in listed.json()["jobs"]}
             interrupted = jobs[job_id]
             assert interrupted["status"] == "interrupted", interrupted
             assert 0 < interrupted["bytes_done"] < SIZE
@@ -677,7 +686,8 @@ def test_auto_pull_downloads_a_named_model_then_answers(
         text = r.json()["choices"][0]["message"]["content"]
         assert isinstance(text, str) and text.strip()
 
-        jobs = httpx.get(server.url + "/jobs", timeout=10).json()["jobs"]
+        jobs = httpx.get(server.url + "/jobs",
+                         headers=server.admin_headers, timeout=10).json()["jobs"]
         assert [(j["model_id"], j["status"]) for j in jobs] == [
             ("org/smol-gguf:q4_1", "succeeded")]
         assert "org/smol-gguf:q4_1" in openai_ids(server)
@@ -686,7 +696,8 @@ def test_auto_pull_downloads_a_named_model_then_answers(
         assert sha256(files[f"{SMOL}-Q4_1.gguf"]) == sha256(demo_gguf())
         # A second request finds it on disk: no new job.
         assert chat(server, "org/smol-gguf:q4_1", "ollama").status_code == 200
-        assert len(httpx.get(server.url + "/jobs", timeout=10).json()["jobs"]) == 1
+        assert len(httpx.get(server.url + "/jobs",
+                             headers=server.admin_headers, timeout=10).json()["jobs"]) == 1
 
 
 def cli(*args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
@@ -737,5 +748,6 @@ def test_cli_pull_chat_copy_and_rm(tmp_path: Path, demo_hub: HubServer) -> None:
         r = chat(server, model, timeout=30)
         assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_pulled"
 
-        again = httpx.delete(f"{server.url}/models/{model}", timeout=30)
+        again = httpx.delete(f"{server.url}/models/{model}",
+                             headers=server.admin_headers, timeout=30)
         assert again.status_code == 404, again.text

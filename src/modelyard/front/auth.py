@@ -30,6 +30,7 @@ from typing import Any
 import sqlalchemy as sa
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 from starlette.datastructures import Headers
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from modelyard.config import Settings
@@ -274,8 +275,13 @@ class AuthGate:
             if cls is not RouteClass.PUBLIC or headers.get("cookie") or headers.get(
                     "authorization"):
                 who, bad_token = await auth.identify(headers)
-            principal = decide(self.settings, cls, scope["method"], path, who, bad_token,
-                               headers.get(CSRF_HEADER))
+            try:
+                principal = decide(self.settings, cls, scope["method"], path, who, bad_token,
+                                   headers.get(CSRF_HEADER))
+            except (Unauthorized, Forbidden):
+                if _routed(scope):
+                    raise
+                principal = ANONYMOUS_INFERENCE  # no such route: let the router say 404/405
         except ModelyardError as exc:
             await error_response(path, exc)(scope, receive, send)
             return
@@ -312,6 +318,12 @@ class AuthGate:
             return message
 
         return counted
+
+
+def _routed(scope: Scope) -> bool:
+    """Some route of the app answers this path (with this method or another)."""
+    return any(route.matches(scope)[0] is not Match.NONE
+               for route in scope["app"].router.routes)
 
 
 def cookie_header(value: str, *, max_age_s: float, secure: bool) -> str:

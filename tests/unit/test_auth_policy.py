@@ -1,0 +1,161 @@
+"""The gate's pure parts: route classes, Host names, and the decision table per auth mode."""
+
+from __future__ import annotations
+
+import pytest
+
+from modelyard.config import Settings
+from modelyard.errors import (
+    CsrfFailed,
+    Forbidden,
+    ModelyardError,
+    PasswordChangeRequired,
+    Unauthorized,
+)
+from modelyard.front.accounts import Session, User
+from modelyard.front.auth import (
+    Identified,
+    RouteClass,
+    allowed_host_names,
+    check_bind,
+    decide,
+    host_name,
+    route_class,
+    session_principal,
+    token_principal,
+)
+from modelyard.front.tokens import Token
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(10)]
+
+ALICE = User("alice", False, False, None, 0.0)
+ROOT = User("root", True, False, None, 0.0)
+
+
+def token(scopes: tuple[str, ...], owner_is_admin: bool = True) -> Identified:
+    t = Token("t1", "ci", "root", owner_is_admin, "my-abc", scopes, None, 0.0, None, None)
+    return Identified(token_principal(t))
+
+
+def session(user: User, csrf: str = "c" * 43) -> Identified:
+    return Identified(session_principal(user), Session("s1", user, csrf, 1e12))
+
+
+@pytest.mark.parametrize(("method", "path", "cls"), [
+    ("GET", "/health", RouteClass.PUBLIC),
+    ("HEAD", "/health", RouteClass.PUBLIC),
+    ("GET", "/", RouteClass.PUBLIC),
+    ("POST", "/auth/login", RouteClass.PUBLIC),
+    ("GET", "/studio/assets/studio.css", RouteClass.PUBLIC),
+    ("POST", "/studio/assets/x", RouteClass.ADMIN),
+    ("POST", "/v1/chat/completions", RouteClass.INFERENCE),
+    ("GET", "/v1/models", RouteClass.INFERENCE),
+    ("POST", "/api/chat", RouteClass.INFERENCE),
+    ("GET", "/api/tags", RouteClass.INFERENCE),
+    ("POST", "/api/pull", RouteClass.ADMIN),
+    ("DELETE", "/api/delete", RouteClass.ADMIN),
+    ("POST", "/chat", RouteClass.INFERENCE),
+    ("GET", "/models", RouteClass.INFERENCE),
+    ("DELETE", "/models/m1", RouteClass.ADMIN),
+    ("GET", "/status", RouteClass.INFERENCE),
+    ("GET", "/auth/me", RouteClass.USER),
+    ("POST", "/tokens", RouteClass.USER),
+    ("GET", "/archive/abc/content", RouteClass.USER),
+    ("GET", "/studio/events", RouteClass.USER),
+    ("GET", "/admin/engines", RouteClass.ADMIN),
+    ("POST", "/pull", RouteClass.ADMIN),
+    ("GET", "/jobs", RouteClass.ADMIN),
+    ("GET", "/anything-new", RouteClass.ADMIN),
+])
+def test_route_classes(method: str, path: str, cls: RouteClass) -> None:
+    assert route_class(method, path) is cls
+
+
+def outcome(settings: Settings, method: str, path: str, who: Identified | None,
+            bad_token: bool = False, csrf: str | None = None) -> str:
+    try:
+        principal = decide(settings, route_class(method, path), method, path, who, bad_token,
+                           csrf)
+    except ModelyardError as exc:
+        return exc.code
+    return f"{principal.via}:{principal.user}:{'admin' if principal.is_admin else 'user'}"
+
+
+LOOPBACK = Settings(host="127.0.0.1")
+PUBLIC_BIND = Settings(host="0.0.0.0")
+REQUIRED = Settings(host="127.0.0.1", auth="required")
+NONE = Settings(host="127.0.0.1", auth="none")
+
+
+@pytest.mark.parametrize(("settings", "method", "path", "who", "expected"), [
+    # auto on loopback: inference is open, the rest needs someone
+    (LOOPBACK, "POST", "/v1/chat/completions", None, "anonymous:None:user"),
+    (LOOPBACK, "GET", "/admin/engines", None, "unauthorized"),
+    (LOOPBACK, "GET", "/archive", None, "unauthorized"),
+    (LOOPBACK, "GET", "/health", None, "anonymous:None:user"),
+    (LOOPBACK, "GET", "/admin/engines", session(ALICE), "forbidden"),
+    (LOOPBACK, "GET", "/admin/engines", session(ROOT), "session:root:admin"),
+    (LOOPBACK, "GET", "/admin/engines", token(("inference",)), "forbidden"),
+    (LOOPBACK, "GET", "/admin/engines", token(("inference", "admin")), "token:root:admin"),
+    # an admin scope counts only while its owner is an admin
+    (LOOPBACK, "GET", "/admin/engines", token(("inference", "admin"), False), "forbidden"),
+    (LOOPBACK, "POST", "/v1/chat/completions", token(("admin",)), "forbidden"),
+    # auto on a public address: everything but the public routes needs auth
+    (PUBLIC_BIND, "POST", "/v1/chat/completions", None, "unauthorized"),
+    (PUBLIC_BIND, "GET", "/status", None, "unauthorized"),
+    (PUBLIC_BIND, "GET", "/health", None, "anonymous:None:user"),
+    (PUBLIC_BIND, "POST", "/v1/chat/completions", token(("inference",)), "token:root:user"),
+    (REQUIRED, "GET", "/v1/models", None, "unauthorized"),
+    (REQUIRED, "POST", "/auth/login", None, "anonymous:None:user"),
+    # none: open, and whoever logs in anyway acts as an admin
+    (NONE, "GET", "/admin/engines", None, "anonymous:None:admin"),
+    (NONE, "GET", "/admin/engines", session(ALICE), "session:alice:admin"),
+])
+def test_decisions(settings: Settings, method: str, path: str, who: Identified | None,
+                   expected: str) -> None:
+    assert outcome(settings, method, path, who) == expected
+
+
+def test_a_bad_token_is_ignored_where_anonymous_callers_are_let_in() -> None:
+    assert outcome(LOOPBACK, "GET", "/v1/models", None, bad_token=True) == "anonymous:None:user"
+    assert outcome(LOOPBACK, "GET", "/admin/engines", None, bad_token=True) == "unauthorized"
+    assert outcome(REQUIRED, "GET", "/v1/models", None, bad_token=True) == "unauthorized"
+
+
+def test_sessions_need_csrf_on_unsafe_methods_and_a_changed_password() -> None:
+    csrf = "c" * 43
+    assert outcome(LOOPBACK, "POST", "/tokens", session(ROOT)) == CsrfFailed.code
+    assert outcome(LOOPBACK, "POST", "/tokens", session(ROOT), csrf="wrong") == CsrfFailed.code
+    assert outcome(LOOPBACK, "POST", "/tokens", session(ROOT), csrf=csrf) == "session:root:admin"
+    assert outcome(LOOPBACK, "GET", "/tokens", session(ROOT)) == "session:root:admin"
+    fresh = User("root", True, True, None, 0.0)
+    assert outcome(LOOPBACK, "GET", "/status", session(fresh)) == PasswordChangeRequired.code
+    assert outcome(LOOPBACK, "POST", "/auth/password", session(fresh),
+                   csrf=csrf) == "session:root:admin"
+    assert outcome(LOOPBACK, "GET", "/auth/me", session(fresh)) == "session:root:admin"
+    # Tokens never need CSRF: a cross-site page cannot read or send them.
+    assert outcome(LOOPBACK, "POST", "/tokens", token(("inference",))) == "token:root:user"
+    assert issubclass(PasswordChangeRequired, Forbidden) and Unauthorized.status == 401
+
+
+@pytest.mark.parametrize(("header", "name"), [
+    ("localhost:8770", "localhost"), ("LOCALHOST", "localhost"), ("[::1]:8770", "::1"),
+    ("127.0.0.1", "127.0.0.1"), ("my.box:80", "my.box"), ("", ""),
+])
+def test_host_names(header: str, name: str) -> None:
+    assert host_name(header) == name
+
+
+def test_allowed_hosts_per_bind() -> None:
+    assert allowed_host_names(LOOPBACK) == {"localhost", "127.0.0.1", "::1"}
+    assert allowed_host_names(Settings(host="0.0.0.0")) is None
+    assert allowed_host_names(Settings(host="0.0.0.0", allowed_hosts=["My.Box"])) == {
+        "my.box", "localhost", "127.0.0.1", "::1"}
+    assert allowed_host_names(Settings(host="10.1.2.3")) == {"10.1.2.3"}
+
+
+def test_none_is_refused_off_loopback_with_the_fix_in_the_message() -> None:
+    check_bind(NONE)
+    check_bind(Settings(host="::1", auth="none"))
+    with pytest.raises(ValueError, match="only on a loopback address.*127.0.0.1"):
+        check_bind(Settings(host="0.0.0.0", auth="none"))
