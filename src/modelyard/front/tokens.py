@@ -11,7 +11,7 @@ import hashlib
 import os
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -132,11 +132,13 @@ def find_token(engine: sa.Engine, secret: str) -> Token | None:
         row = conn.execute(_query().where(db.tokens.c.token_hash == hash_secret(secret))).first()
     if row is None or (row.expires_at is not None and row.expires_at <= now):
         return None
+    token = _token(row)
     if row.last_used_at is None or now - row.last_used_at > _LAST_USED_EVERY_S:
         with engine.begin() as conn:
             conn.execute(db.tokens.update().where(db.tokens.c.id == row.id)
                          .values(last_used_at=now))
-    return _token(row)
+        token = replace(token, last_used_at=now)
+    return token
 
 
 def write_secret_file(path: Path, secret: str) -> None:
