@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: run install llama-server demo-model demo-safetensors test test-unit test-integration test-e2e check bench-proxy bench-sched bench-batch clean
+.PHONY: run install llama-server demo-model demo-safetensors chromium test test-unit test-integration test-e2e check bench-proxy bench-sched bench-batch clean
 
 install: $(STAMP)
 
@@ -20,6 +20,10 @@ $(STAMP): pyproject.toml
 llama-server:
 	@bash scripts/provide-llama-server.sh >/dev/null
 
+# Debian's chromium, for the Web Studio's Playwright tests.
+chromium:
+	@bash scripts/provide-chromium.sh
+
 demo-model: install
 	@PYTHON=$(BIN)/python bash scripts/provide-demo-model.sh >/dev/null
 
@@ -34,7 +38,7 @@ run: install llama-server demo-model
 
 # The e2e tier needs the real llama-server and demo model: here they are provided, so the
 # tests must not skip for want of them.
-test: install llama-server demo-model demo-safetensors
+test: install llama-server demo-model demo-safetensors chromium
 	MODELYARD_REQUIRE_E2E=1 MODELYARD_DEMO_SAFETENSORS=$(DEMO_ST) $(BIN)/python -m pytest
 
 test-unit: install
@@ -43,7 +47,7 @@ test-unit: install
 test-integration: install
 	$(BIN)/python -m pytest -m integration
 
-test-e2e: install llama-server demo-model demo-safetensors
+test-e2e: install llama-server demo-model demo-safetensors chromium
 	MODELYARD_REQUIRE_E2E=1 MODELYARD_DEMO_SAFETENSORS=$(DEMO_ST) $(BIN)/python -m pytest -m e2e
 
 check: install

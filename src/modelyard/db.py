@@ -136,6 +136,10 @@ def connect(url: str) -> Engine:
     if url.startswith("sqlite"):
         sa.event.listen(engine, "connect", _sqlite_pragmas)
     metadata.create_all(engine)
+    database_file = Path(url.removeprefix("sqlite:///"))
+    if url.startswith("sqlite:///") and database_file.is_file():
+        # Password and token hashes live here: the owner only (WAL files inherit the mode).
+        database_file.chmod(0o600)
     return engine
 
 

@@ -234,7 +234,7 @@ def test_pull_reports_progress_and_lands_byte_identical_in_the_hf_cache(
 def test_a_succeeded_job_s_model_is_already_in_the_catalog(fast: tuple[Server, Path]) -> None:
     server, _ = fast
     missed = []
-    with httpx.Client(timeout=10) as client:
+    with httpx.Client(timeout=10, headers=server.admin_headers) as client:
         for n in range(RACE_PULLS):
             job_id = submit(server, f"org/tiny{n}-GGUF:Q4_0")["job_id"]
             while (job := client.get(f"{server.url}/jobs/{job_id}").json())["status"] in (
@@ -700,8 +700,10 @@ def test_auto_pull_downloads_a_named_model_then_answers(
                              headers=server.admin_headers, timeout=10).json()["jobs"]) == 1
 
 
-def cli(*args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "250", "NO_COLOR": "1"}
+def cli(server: Server, *args: str,
+        timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+    """The CLI as its user runs it: against this server, with the token first boot wrote."""
+    env = {**os.environ, "COLUMNS": "250", "NO_COLOR": "1", "MODELYARD_HOME": str(server.home)}
     return subprocess.run([sys.executable, "-m", "modelyard", *args], capture_output=True,
                           text=True, timeout=timeout, env=env)
 
@@ -712,7 +714,7 @@ def test_cli_pull_chat_copy_and_rm(tmp_path: Path, demo_hub: HubServer) -> None:
     model = "org/smol-gguf:q8_0"
     cfg = config(fake_model("configured"), default_ctx_size=2048)
     with running_server(tmp_path / "home", cfg, hub_env(demo_hub, hf_home)) as server:
-        pulled = cli("pull", "org/smol-GGUF:Q8_0", "--url", server.url)
+        pulled = cli(server, "pull", "org/smol-GGUF:Q8_0", "--url", server.url)
         assert pulled.returncode == 0, pulled.stdout + pulled.stderr
         assert model in pulled.stdout
 
@@ -740,7 +742,7 @@ def test_cli_pull_chat_copy_and_rm(tmp_path: Path, demo_hub: HubServer) -> None:
         assert "configured" in r.json()["error"]
         assert "configured" in openai_ids(server)
 
-        removed = cli("rm", model, "--url", server.url)
+        removed = cli(server, "rm", model, "--url", server.url)
         assert removed.returncode == 0, removed.stdout + removed.stderr
         assert not blob.exists() and not link.exists()
         assert _listed(server, model) == {"openai": False, "ollama": False, "native": False}

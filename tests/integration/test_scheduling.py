@@ -314,7 +314,8 @@ def test_admin_load_unload_engines_and_the_cli(tmp_path: Path, files: Path) -> N
             out = subprocess.run(
                 [sys.executable, "-m", "modelyard", *args, "--url", server.url],
                 capture_output=True, text=True, timeout=60, check=True,
-                env={**os.environ, "COLUMNS": "200"},  # rich wraps tables to the terminal
+                # rich wraps tables to the terminal; the server's home has the CLI's token
+                env={**os.environ, "COLUMNS": "200", "MODELYARD_HOME": str(server.home)},
             )
             return out.stdout
 
@@ -325,10 +326,12 @@ def test_admin_load_unload_engines_and_the_cli(tmp_path: Path, files: Path) -> N
         assert "y unloaded from engine-0" in cli("unload", "y")
         assert model_status(server, "y")["state"] == "stopped"
         assert "was not loaded" in cli("unload", "y")
-        engines = httpx.get(server.url + "/admin/engines", timeout=10).json()["engines"]
+        engines = httpx.get(server.url + "/admin/engines", headers=server.admin_headers,
+                            timeout=10).json()["engines"]
         assert engines[0]["device"]["total_bytes"] == DEVICE
         assert engines[0]["scheduler"]["unloads"] == 1
-        r = httpx.post(server.url + "/admin/models/nope/load", timeout=10)
+        r = httpx.post(server.url + "/admin/models/nope/load", headers=server.admin_headers,
+                       timeout=10)
         assert r.status_code == 404 and r.json()["error"] == "model_not_found"
 
 

@@ -157,5 +157,5 @@ def test_allowed_hosts_per_bind() -> None:
 def test_none_is_refused_off_loopback_with_the_fix_in_the_message() -> None:
     check_bind(NONE)
     check_bind(Settings(host="::1", auth="none"))
-    with pytest.raises(ValueError, match="only on a loopback address.*127.0.0.1"):
+    with pytest.raises(ValueError, match=r"only on a loopback address.*127\.0\.0\.1"):
         check_bind(Settings(host="0.0.0.0", auth="none"))
