@@ -185,6 +185,16 @@ def test_login_cookie_is_signed_httponly_lax_and_logout_ends_it(auto: Server) ->
         "username": "nobody", "password": "nope-nope"}).json()["error"] == "unauthorized"
 
 
+def test_a_user_sets_their_default_archive_retention(auto: Server) -> None:
+    client = admin_session(auto)
+    r = client.patch("/auth/me", json={"archive_retention": "1d"})
+    assert r.status_code == 200 and r.json()["user"]["archive_retention"] == "1d"
+    assert client.get("/auth/me").json()["user"]["archive_retention"] == "1d"
+    r = client.patch("/auth/me", json={"archive_retention": "2d"})
+    assert r.status_code == 400 and r.json()["param"] == "archive_retention"
+    assert client.patch("/auth/me", json={"archive_retention": None}).status_code == 200
+
+
 def test_state_changing_cookie_requests_need_the_csrf_header(auto: Server) -> None:
     client = admin_session(auto)
     csrf = client.headers.pop("X-CSRF-Token")

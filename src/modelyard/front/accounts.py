@@ -133,6 +133,15 @@ def set_password(engine: sa.Engine, name: str, password: str, *,
         conn.execute(db.sessions.delete().where(db.sessions.c.user == name))
 
 
+def set_archive_retention(engine: sa.Engine, name: str, retention: str | None) -> None:
+    """The user's default retention for what they archive (None: the server's default)."""
+    with engine.begin() as conn:
+        updated = conn.execute(db.users.update().where(db.users.c.name == name)
+                               .values(archive_retention=retention)).rowcount
+    if not updated:
+        raise UserNotFound(name)
+
+
 def verify_password(engine: sa.Engine, name: str, password: str) -> User | None:
     """The user when the password is theirs, else None (the same cost either way)."""
     with engine.connect() as conn:

@@ -2,6 +2,7 @@
 
     POST   /auth/login        {"username", "password"} → session cookie + {"user", "csrf_token"}
     GET    /auth/me           who is calling (+ the CSRF token of a session)
+    PATCH  /auth/me           {"archive_retention": "1d"}: the caller's default retention
     POST   /auth/logout       ends the session
     POST   /auth/password     {"current_password", "new_password"}
     GET    /tokens            own tokens (an admin: every token)
@@ -84,6 +85,22 @@ async def me(request: Request) -> Response:
     return _json({"user": user.public(), "via": principal.via,
                   "scopes": sorted(principal.scopes),
                   "csrf_token": session.csrf if session else None})
+
+
+class Preferences(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    archive_retention: Retention | None
+
+
+async def update_me(request: Request) -> Response:
+    auth = _auth(request)
+    name = _user_name(principal_of(request))
+    req = validate(Preferences, await read_json_object(request))
+    await asyncio.to_thread(accounts.set_archive_retention, auth.db, name, req.archive_retention)
+    user = await asyncio.to_thread(accounts.get_user, auth.db, name)
+    assert user is not None
+    return _json({"user": user.public()})
 
 
 async def logout(request: Request) -> Response:
@@ -217,6 +234,7 @@ async def reset_password(request: Request) -> Response:
 routes = [
     Route("/auth/login", login, methods=["POST"]),
     Route("/auth/me", me, methods=["GET"]),
+    Route("/auth/me", update_me, methods=["PATCH"]),
     Route("/auth/logout", logout, methods=["POST"]),
     Route("/auth/password", change_password, methods=["POST"]),
     Route("/tokens", list_tokens, methods=["GET"]),
