@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import logging.handlers
 import os
 import sys
 import time
@@ -38,14 +39,18 @@ ConfigOption = Annotated[
 
 
 def _setup_logging(settings: Settings, log_file: str | None, level: str) -> None:
-    """Log to stderr, and to `log_file` under the logs directory when given.
+    """Log to stderr, and to `log_file` under the logs directory when given (rotated at
+    `log_file_max_bytes`, keeping `log_file_backups` old files).
 
     Engines pass None: their supervisor already keeps their output in `logs/engine-N.log`.
     """
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     if log_file is not None:
         settings.logs_dir.mkdir(parents=True, exist_ok=True)
-        handlers.append(logging.FileHandler(settings.logs_dir / log_file))
+        handlers.append(logging.handlers.RotatingFileHandler(
+            settings.logs_dir / log_file, maxBytes=settings.log_file_max_bytes,
+            backupCount=settings.log_file_backups,
+        ))
     logging.basicConfig(
         level=level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -153,6 +153,8 @@ class TransformersModel(_ModelBase):
 
 
 ServiceKind = Literal["speech", "transcription", "image", "chat", "embeddings"]
+# How long an archived item is kept (1m = 30 days, 1y = 365 days); `never`: until deleted.
+ArchiveRetention = Literal["1h", "1d", "1w", "1m", "1y", "never"]
 
 
 class ServiceModel(_ModelBase):
@@ -309,6 +311,18 @@ class Settings(BaseSettings):
     log_tail_lines: int = Field(
         40, gt=0, description="Child log lines kept in memory and quoted in load errors."
     )
+    log_file_max_bytes: int = Field(
+        10 * 1024 * 1024, ge=0, description="Size at which a log file under $home/logs is "
+        "rotated (file.log → file.log.1 …): the front's own log as it grows; an engine's or a "
+        "model's when that process (re)starts. 0: never rotate.",
+    )
+    log_file_backups: int = Field(
+        3, ge=0, description="Rotated log files kept per log (file.log.1 … file.log.N)."
+    )
+    log_buffer_lines: int = Field(
+        2000, gt=0, description="The front's own log records kept in memory for "
+        "GET /admin/logs (and, with --single-process, the engine's)."
+    )
     engine_start_timeout_s: float = Field(
         60.0, gt=0, description="How long the front waits for an engine process to be ready."
     )
@@ -383,6 +397,18 @@ class Settings(BaseSettings):
     presets: list[Preset] = Field(
         default_factory=list, description="Named models with defaults (context, sampling, "
         "system prompt), listed beside the models.",
+    )
+    archive_retention: ArchiveRetention = Field(
+        "1w", description="How long archived files and transcripts are kept when neither the "
+        "request (`X-Modelyard-Archive`), its token nor its user says: 1h|1d|1w|1m|1y|never.",
+    )
+    archive_service_outputs: bool = Field(
+        True, description="Archive what image and speech services produce (a request opts out "
+        "with `X-Modelyard-Archive: off`); chat transcripts are archived only when asked.",
+    )
+    archive_sweep_interval_s: float = Field(
+        300.0, gt=0, description="The archive's sweeper wakes at the next expiry, and at least "
+        "this often, to delete expired items.",
     )
     thermal: ThermalSettings = Field(
         default_factory=ThermalSettings, description="Thermal protection."

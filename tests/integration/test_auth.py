@@ -378,6 +378,8 @@ def test_none_is_open_on_loopback_and_refused_elsewhere(
     server = start(tmp_path_factory, "none", "--single-process", auth="none")
     try:
         assert httpx.get(server.url + "/admin/engines", timeout=30).status_code == 200
+        me = httpx.get(server.url + "/auth/me", timeout=30).json()  # the Studio needs no login
+        assert me["user"]["name"] == "anonymous" and me["user"]["is_admin"] is True
     finally:
         server.stop()
     home = tmp_path_factory.mktemp("none-public")

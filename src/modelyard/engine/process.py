@@ -7,7 +7,12 @@ dies with its parent (PR_SET_PDEATHSIG) so a crashed supervisor leaves no orphan
 The child writes its output straight into its log file. Nothing is piped through the supervisor:
 llama-server logs about ten lines per request, and relaying them cost the engine more CPU per
 request than everything else it does — CPU a small host takes from inference. The file is read
-back only when someone needs it: the last lines for an error, its growth as load progress.
+back only when someone needs it: the last lines for an error, its growth as load progress, the
+Studio's live logs (front/logs.py).
+
+A log file over `log_max_bytes` is rotated when the child starts (file.log → file.log.1 …, as
+logging's RotatingFileHandler names them): the child holds the file open for its whole life, so a
+file is only capped between runs, never under a running child.
 """
 
 from __future__ import annotations
@@ -32,6 +37,25 @@ _TAIL_READ_BYTES = 256 * 1024
 _libc = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
 
 
+def rotate_log(path: Path, max_bytes: int, backups: int) -> None:
+    """Move `path` aside when it holds `max_bytes` or more: path.1 … path.N keep the previous
+    files (the oldest is dropped; with no backups the file is just emptied). 0 never rotates."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return
+    if max_bytes <= 0 or size < max_bytes:
+        return
+    if backups <= 0:
+        path.unlink(missing_ok=True)
+        return
+    for i in range(backups - 1, 0, -1):
+        older = path.with_name(f"{path.name}.{i}")
+        if older.exists():
+            older.replace(path.with_name(f"{path.name}.{i + 1}"))
+    path.replace(path.with_name(f"{path.name}.1"))
+
+
 def _die_with_parent() -> None:
     # Runs in the child between fork and exec: one plain system call.
     assert _libc is not None
@@ -49,8 +73,12 @@ class ChildProcess:
         log_file: Path,
         env: Mapping[str, str] | None = None,
         stdout_pipe: bool = False,
+        log_max_bytes: int = 0,
+        log_backups: int = 0,
     ) -> None:
         self.argv = list(argv)
+        self.log_max_bytes = log_max_bytes  # rotate the log on start beyond this (0: never)
+        self.log_backups = log_backups
         self.stdout_pipe = stdout_pipe  # stdout to the caller (a protocol), stderr to the log
         self.name = name
         self.log_file = log_file
@@ -72,6 +100,7 @@ class ChildProcess:
 
     async def start(self) -> None:
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        rotate_log(self.log_file, self.log_max_bytes, self.log_backups)
         with self.log_file.open("ab") as log:
             self._log_start = log.tell()
             self._proc = await asyncio.create_subprocess_exec(

@@ -29,8 +29,13 @@ from modelyard.errors import MethodNotAllowed, ModelyardError, RouteNotFound
 from modelyard.front import accounts, auth, tokens
 from modelyard.front.api import accounts as accounts_api
 from modelyard.front.api import admin, embeddings, native, ollama, openai, pulls, services
+from modelyard.front.api import archive as archive_api
+from modelyard.front.api import logs as logs_api
+from modelyard.front.api import studio as studio_api
+from modelyard.front.archive import ArchiveStore
 from modelyard.front.engines import EngineClient, HttpEngineClient, LocalEngineClient
 from modelyard.front.jobs import PullJobs
+from modelyard.front.logs import LogBuffer
 from modelyard.front.proxy import new_upstream_session
 from modelyard.front.render import render_error
 from modelyard.front.state import FrontState
@@ -75,15 +80,23 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
+            # The front's own records, for GET /admin/logs (and an in-process engine's).
+            app.state.logs = stack.enter_context(LogBuffer(settings.log_buffer_lines).capture())
             gpu_count = count_gpus(settings)
             clients = engines
             if clients is None:
                 clients = await _start_engines(settings, registry, gpu_count, config_file, stack)
+            app.state.logs.engine_source = next(
+                (c.name for c in clients if isinstance(c, LocalEngineClient)), None)
             upstream = new_upstream_session(settings.request_timeout_s)
             stack.push_async_callback(upstream.close)
             state = FrontState(settings, registry, clients, upstream, gpu_count=gpu_count)
             app.state.front = state
             await _open_model_store(state, stack)
+            assert state.db is not None
+            state.archive = ArchiveStore.for_settings(settings, state.db)
+            await state.archive.start()  # and its sweeper; stopped before the database closes
+            stack.push_async_callback(state.archive.stop)
             for directory in import_dirs:
                 added = await pulls.import_models(state, directory)
                 log.info("imported %d model(s) from %s", len(added), directory)
@@ -93,7 +106,8 @@ def create_app(
     app = Starlette(
         routes=[
             *openai.routes, *services.routes, *ollama.routes, *native.routes, *admin.routes,
-            *pulls.routes, *embeddings.routes, *accounts_api.routes,
+            *pulls.routes, *embeddings.routes, *accounts_api.routes, *logs_api.routes,
+            *archive_api.routes, *studio_api.routes,
         ],
         middleware=_middleware(settings),
         lifespan=lifespan,

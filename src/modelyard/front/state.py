@@ -37,6 +37,7 @@ from modelyard.store.registry import Entry, ModelRegistry
 from modelyard.types import Lease
 
 if TYPE_CHECKING:
+    from modelyard.front.archive import ArchiveStore
     from modelyard.front.auth import Auth
 
 M = TypeVar("M", bound=BaseModel)
@@ -61,6 +62,7 @@ class FrontState:
     jobs: PullJobs | None = None
     db: sa.Engine | None = None
     auth: Auth | None = None  # identifies callers (front/auth.py); opened with the database
+    archive: ArchiveStore | None = None  # generated files, transcripts (front/archive.py)
 
     def _compatible(self, engine: EngineClient, entry: Entry) -> bool:
         """The engine may run the model's backend and has every capability it requires."""
@@ -187,6 +189,17 @@ class FrontState:
             except ModelyardError as exc:
                 out.append({"name": engine.name, "up": False, "error": exc.message})
         return out
+
+    async def status_view(self) -> dict[str, Any]:
+        """GET /status: version, uptime, every engine's status and the queues."""
+        from modelyard import __version__
+
+        return {
+            "version": __version__,
+            "uptime_seconds": round(time.time() - self.started_at, 3),
+            "engines": await self.engine_statuses(),
+            "queues": self.queues.stats(),
+        }
 
     async def engine_models(self) -> dict[str, dict[str, Any]]:
         """Every model the engines that answer know about, with the engine's name added."""

@@ -116,8 +116,10 @@ class EngineSupervisor:
         self.process = ChildProcess(
             self._argv(port),
             name=self.client.name,
-            log_file=self.settings.logs_dir / f"{self.client.name}.log",
+            log_file=engine_log_path(self.settings, self.client.name),
             env=self._env(),
+            log_max_bytes=self.settings.log_file_max_bytes,
+            log_backups=self.settings.log_file_backups,
         )
         await self.process.start()
         base_url = f"http://{LOOPBACK}:{port}"
@@ -160,6 +162,11 @@ class EngineSupervisor:
         if self.process is not None:
             # The engine stops its own children on TERM; give it their grace plus its own.
             await self.process.stop(self.settings.stop_grace_s * 2 + 5)
+
+
+def engine_log_path(settings: Settings, name: str) -> Path:
+    """Where engine `name`'s process writes its stdout and stderr."""
+    return settings.logs_dir / f"{name}.log"
 
 
 def plan_engines(settings: Settings, gpu_count: int) -> list[EnginePlan]:

@@ -56,6 +56,8 @@ class ChildServer:
             name=spec.id,
             log_file=log_path(settings, spec.id),
             env=env,
+            log_max_bytes=settings.log_file_max_bytes,
+            log_backups=settings.log_file_backups,
         )
 
     @property

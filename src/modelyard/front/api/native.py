@@ -19,6 +19,7 @@ from starlette.routing import Route
 
 from modelyard import __version__
 from modelyard.errors import ModelyardError
+from modelyard.front import archive_capture
 from modelyard.front.proxy import LeasedStream, Relay, sse_event, translated_stream
 from modelyard.front.state import (
     read_json_object,
@@ -67,6 +68,10 @@ async def chat(request: Request) -> Response:
     state = state_of(request)
     req = validate(NativeChatRequest, await read_json_object(request))
     params = req.model_dump(exclude_none=True)
+    # Archived only when asked: header, or the `archive` field (never sent upstream).
+    capture = archive_capture.chat_capture(
+        request, params, asked=params.pop(archive_capture.BODY_FIELD, None), api="native",
+        endpoint="/chat", model=req.model, stream=req.stream)
     if req.stream:
         params["stream_options"] = {"include_usage": True}
     gen = Generation.start()
@@ -79,13 +84,14 @@ async def chat(request: Request) -> Response:
 
     def stream(relay: Relay) -> AsyncIterator[bytes]:
         gen.load_duration_ns = relay.lease.load_duration_ns
-        return translated_stream(
+        chunks = translated_stream(
             relay,
             gen.absorb,
             on_text=lambda text: sse_event({"delta": {"content": text}, "done": False}),
             on_done=lambda: sse_event({"delta": {}, **_final(req.model, gen, with_message=False)}),
             on_error=lambda exc: sse_event(exc.native_body()),
         )
+        return chunks if capture is None else capture.tap_generation(chunks, gen)
 
     opened = await open_for_stream(
         open_relay,
@@ -98,7 +104,7 @@ async def chat(request: Request) -> Response:
         media_type="text/event-stream",
     )
     if not isinstance(opened, Relay):
-        return opened
+        return opened if capture is None else capture.attach(opened)
     relay = opened
     gen.load_duration_ns = relay.lease.load_duration_ns
     if relay.status != 200 or not req.stream:
@@ -108,8 +114,11 @@ async def chat(request: Request) -> Response:
             payload = {**err.native_body(), "error": "upstream_error"}
             return _json(payload, relay.status)
         gen.absorb(orjson.loads(body))
+        if capture is not None:
+            capture.save_generation(gen)
         return _json(_final(req.model, gen))
-    return LeasedStream(stream(relay), relay, "text/event-stream")
+    response = LeasedStream(stream(relay), relay, "text/event-stream")
+    return response if capture is None else capture.attach(response)
 
 
 async def models(request: Request) -> Response:
@@ -167,16 +176,7 @@ async def health(request: Request) -> Response:
 
 
 async def status(request: Request) -> Response:
-    state = state_of(request)
-    engines = await state.engine_statuses()
-    return _json(
-        {
-            "version": __version__,
-            "uptime_seconds": round(time.time() - state.started_at, 3),
-            "engines": engines,
-            "queues": state.queues.stats(),
-        }
-    )
+    return _json(await state_of(request).status_view())
 
 
 async def diag(request: Request) -> Response:

@@ -22,6 +22,7 @@ from starlette.routing import Route
 
 from modelyard import __version__
 from modelyard.errors import InvalidRequest
+from modelyard.front import archive_capture
 from modelyard.front.proxy import LeasedStream, Relay, translated_stream
 from modelyard.front.state import (
     FrontState,
@@ -156,6 +157,10 @@ async def _answer(
     """Run the call upstream; `shape(gen, text, done)` builds each Ollama message."""
     gen = Generation.start()
     state = state_of(request)
+    # Archived only when asked: header, or the `archive` field (never sent upstream).
+    capture = archive_capture.chat_capture(
+        request, params, asked=(req.model_extra or {}).get(archive_capture.BODY_FIELD),
+        api="ollama", endpoint=request.url.path, model=req.model, stream=req.stream)
 
     def open_relay(say: Callable[[str], None] | None) -> Awaitable[Relay]:
         return state.open_relay(
@@ -166,13 +171,14 @@ async def _answer(
 
     def stream(relay: Relay) -> AsyncIterator[bytes]:
         gen.load_duration_ns = relay.lease.load_duration_ns
-        return translated_stream(
+        chunks = translated_stream(
             relay,
             gen.absorb,
             on_text=lambda text: _ndjson(shape(gen, text, False)),
             on_done=lambda: _ndjson(shape(gen, "", True)),
             on_error=lambda exc: _ndjson(exc.ollama_body()),
         )
+        return chunks if capture is None else capture.tap_generation(chunks, gen)
 
     def progress(text: str) -> bytes:
         # Ollama's clients show `thinking` as the model's reasoning (chat: in the message).
@@ -189,7 +195,7 @@ async def _answer(
         media_type="application/x-ndjson",
     )
     if not isinstance(opened, Relay):
-        return opened
+        return opened if capture is None else capture.attach(opened)
     relay = opened
     gen.load_duration_ns = relay.lease.load_duration_ns
     if relay.status != 200 or not req.stream:
@@ -201,8 +207,11 @@ async def _answer(
                 media_type="application/json",
             )
         gen.absorb(orjson.loads(body))
+        if capture is not None:
+            capture.save_generation(gen)
         return Response(orjson.dumps(shape(gen, gen.content, True)), media_type="application/json")
-    return LeasedStream(stream(relay), relay, "application/x-ndjson")
+    response = LeasedStream(stream(relay), relay, "application/x-ndjson")
+    return response if capture is None else capture.attach(response)
 
 
 def _chat_shape(model: str) -> Any:

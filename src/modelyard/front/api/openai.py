@@ -1,13 +1,14 @@
 """OpenAI API: /v1/chat/completions, /v1/completions (JSON or SSE), /v1/models.
 
 The request is validated here, then its bytes go to the backend unchanged and the answer comes
-back unchanged: the cheapest relay is the one that does not re-encode.
+back unchanged: the cheapest relay is the one that does not re-encode. (Only a request with
+modelyard's own `archive` field is re-encoded, without it; see front/archive_capture.py.)
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -17,6 +18,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from modelyard.errors import ModelyardError
+from modelyard.front import archive_capture
 from modelyard.front.proxy import LeasedStream, Relay, passthrough_error, relay_raw, sse_event
 from modelyard.front.state import read_json_object, request_priority, state_of, validate
 from modelyard.front.swap_progress import open_for_stream
@@ -67,11 +69,22 @@ async def _relay(request: Request, path: str, schema: type[_Request]) -> Respons
     body = await request.body()
     data = await read_json_object(request)
     req = validate(schema, data)
+    # Archived only when asked (header or `archive` field); the backend never sees the field.
+    capture = archive_capture.chat_capture(
+        request, data, asked=data.get(archive_capture.BODY_FIELD), api="openai", endpoint=path,
+        model=req.model, stream=req.stream)
+    if archive_capture.BODY_FIELD in data:
+        body = orjson.dumps({k: v for k, v in data.items() if k != archive_capture.BODY_FIELD})
+
     def open_relay(say: Callable[[str], None] | None) -> Awaitable[Relay]:
         return state.open_relay(
             req.model, path, body, priority=request_priority(request), client=request,
             on_progress=say,
         )
+
+    def stream_body(relay: Relay) -> AsyncIterator[bytes]:
+        chunks = relay_raw(relay, openai_error_event)
+        return chunks if capture is None else capture.tap_sse(chunks)
 
     opened = await open_for_stream(
         open_relay,
@@ -79,17 +92,21 @@ async def _relay(request: Request, path: str, schema: type[_Request]) -> Respons
         enabled=req.stream and state.settings.notify_model_swap and "chat" in path,
         render_progress=lambda text: swap_progress_chunk(req.model, text),
         render_error=openai_error_event,
-        body=lambda relay: relay_raw(relay, openai_error_event),
+        body=stream_body,
         media_type="text/event-stream",
     )
     if not isinstance(opened, Relay):
-        return opened
+        return opened if capture is None else capture.attach(opened)
     relay = opened
     if relay.status != 200:
         return passthrough_error(relay, await relay.read())
     if not req.stream:
-        return Response(await relay.read(), media_type="application/json")
-    return LeasedStream(relay_raw(relay, openai_error_event), relay, "text/event-stream")
+        answer = await relay.read()
+        if capture is not None:
+            capture.save_response(answer)
+        return Response(answer, media_type="application/json")
+    response = LeasedStream(stream_body(relay), relay, "text/event-stream")
+    return response if capture is None else capture.attach(response)
 
 
 async def chat_completions(request: Request) -> Response:

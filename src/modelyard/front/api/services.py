@@ -6,6 +6,8 @@ evicted what it had to first. The request body goes to the service byte for byte
 content-type (a multipart upload is never re-encoded: only its `model` field is read here), and
 the service's answer comes back unchanged: status, content-type and bytes, 4xx/5xx included.
 Errors modelyard raises itself on these routes use the native shape (see `PATH_PREFIXES`).
+A successful output is also archived, as it streams past (front/archive_capture.py), unless the
+request says `X-Modelyard-Archive: off`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from starlette.routing import Route
 
 from modelyard.config import ServiceKind, ServiceModel
 from modelyard.errors import InvalidRequest
+from modelyard.front import archive_capture
 from modelyard.front.proxy import RELAY_ERRORS, LeasedStream, Relay, broken_stream
 from modelyard.front.state import FrontState, read_json_object, request_priority, state_of
 from modelyard.store.registry import Entry
@@ -125,6 +128,8 @@ async def _forward(request: Request, kind: ServiceKind, model: str | None) -> Re
     entry = find_service(state, kind, model)
     assert isinstance(entry.spec, ServiceModel)
     body = await request.body()
+    # Outputs are archived unless the request says `X-Modelyard-Archive: off`.
+    capture = archive_capture.service_capture(request, kind=kind, model=entry.id, body=body)
     relay = await state.open_relay(
         entry.id,
         entry.spec.paths[kind],
@@ -133,7 +138,10 @@ async def _forward(request: Request, kind: ServiceKind, model: str | None) -> Re
         content_type=request.headers.get("content-type", "application/json"),
         client=request,  # a client that leaves while it waits (queue, load) leaves the queue
     )
-    response = LeasedStream(_passthrough(relay), relay, relay.content_type)
+    content = _passthrough(relay)
+    if capture is not None and relay.status == 200:
+        content = capture.tap(content, relay.content_type)
+    response = LeasedStream(content, relay, relay.content_type)
     response.status_code = relay.status
     response.headers["content-type"] = relay.content_type  # as sent: no charset added
     for name in _PASSED_HEADERS:

@@ -1,0 +1,176 @@
+"""Live logs of the front, of each engine and of each model (admin; front/logs.py reads them).
+
+    GET /admin/logs?engine=&model=&after=&limit=
+        {"source": name, "lines": [{"seq","ts","source","level","text"}], "next_after": seq,
+         "sources": [{"name","kind": "front"|"engine"|"model","engine"}]}
+        No engine nor model: the front's log; `engine=engine-0` (or `0`): that engine's;
+        `model=<id or alias>`: that model's backend. Without `after`, the last `limit` lines;
+        with it, the lines after that seq (oldest first, at most `limit`), `next_after` says
+        where the next call goes on.
+    GET /admin/logs/stream?engine=&model=&limit=&after=
+        text/event-stream: `id: <seq>` + `data: <line>` per line, first the last `limit` lines
+        (or those after `after` / the Last-Event-ID header), then each new line as it is
+        written, until the client disconnects; a `: keepalive` comment when idle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from modelyard.engine.backends.openai_server import log_path
+from modelyard.errors import InvalidRequest, RouteNotFound
+from modelyard.front.engines import EngineClient, LocalEngineClient
+from modelyard.front.logs import (
+    FRONT,
+    MAX_LIMIT,
+    BufferLog,
+    FileLog,
+    LogBuffer,
+    LogLine,
+    LogReader,
+)
+from modelyard.front.state import FrontState, state_of
+from modelyard.front.supervisor import engine_log_path
+
+DEFAULT_LIMIT = 200
+KEEPALIVE_S = 15.0  # an idle stream says so this often: proxies keep it open, dead peers show
+
+
+def log_buffer(request: Request) -> LogBuffer:
+    buffer: LogBuffer = request.app.state.logs
+    return buffer
+
+
+def _find_engine(state: FrontState, name: str) -> EngineClient:
+    wanted = name if name.startswith("engine-") else f"engine-{name}"
+    for engine in state.engines:
+        if engine.name == wanted:
+            return engine
+    known = ", ".join(e.name for e in state.engines) or "none"
+    raise RouteNotFound(f"no engine '{name}' (engines: {known})", param="engine")
+
+
+def _reader(request: Request) -> LogReader:
+    """The source the query names: a model's, an engine's, or the front's."""
+    state = state_of(request)
+    engine_name = request.query_params.get("engine")
+    model = request.query_params.get("model")
+    engine = _find_engine(state, engine_name) if engine_name else None
+    if model:
+        entry = state.registry.resolve(model)  # 404 model_not_found, naming it
+        return FileLog(log_path(state.settings, entry.id), entry.id)
+    if engine is None:
+        return BufferLog(log_buffer(request), FRONT)
+    if isinstance(engine, LocalEngineClient):  # --single-process: this process's records
+        return BufferLog(log_buffer(request), engine.name)
+    return FileLog(engine_log_path(state.settings, engine.name), engine.name)
+
+
+def _int(request: Request, name: str, default: int | None, lo: int, hi: int) -> int | None:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidRequest(f"`{name}` must be an integer, not {raw!r}", param=name) from None
+    if not lo <= value <= hi:
+        raise InvalidRequest(f"`{name}` must be between {lo} and {hi}", param=name)
+    return value
+
+
+def _after(request: Request) -> int | None:
+    return _int(request, "after", None, 0, 2**62)
+
+
+def _limit(request: Request) -> int:
+    limit = _int(request, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
+    assert limit is not None
+    return limit
+
+
+async def list_sources(state: FrontState) -> list[dict[str, Any]]:
+    """The front, every engine, and every model in the catalog (with the engine it is loaded
+    on, if any). Models served inside an engine (transformers) log into that engine's log."""
+    sources: list[dict[str, Any]] = [{"name": FRONT, "kind": "front", "engine": None}]
+    sources += [{"name": e.name, "kind": "engine", "engine": e.name, "up": e.up}
+                for e in state.engines]
+    loaded = await state.engine_models()
+    seen: set[str] = set()
+    for entry in state.registry.entries():
+        if entry.id in seen:
+            continue
+        seen.add(entry.id)
+        where = loaded.get(entry.id, {}).get("engine")
+        sources.append({"name": entry.id, "kind": "model", "engine": where,
+                        "backend": entry.spec.backend})
+    return sources
+
+
+def _json(payload: Any) -> Response:
+    return Response(orjson.dumps(payload), media_type="application/json")
+
+
+async def read_logs(request: Request) -> Response:
+    reader = _reader(request)
+    after, limit = _after(request), _limit(request)
+    lines, cursor = await asyncio.to_thread(reader.read, after, limit)
+    return _json({
+        "source": reader.name,
+        "lines": [line.to_json() for line in lines],
+        "next_after": cursor,
+        "sources": await list_sources(state_of(request)),
+    })
+
+
+def _events(lines: list[LogLine]) -> bytes:
+    return b"".join(
+        b"id: %d\ndata: %s\n\n" % (line.seq, orjson.dumps(line.to_json())) for line in lines
+    )
+
+
+async def stream_logs(request: Request) -> Response:
+    reader = _reader(request)  # an unknown source fails here, with a real 404
+    after, limit = _after(request), _limit(request)
+    if after is None and (last_id := request.headers.get("last-event-id", "")).isdigit():
+        after = int(last_id)  # an EventSource reconnecting goes on where it stopped
+
+    async def events() -> AsyncIterator[bytes]:
+        if after is None:
+            lines, cursor = await asyncio.to_thread(reader.read, None, limit)
+            yield _events(lines) or b": no lines yet\n\n"  # headers go out now
+        else:
+            cursor = after
+            yield b": following\n\n"
+        quiet_since = time.monotonic()
+        # The follower yields at least every poll, so a client that left is noticed quickly
+        # even on a silent log; closing it closes its file.
+        async with contextlib.aclosing(reader.follow(cursor)) as batches:
+            async for batch in batches:
+                if await request.is_disconnected():
+                    return
+                now = time.monotonic()
+                if batch:
+                    yield _events(batch)
+                    quiet_since = now
+                elif now - quiet_since >= KEEPALIVE_S:
+                    yield b": keepalive\n\n"
+                    quiet_since = now
+
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+
+
+routes = [
+    Route("/admin/logs", read_logs, methods=["GET"]),
+    Route("/admin/logs/stream", stream_logs, methods=["GET"]),
+]

@@ -1,0 +1,107 @@
+"""The Web Studio: its page, its static assets and the live feed its dashboard draws.
+
+    GET /, GET /login             the single-page shell (it holds no data: it asks /auth/me)
+    GET /studio/assets/{path}     HTML/CSS/JS shipped inside the package (no build step)
+    GET /studio/events            SSE: `event: status` every second, the /status body plus
+                                  `jobs` (pulls running, queued or ended in the last minute)
+
+The assets live in `modelyard/front/studio/`; a path that leaves that folder is a 404.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import FileResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from modelyard.errors import RouteNotFound
+from modelyard.front.jobs import ACTIVE
+from modelyard.front.principal import principal_of
+from modelyard.front.state import FrontState, state_of
+
+STUDIO_DIR = Path(__file__).resolve().parent.parent / "studio"
+EVENT_INTERVAL_S = 1.0
+# Ended pulls stay in the feed this long, so a page that watched one sees how it ended.
+RECENT_JOB_S = 60.0
+MEDIA_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".mjs": "text/javascript; charset=utf-8",
+    ".json": "application/json",
+    ".svg": "image/svg+xml",
+    ".png": "image/png",
+    ".ico": "image/x-icon",
+    ".woff2": "font/woff2",
+}
+# The shell and assets change with each release; `no-cache` revalidates instead of serving stale.
+NO_CACHE = {"Cache-Control": "no-cache"}
+
+
+async def shell(request: Request) -> Response:
+    return FileResponse(STUDIO_DIR / "index.html", media_type=MEDIA_TYPES[".html"],
+                        headers=NO_CACHE)
+
+
+def asset_path(relative: str) -> Path | None:
+    """The file `relative` names inside the studio folder; None when it names no file there
+    (absent, a folder, an unknown type, or a path that climbs out with `..` or a link)."""
+    root = STUDIO_DIR.resolve()
+    try:
+        found = (root / relative).resolve()
+    except (OSError, ValueError):
+        return None
+    if not found.is_relative_to(root) or not found.is_file():
+        return None
+    return found if found.suffix in MEDIA_TYPES else None
+
+
+async def asset(request: Request) -> Response:
+    relative: str = request.path_params["path"]
+    found = asset_path(relative)
+    if found is None:
+        raise RouteNotFound(f"GET /studio/assets/{relative}: no such Studio asset")
+    return FileResponse(found, media_type=MEDIA_TYPES[found.suffix], headers=NO_CACHE)
+
+
+async def pull_jobs(state: FrontState) -> list[dict[str, Any]]:
+    if state.jobs is None:
+        return []
+    now = time.time()
+    return [j for j in await state.jobs.list()
+            if j["status"] in ACTIVE or now - (j.get("finished_at") or 0.0) < RECENT_JOB_S]
+
+
+def sse(event: str, payload: Any) -> bytes:
+    return b"event: " + event.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
+
+
+async def events(request: Request) -> Response:
+    state = state_of(request)
+    # Pulls are admin business (/jobs is an admin route): others get an empty list.
+    with_jobs = principal_of(request).can("admin")
+
+    async def feed() -> AsyncIterator[bytes]:
+        yield b"retry: 2000\n\n"  # EventSource reconnects after 2 s if the server goes away
+        while not await request.is_disconnected():
+            jobs = await pull_jobs(state) if with_jobs else []
+            yield sse("status", {"status": await state.status_view(), "jobs": jobs})
+            await asyncio.sleep(EVENT_INTERVAL_S)
+
+    return StreamingResponse(feed(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+routes = [
+    Route("/", shell, methods=["GET"]),
+    Route("/login", shell, methods=["GET"]),
+    Route("/studio/assets/{path:path}", asset, methods=["GET"]),
+    Route("/studio/events", events, methods=["GET"]),
+]
