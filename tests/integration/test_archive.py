@@ -200,6 +200,34 @@ def test_a_tokens_default_retention_applies(server: Server) -> None:
     assert (item["retention"], item["expires_at"]) == ("never", None)
 
 
+def test_a_token_without_a_retention_takes_its_owners_default(server: Server) -> None:
+    erin = _token(server, "erin")
+    r = httpx.patch(server.url + "/auth/me", json={"archive_retention": "1d"}, headers=erin,
+                    timeout=10)
+    assert r.status_code == 200, r.text
+    assert draw(server, erin, "owner default fox").status_code == 200
+    item = wait_item(server, erin, meta_is("prompt", "owner default fox"))
+    assert item["retention"] == "1d"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_a_chat_response_names_its_archive_item(
+    server: Server, alice: Headers, stream: bool
+) -> None:
+    path, body = chat_request("openai", "chatty", stream=stream)
+    body = {**body, "messages": [{"role": "user", "content": f"name my item {stream}"}]}
+    r = httpx.post(server.url + path, json=body, timeout=30,
+                   headers={**alice, "X-Modelyard-Archive": "1d"})
+    assert r.status_code == 200, r.text
+    item_id = r.headers["x-modelyard-archive-id"]
+    found = poll(lambda: httpx.get(f"{server.url}/archive/{item_id}", headers=alice,
+                                   timeout=10).status_code == 200,
+                 timeout_s=20, what="the announced archive item")
+    assert found
+    item = httpx.get(f"{server.url}/archive/{item_id}", headers=alice, timeout=10).json()
+    assert item["meta"]["title"] == f"name my item {stream}" and item["retention"] == "1d"
+
+
 def test_a_bad_archive_header_is_400_in_the_routes_shape(server: Server, alice: Headers) -> None:
     r = speak(server, alice, "x", **{"X-Modelyard-Archive": "2h"})
     assert r.status_code == 400

@@ -114,6 +114,11 @@ def _view(row: dict[str, Any]) -> dict[str, Any]:
                                 "size_bytes", "retention", "created_at", "expires_at", "meta")}
 
 
+def new_item_id() -> str:
+    """128 random bits: ids never come from user input, so they name no path."""
+    return secrets.token_hex(16)
+
+
 class ArchiveStore:
     """The archive's rows and files, its background saves and its sweeper.
 
@@ -187,8 +192,10 @@ class ArchiveStore:
 
     # ---- items ----------------------------------------------------------------------------
 
-    async def save(self, owner: str | None, retention: str, item: NewItem) -> dict[str, Any]:
-        row = await asyncio.to_thread(self._save, owner, retention, item)
+    async def save(self, owner: str | None, retention: str, item: NewItem,
+                   item_id: str | None = None) -> dict[str, Any]:
+        """Stores `item`; `item_id` is one `new_item_id()` made earlier (to announce it)."""
+        row = await asyncio.to_thread(self._save, owner, retention, item, item_id)
         expiry = row["expires_at"]
         if expiry is not None and expiry < self._wake_at:
             self._wake.set()  # the sweeper sleeps past this item's expiry: reschedule it
@@ -267,11 +274,12 @@ class ArchiveStore:
                 removed += 1
         return removed
 
-    def _save(self, owner: str | None, retention: str, item: NewItem) -> dict[str, Any]:
+    def _save(self, owner: str | None, retention: str, item: NewItem,
+              item_id: str | None) -> dict[str, Any]:
         if item.kind not in KINDS:
             raise ValueError(f"unknown archive kind {item.kind!r}")
         retention = parse_retention(retention, "archive")
-        item_id = secrets.token_hex(16)
+        item_id = item_id or new_item_id()
         now = self.clock()
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         path = self._path(item_id)

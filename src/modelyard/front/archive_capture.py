@@ -22,7 +22,7 @@ import base64
 import binascii
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -36,6 +36,7 @@ from modelyard.front.archive import (
     NewItem,
     effective_retention,
     extension_for,
+    new_item_id,
     parse_retention,
 )
 from modelyard.front.principal import principal_of
@@ -43,6 +44,7 @@ from modelyard.front.state import state_of
 from modelyard.front.translate import Generation, rfc3339
 
 HEADER = "x-modelyard-archive"
+ID_HEADER = "X-Modelyard-Archive-Id"  # the id a chat transcript will be saved under
 BODY_FIELD = "archive"
 _OFF = frozenset({"off", "no", "false", "0"})
 _ON = frozenset({"on", "yes", "true", "1", ""})
@@ -73,9 +75,12 @@ class Plan:
     store: ArchiveStore
     owner: str | None
     retention: str
+    # Known before the answer, so a chat response can name it in X-Modelyard-Archive-Id.
+    item_id: str = field(default_factory=new_item_id)
 
-    async def save(self, item: NewItem) -> None:
-        await self.store.save(self.owner, self.retention, item)
+    async def save(self, item: NewItem, *, announced: bool = False) -> None:
+        await self.store.save(self.owner, self.retention, item,
+                              self.item_id if announced else None)
 
 
 def plan_for(request: Request, *, default_on: bool, body_value: object = None) -> Plan | None:
@@ -179,9 +184,11 @@ class ChatCapture:
 
     def attach(self, response: Response) -> Response:
         """Make the response end the tap when it ends, also when the client left mid-stream
-        (then the body iterator is never resumed, so its own `finally` may come much later)."""
+        (then the body iterator is never resumed, so its own `finally` may come much later),
+        and name the item the transcript will be saved as."""
         assert response.background is None
         response.background = BackgroundTask(self._end_tap)
+        response.headers[ID_HEADER] = self.plan.item_id
         return response
 
     def _end_tap(self) -> None:
@@ -206,7 +213,7 @@ class ChatCapture:
         await self.plan.save(NewItem(
             kind="chat", data=data, media_type="application/json", model=self.model, meta=meta,
             filename=f"chat-{self.model}-{_stamp(self.created_at)}.json",
-        ))
+        ), announced=True)
 
 
 def transcript(capture: ChatCapture, gen: Generation, *, complete: bool) -> dict[str, Any]:

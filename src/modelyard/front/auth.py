@@ -206,7 +206,7 @@ def token_principal(token: tokens.Token) -> Principal:
     # An admin scope counts only while the owner is still an admin.
     scopes = frozenset(s for s in token.scopes if s != "admin" or token.owner_is_admin)
     return Principal(token.owner, "admin" in scopes, scopes, "token", token.id,
-                     token.archive_retention)
+                     token.archive_retention or token.owner_retention)
 
 
 def _cookie(headers: Headers, name: str) -> str | None:

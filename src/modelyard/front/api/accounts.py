@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
@@ -24,13 +24,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from modelyard.config import ArchiveRetention
 from modelyard.errors import Conflict, Forbidden, InvalidRequest, Unauthorized
 from modelyard.front import accounts, tokens
 from modelyard.front.auth import Auth, cookie_header, session_of
 from modelyard.front.principal import Principal, principal_of
 from modelyard.front.state import read_json_object, state_of, validate
-
-Retention = Literal["1h", "1d", "1w", "1m", "1y", "never"]
 
 
 def _json(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -98,7 +97,7 @@ async def me(request: Request) -> Response:
 class Preferences(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    archive_retention: Retention | None
+    archive_retention: ArchiveRetention | None
 
 
 async def update_me(request: Request) -> Response:
@@ -106,6 +105,7 @@ async def update_me(request: Request) -> Response:
     name = _user_name(principal_of(request))
     req = validate(Preferences, await read_json_object(request))
     await asyncio.to_thread(accounts.set_archive_retention, auth.db, name, req.archive_retention)
+    auth.forget_tokens()  # tokens carry their owner's default
     user = await asyncio.to_thread(accounts.get_user, auth.db, name)
     assert user is not None
     return _json({"user": user.public()})
@@ -156,7 +156,7 @@ class NewToken(BaseModel):
     scopes: list[str] = Field(default_factory=lambda: ["inference"])
     expires_in_s: float | None = Field(None, gt=0)
     owner: str | None = None
-    archive_retention: Retention | None = None
+    archive_retention: ArchiveRetention | None = None
 
 
 async def list_tokens(request: Request) -> Response:

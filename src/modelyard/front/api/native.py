@@ -116,7 +116,8 @@ async def chat(request: Request) -> Response:
         gen.absorb(orjson.loads(body))
         if capture is not None:
             capture.save_generation(gen)
-        return _json(_final(req.model, gen))
+        whole = _json(_final(req.model, gen))
+        return whole if capture is None else capture.attach(whole)
     response = LeasedStream(stream(relay), relay, "text/event-stream")
     return response if capture is None else capture.attach(response)
 

@@ -209,7 +209,9 @@ async def _answer(
         gen.absorb(orjson.loads(body))
         if capture is not None:
             capture.save_generation(gen)
-        return Response(orjson.dumps(shape(gen, gen.content, True)), media_type="application/json")
+        whole = Response(orjson.dumps(shape(gen, gen.content, True)),
+                         media_type="application/json")
+        return whole if capture is None else capture.attach(whole)
     response = LeasedStream(stream(relay), relay, "application/x-ndjson")
     return response if capture is None else capture.attach(response)
 

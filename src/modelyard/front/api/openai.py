@@ -104,7 +104,8 @@ async def _relay(request: Request, path: str, schema: type[_Request]) -> Respons
         answer = await relay.read()
         if capture is not None:
             capture.save_response(answer)
-        return Response(answer, media_type="application/json")
+        whole = Response(answer, media_type="application/json")
+        return whole if capture is None else capture.attach(whole)
     response = LeasedStream(stream_body(relay), relay, "text/event-stream")
     return response if capture is None else capture.attach(response)
 
