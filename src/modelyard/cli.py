@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from modelyard import __version__
+from modelyard.cli_status import size
 from modelyard.config import Settings, load_settings
 
 app = typer.Typer(
@@ -163,17 +164,6 @@ def _get(url: str, path: str) -> Any:
     return r.json()
 
 
-def _size(n: int | None) -> str:
-    if n is None:
-        return "-"
-    size = float(n)
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if size < 1000 or unit == "TB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1000
-    return str(n)
-
-
 @app.command("ls")
 def list_models(url: UrlOption = DEFAULT_URL, config: ConfigOption = None) -> None:
     """List models: name, where it came from (pulled, imported, config, found on disk), format,
@@ -193,7 +183,7 @@ def list_models(url: UrlOption = DEFAULT_URL, config: ConfigOption = None) -> No
         online = False
     table = Table("ID", "SOURCE", "FORMAT", "SIZE", "PATH", *(["LOADED"] if online else []))
     for m in models:
-        row = [m["model"], m.get("source") or "-", m["format"], _size(m.get("size_bytes")),
+        row = [m["model"], m.get("source") or "-", m["format"], size(m.get("size_bytes")),
                m.get("local_path") or "-"]
         if online:
             row.append(f"yes ({m['engine']})" if m.get("loaded") else "no")
@@ -238,57 +228,63 @@ def unload(
         console.print(f"{result['model']} was not loaded")
 
 
-def _bar(used: int | None, total: int | None, width: int = 20) -> str:
-    if not used or not total:
-        return "-"
-    filled = round(width * min(1.0, used / total))
-    return f"[{'#' * filled}{'.' * (width - filled)}] {_size(used)} / {_size(total)}"
+@app.command()
+def reload(url: UrlOption = DEFAULT_URL) -> None:
+    """Re-read the server's config file: models whose spec changed restart once their requests
+    are done, the others keep running; an invalid file is refused and changes nothing."""
+    result = _call("POST", url, "/admin/reload")
+    for key in ("changed", "updated", "added", "removed"):
+        if result.get(key):
+            console.print(f"{key}: {', '.join(result[key])}")
+    if not any(result.get(k) for k in ("changed", "updated", "added", "removed")):
+        console.print("no model changed")
+    if result.get("restart_required"):
+        console.print("[yellow]take effect only after a restart:[/yellow] "
+                      + ", ".join(result["restart_required"]))
+    for engine in result.get("engines", []):
+        if engine.get("status") == "failed":
+            err_console.print(f"[red]{engine['name']}:[/red] {engine.get('error')}")
 
 
 @app.command()
 def ps(url: UrlOption = DEFAULT_URL) -> None:
-    """Show engines with their device memory, the models loaded, and recent swaps."""
+    """Show engines with their device memory, the models loaded, services, queues, pulls and
+    recent swaps (GET /v1/status)."""
+    from modelyard.cli_status import render
+
     try:
-        status = _get(url, "/status")
+        view = _get(url, "/v1/status")
     except ConnectionError as exc:
         err_console.print(str(exc))
         raise typer.Exit(1) from exc
-    engines = Table("ENGINE", "DEVICE", "MEMORY", "LOADS", "EVICTIONS", "IDLE UNLOADS", "STATE")
-    models = Table("MODEL", "ENGINE", "STATE", "PID", "IN FLIGHT", "MEMORY", "EXPIRES", "LOAD TIME")
-    swaps = Table("WHEN", "ENGINE", "UNLOADED", "WHY")
-    for engine in status["engines"]:
-        if not engine.get("up"):
-            engines.add_row(engine["name"], "-", "-", "-", "-", "-", "down")
-            continue
-        dev, sched = engine.get("device") or {}, engine.get("scheduler") or {}
-        engines.add_row(
-            engine["name"], str(dev.get("name", "-")),
-            _bar(dev.get("used_bytes"), dev.get("total_bytes")),
-            str(sched.get("loads", 0)), str(sched.get("evictions", 0)),
-            str(sched.get("expirations", 0)),
-            f"cooling: {engine['paused']}" if engine.get("paused") else "ok",
-        )
-        for m in engine.get("models", []):
-            if m["state"] == "stopped":
-                continue
-            load_s, mem = m.get("load_duration_s"), m.get("memory") or {}
-            held = mem.get("measured_bytes") or mem.get("reserved_bytes")
-            expires = m.get("expires_in_s")
-            models.add_row(
-                m["model"], engine["name"], m["state"], str(m.get("pid") or "-"),
-                str(m["leases"]), _size(held),
-                "never" if m.get("keep_alive_s") is None else
-                (f"{expires:.0f} s" if expires is not None else "-"),
-                f"{load_s:.2f} s" if load_s else "-",
-            )
-        for swap in sched.get("recent_swaps", [])[-10:]:
-            when = time.strftime("%H:%M:%S", time.localtime(swap["at"]))
-            swaps.add_row(when, engine["name"], swap["unloaded"], swap["reason"])
-    console.print(engines)
-    console.print(models)
-    if swaps.row_count:
-        console.print("recent swaps")
-        console.print(swaps)
+    console.print(render(view))
+
+
+@app.command()
+def top(
+    url: UrlOption = DEFAULT_URL,
+    interval: Annotated[float, typer.Option(help="Seconds between refreshes.")] = 1.0,
+    count: Annotated[int | None, typer.Option(help="Stop after this many refreshes.")] = None,
+) -> None:
+    """A live view of `ps`, refreshed every INTERVAL seconds (Ctrl-C quits)."""
+    from rich.live import Live
+
+    from modelyard.cli_status import render
+
+    def frame() -> Any:
+        try:
+            return render(_get(url, "/v1/status"))
+        except ConnectionError as exc:
+            return f"{exc} (retrying)"
+
+    done = 0
+    with Live(frame(), console=console, auto_refresh=False) as live:
+        try:
+            while count is None or (done := done + 1) < count:
+                time.sleep(interval)
+                live.update(frame(), refresh=True)
+        except KeyboardInterrupt:
+            pass
 
 
 def _request(method: str, url: str, path: str, body: Any = None) -> Any:

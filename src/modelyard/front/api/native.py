@@ -20,6 +20,8 @@ from starlette.routing import Route
 from modelyard import __version__
 from modelyard.errors import ModelyardError
 from modelyard.front import archive_capture
+from modelyard.front.jobs import ACTIVE
+from modelyard.front.overview import overview
 from modelyard.front.proxy import LeasedStream, Relay, sse_event, translated_stream
 from modelyard.front.state import (
     read_json_object,
@@ -180,6 +182,13 @@ async def status(request: Request) -> Response:
     return _json(await state_of(request).status_view())
 
 
+async def overview_status(request: Request) -> Response:
+    """GET /v1/status: devices, engines, services, scheduler, queues and pulls in one JSON."""
+    state = state_of(request)
+    pulls = [j for j in await state.jobs.list() if j["status"] in ACTIVE] if state.jobs else []
+    return _json(overview(await state.status_view(), pulls))
+
+
 async def diag(request: Request) -> Response:
     state = state_of(request)
     engines = []
@@ -203,5 +212,6 @@ routes = [
     Route("/models", models, methods=["GET"]),
     Route("/health", health, methods=["GET"]),
     Route("/status", status, methods=["GET"]),
+    Route("/v1/status", overview_status, methods=["GET"]),
     Route("/diag", diag, methods=["GET"]),
 ]

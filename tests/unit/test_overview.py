@@ -1,0 +1,51 @@
+"""GET /v1/status's shape, from a canned front status (two engines, one down)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from modelyard.cli_status import render
+from modelyard.front.overview import overview
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(10)]
+
+STATUS = json.loads((Path(__file__).parent.parent / "data" / "status" / "two_engines.json")
+                    .read_text())
+PULL = {"id": "j1", "model": "org/x-GGUF", "status": "running", "bytes_done": 50,
+        "bytes_total": 100, "current_file": "x.gguf"}
+
+
+def test_summary_devices_engines_services_and_scheduler() -> None:
+    view = overview(STATUS, [PULL])
+    assert view["summary"] == {"engines": 2, "engines_up": 1, "models_loaded": 1,
+                               "requests_running": 2, "requests_queued": 3, "pulls_active": 1,
+                               "cooling": []}
+    (device,) = view["devices"]
+    assert device["engine"] == "engine-0" and device["used_fraction"] == 0.75
+    assert device["holds"] == [{"model": "b", "bytes": 5500000000},
+                               {"model": "tts", "bytes": 500000000}]
+    up, down = view["engines"]
+    assert [m["model"] for m in up["models"]] == ["b"]  # stopped and services left out
+    assert up["models"][0]["memory_bytes"] == 5500000000  # measured wins over reserved
+    assert down == {"name": "engine-1", "up": False, "pid": None,
+                    "error": "engine-1 is restarting", "cooling": None, "models": []}
+    assert view["services"] == [{"model": "tts", "engine": "engine-0", "state": "ready",
+                                 "healthy": True, "url": "http://127.0.0.1:9000",
+                                 "in_flight": 1, "memory_bytes": 500000000}]
+    assert view["scheduler"]["loads"] == 3 and view["scheduler"]["waits"] == 2
+    assert view["scheduler"]["recent_swaps"] == [
+        {"at": 1000.0, "unloaded": "a", "reason": "for b", "engine": "engine-0"}]
+    assert view["pulls"][0]["bytes_done"] == 50
+
+
+def test_ps_renders_every_part() -> None:
+    console = Console(width=200, record=True)
+    console.print(render(overview(STATUS, [PULL])))
+    text = console.export_text()
+    for expected in ("simulated GPU 0", "61 °C", "engine-1", "down", "tts", "org/x-GGUF",
+                     "recent swaps", "for b", "running 2", "queued 3"):
+        assert expected in text, expected
