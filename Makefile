@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: run install llama-server demo-model demo-safetensors chromium test test-unit test-integration test-e2e check bench-proxy bench-sched bench-batch clean
+.PHONY: run install llama-server demo-model demo-safetensors chromium test test-unit test-integration test-e2e check soak bench-proxy bench-sched bench-batch clean
 
 install: $(STAMP)
 
@@ -49,6 +49,10 @@ test-integration: install
 
 test-e2e: install llama-server demo-model demo-safetensors chromium
 	MODELYARD_REQUIRE_E2E=1 MODELYARD_DEMO_SAFETENSORS=$(DEMO_ST) $(BIN)/python -m pytest -m e2e
+
+# Five minutes of mixed load with client disconnects and an engine kill (SOAK_SECONDS=…).
+soak: install
+	$(BIN)/python -m pytest -m soak -s tests/soak
 
 check: install
 	$(BIN)/ruff check src tests bench
