@@ -20,6 +20,7 @@ from rich.table import Table
 from modelyard import __version__
 from modelyard.cli_status import size
 from modelyard.config import Settings, load_settings
+from modelyard.request_ids import handler_setup
 
 app = typer.Typer(
     help="modelyard: one endpoint for every model on your GPUs.",
@@ -39,9 +40,10 @@ ConfigOption = Annotated[
 ]
 
 
-def _setup_logging(settings: Settings, log_file: str | None, level: str) -> None:
+def _setup_logging(settings: Settings, log_file: str | None, level: str, process: str) -> None:
     """Log to stderr, and to `log_file` under the logs directory when given (rotated at
-    `log_file_max_bytes`, keeping `log_file_backups` old files).
+    `log_file_max_bytes`, keeping `log_file_backups` old files), as text or JSON lines, each
+    record with the id of the request it was written for.
 
     Engines pass None: their supervisor already keeps their output in `logs/engine-N.log`.
     """
@@ -52,12 +54,9 @@ def _setup_logging(settings: Settings, log_file: str | None, level: str) -> None
             settings.logs_dir / log_file, maxBytes=settings.log_file_max_bytes,
             backupCount=settings.log_file_backups,
         ))
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        handlers=handlers,
-        force=True,
-    )
+    for handler in handlers:
+        handler_setup(handler, settings.log_format, process)
+    logging.basicConfig(level=level.upper(), handlers=handlers, force=True)
     # httpx logs every request at INFO: that is our hot path, not news.
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
@@ -78,6 +77,9 @@ def serve(
     ] = None,
     engine_index: Annotated[int, typer.Option(help="Index of an --engine-only process.")] = 0,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+    log_format: Annotated[
+        str | None, typer.Option(help="text or json (one object per line); engines follow.")
+    ] = None,
     simulate_gpus: Annotated[
         str | None,
         typer.Option(help="Simulated GPUs instead of real ones, e.g. 2x24GiB or 24GiB,8GiB."),
@@ -87,9 +89,14 @@ def serve(
         typer.Option(help="Add every GGUF under DIR to the catalog (repeatable; kept)."),
     ] = None,
 ) -> None:
-    """Serve the OpenAI, Ollama and native APIs (or, with --engine-only, one engine)."""
-    import uvicorn
+    """Serve the OpenAI, Ollama and native APIs (or, with --engine-only, one engine).
 
+    SIGTERM or Ctrl-C stops it gracefully (requests in flight get `shutdown_grace_s`); a second
+    one stops it at once, killing every child process."""
+    from modelyard import serving
+
+    if log_format is not None:  # through the environment, so engine processes follow it
+        os.environ["MODELYARD_LOG_FORMAT"] = log_format
     try:
         settings = load_settings(
             config, host=host, port=port, single_process=single_process or None,
@@ -116,19 +123,19 @@ def serve(
         from modelyard.engine.loop import Engine
         from modelyard.store.registry import ModelRegistry
 
-        _setup_logging(settings, None, log_level)
+        _setup_logging(settings, None, log_level, f"engine-{engine_index}")
         engine = Engine(settings, ModelRegistry.build(settings), index=engine_index)
         engine_app = create_engine_app(engine, watch_parent=True)
-        uvicorn.run(
-            engine_app, host="127.0.0.1", port=internal_port, log_level="warning",
-            access_log=False,
-        )
+        serving.run(engine_app, host="127.0.0.1", port=internal_port)
         return
 
+    from modelyard import metrics
     from modelyard.front.app import create_app
+    from modelyard.front.drain import Drain
     from modelyard.store.registry import ModelRegistry
 
-    _setup_logging(settings, "modelyard.log", log_level)
+    metrics.setup_multiprocess(settings.home)  # before anything records; engines inherit it
+    _setup_logging(settings, "modelyard.log", log_level, "front")
     registry = ModelRegistry.build(settings)
     names = ", ".join(e.id for e in registry.entries()) or "none yet"
     logging.getLogger("modelyard").info(
@@ -138,9 +145,10 @@ def serve(
     front = create_app(
         settings, registry=registry, config_file=config, import_dirs=import_dir or ()
     )
-    uvicorn.run(
-        front, host=settings.host, port=settings.port, log_level="warning", access_log=False
-    )
+    drain = Drain(front)  # requests in flight when a shutdown begins: their grace, then an error
+    grace_s = settings.shutdown_grace_s
+    serving.run(drain, host=settings.host, port=settings.port, grace_s=grace_s,
+                on_shutdown=lambda: drain.begin(grace_s))
 
 
 def _home() -> Path:

@@ -319,6 +319,9 @@ class Settings(BaseSettings):
     log_file_backups: int = Field(
         3, ge=0, description="Rotated log files kept per log (file.log.1 … file.log.N)."
     )
+    log_format: Literal["text", "json"] = Field(
+        "text", description="Log lines as text, or one JSON object per line (`--log-format`)."
+    )
     log_buffer_lines: int = Field(
         2000, gt=0, description="The front's own log records kept in memory for "
         "GET /admin/logs (and, with --single-process, the engine's)."
@@ -328,6 +331,23 @@ class Settings(BaseSettings):
     )
     engine_restart_backoff_s: float = Field(
         1.0, ge=0, description="First delay before restarting a crashed engine (doubles, max 30)."
+    )
+    engine_health_interval_s: float = Field(
+        5.0, ge=0, description="How often the front probes each engine process's /health, to "
+        "find one that is alive but stuck (wedged); 0 turns the probe off.",
+    )
+    engine_health_timeout_s: float = Field(
+        5.0, gt=0, description="A probe, or a status call, an engine does not answer within "
+        "this fails; the engine counts as down until it answers a probe again.",
+    )
+    engine_health_failures: int = Field(
+        3, ge=1, description="Failed probes in a row after which the engine's processes are "
+        "killed (SIGKILL) and it is restarted with the crash backoff.",
+    )
+    shutdown_grace_s: float = Field(
+        30.0, ge=0, description="On SIGTERM/SIGINT, how long requests in flight may take to "
+        "finish; then each ends with a `shutting_down` error (in-band in a stream). A second "
+        "signal exits at once.",
     )
     single_process: bool = Field(
         False, description="Run the front and one engine in one process."

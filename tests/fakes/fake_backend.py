@@ -321,6 +321,8 @@ def build_app(fake: Fake) -> Any:
         return JSONResponse(fake.stats.to_json())
 
     async def complete(request: Request) -> Response:
+        if rid := request.headers.get("x-request-id"):
+            log(f"fake: request {rid} on {request.url.path}")  # like a server's access log
         try:
             body = json.loads(await request.body())
         except ValueError as exc:

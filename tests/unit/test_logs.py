@@ -418,3 +418,15 @@ async def test_stream_ends_when_the_client_leaves(tmp_path: Path, spec_version: 
     assert body.index("old line") < body.index("new line")
     assert 'data: {"seq":' in body and "id: " in body
     assert asyncio.all_tasks() == tasks_before
+
+
+def test_json_records_give_their_time_level_and_request_id() -> None:
+    from modelyard.front.logs import parse_line
+
+    line = parse_line('{"ts": "2026-11-22T07:20:14.123+00:00", "level": "warning", '
+                      '"logger": "modelyard.engine", "process": "engine-0", '
+                      '"message": "loading m1", "request_id": "abc"}', 7, "engine-0")
+    assert (line.level, line.seq) == ("warning", 7)
+    assert line.ts == pytest.approx(1795332014.123)
+    assert line.text == "modelyard.engine: loading m1 request_id=abc"
+    assert parse_line("{not json", 8, "x").text == "{not json"

@@ -6,6 +6,7 @@
     POST   /models/{id}/load            load a model (evicting if needed) and keep it per keep-alive
     POST   /models/{id}/unload          unload a model once its requests in flight are done
     POST   /rescan                      re-read the catalog (after a pull or an import)
+    POST   /reload                      take up a new configuration (the front's, as JSON)
 
 Leases are not taken here but over the lease channel (engine/lease_channel.py): it is cheaper,
 and it releases the leases of a front whose connection drops. Errors use the native shape so the
@@ -19,15 +20,18 @@ import contextlib
 import os
 from collections.abc import AsyncIterator
 
+import orjson
+from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from modelyard import __version__
+from modelyard.config import Settings
 from modelyard.engine.lease_channel import serve_lease_channel
 from modelyard.engine.loop import Engine
-from modelyard.errors import ModelyardError
+from modelyard.errors import InvalidRequest, ModelyardError
 
 
 def _error(exc: ModelyardError) -> Response:
@@ -66,6 +70,13 @@ def create_engine_app(engine: Engine, *, watch_parent: bool = False) -> Starlett
         await engine.rescan()
         return JSONResponse({"models": len(engine.registry.entries())})
 
+    async def reload(request: Request) -> Response:
+        try:
+            settings = Settings.model_validate(orjson.loads(await request.body()))
+        except (orjson.JSONDecodeError, ValidationError) as exc:
+            return _error(InvalidRequest(f"reload: not a configuration: {exc}"))
+        return JSONResponse(await engine.reload(settings))
+
     async def unload(request: Request) -> Response:
         try:
             unloaded = await engine.unload(request.path_params["model"])
@@ -96,6 +107,7 @@ def create_engine_app(engine: Engine, *, watch_parent: bool = False) -> Starlett
         Route("/models/{model:path}/load", load, methods=["POST"]),
         Route("/models/{model:path}/unload", unload, methods=["POST"]),
         Route("/rescan", rescan, methods=["POST"]),
+        Route("/reload", reload, methods=["POST"]),
     ]
     return Starlette(routes=routes, lifespan=lifespan)
 

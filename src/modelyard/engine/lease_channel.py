@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 from typing import Any
 
@@ -24,6 +25,7 @@ import orjson
 
 from modelyard.engine.loop import Engine
 from modelyard.errors import ModelyardError
+from modelyard.request_ids import REQUEST_ID
 
 log = logging.getLogger("modelyard.engine.leases")
 
@@ -69,13 +71,16 @@ class _Connection:
         if op == "acquire":
             request_id = int(message["id"])
             keep_alive = message.get("keep_alive_s")
+            context = contextvars.copy_context()  # the grant's logs name the front's request
+            context.run(REQUEST_ID.set, message.get("request_id"))
             task = asyncio.create_task(
                 self._grant(
                     request_id,
                     str(message["model"]),
                     float(keep_alive) if keep_alive is not None else None,
                     bool(message.get("progress")),
-                )
+                ),
+                context=context,
             )
             self.pending[request_id] = task
         elif op == "release":

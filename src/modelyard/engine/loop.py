@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from modelyard import metrics
 from modelyard.config import ModelSpec, ServiceModel, Settings
 from modelyard.engine import scheduler
 from modelyard.engine.backends.base import Backend, make_backend
@@ -46,10 +47,12 @@ from modelyard.errors import (
     EngineCooling,
     InsufficientMemory,
     ModelLoadFailed,
+    ModelNotFound,
     ModelyardError,
 )
 from modelyard.hw.devices import describe_devices
 from modelyard.hw.thermal import DEFAULT_THRESHOLDS, ThermalSensors, engine_paused
+from modelyard.store.config_diff import diff_specs, keep_running, spec_views
 from modelyard.store.estimate import MemoryEstimate, estimate_model, serving_bytes
 from modelyard.store.registry import Entry, ModelRegistry
 from modelyard.types import Lease
@@ -89,6 +92,10 @@ class _Runtime:
     keep_alive_s: float | None = None  # the last request's keep_alive; None: the configured one
     waiting_since: float | None = None  # a load waiting for busy models to make room
     listeners: set[Callable[[str], None]] = field(default_factory=set)  # swap progress
+    # A reload changed or removed its spec: it stops once idle, then takes `retire_to` (None:
+    # it is forgotten); meanwhile requests wait instead of leasing the old server.
+    retiring: asyncio.Task[None] | None = None
+    retire_to: Entry | None = None
 
     @property
     def spec(self) -> ModelSpec:
@@ -123,6 +130,7 @@ class Engine:
         self.paused_reason: str | None = None
         self.device: Device = device or make_device(settings, index, self._child_pids)
         self.env = {**(env if env is not None else os.environ), **self.device.child_env()}
+        metrics.child_env(self.env)  # a backend keeps its own metrics out of ours
         self.stats: collections.Counter[str] = collections.Counter()
         self.swaps: collections.deque[dict[str, Any]] = collections.deque(maxlen=RECENT_SWAPS)
         self.started_at = time.time()
@@ -177,7 +185,12 @@ class Engine:
         if rt.state is ModelState.READY and rt.server is not None and not rt.server.alive:
             # It died and the exit watcher has not run yet: reload instead of leasing a corpse.
             self._forget_dead_server(rt, rt.server)
-        while rt.state is not ModelState.READY:
+        while rt.state is not ModelState.READY or rt.retiring is not None:
+            if rt.retiring is not None:
+                await asyncio.shield(rt.retiring)
+                continue
+            if self._models.get(rt.entry.id) is not rt:
+                raise ModelNotFound(rt.entry.id)  # a reload removed it
             if rt.load is None:
                 self._check_cooldown(rt)
                 rt.load = self._spawn(self._load(rt), f"load:{rt.entry.id}")
@@ -392,17 +405,21 @@ class Engine:
         reason = f"for {for_model}" if for_model else reason
         for rt in runtimes:
             self._record_swap(rt, reason)
+            metrics.model_evicted(rt.entry.id, self.index, reason, for_model)
         if for_model is not None:
             names = ", ".join(victims)
             self._say(self._models[for_model], f"unloading {names} to make room for {for_model}")
         await asyncio.gather(*(self._stop(rt) for rt in runtimes))
-        # Expect most of it back: allocators and drivers keep a little.
-        want = (info.free_bytes or 0) + int(freed * 0.9)
+        # Expect most of it back: allocators and drivers keep a little. Host RAM has no driver
+        # that frees it late, and every other process on the host moves its free figure: there,
+        # the processes being gone is the memory being back.
+        want = 0 if self.device.kind == "cpu" else (info.free_bytes or 0) + int(freed * 0.9)
         await wait_for_recovery(self.device, pids, want, self.settings.memory_recovery_timeout_s)
         self._notify()
 
     def _record_swap(self, rt: _Runtime, reason: str) -> None:
-        kind = {"idle": "expirations", "unload": "unloads"}.get(reason, "evictions")
+        kind = {"idle": "expirations", "unload": "unloads", "reload": "unloads"}.get(
+            reason, "evictions")
         self.stats[kind] += 1
         self.swaps.append(
             {"at": time.time(), "unloaded": rt.entry.id, "reason": reason,
@@ -427,6 +444,71 @@ class Engine:
                     return True
                 changed = self._changed
             await self._wait_for(changed, None)
+
+    # ---- config reload --------------------------------------------------------------------
+
+    async def reload(self, settings: Settings) -> dict[str, Any]:
+        """Take up a new configuration. A model whose spec changed (or that is gone) stops once
+        its requests in flight are done, and the next request loads the new spec; the others
+        keep running. Settings that need a restart keep their running values."""
+        settings = keep_running(settings, self.settings)
+        registry = await asyncio.to_thread(ModelRegistry.build, settings)
+        diff = diff_specs(spec_views(self.registry, self.settings), spec_views(registry, settings))
+        self.settings, self.registry = settings, registry
+        restarting = []
+        for rt in list(self._models.values()):
+            model_id = rt.entry.id
+            entry = registry.get(model_id) if model_id not in diff.removed else None
+            if model_id not in diff.restart:
+                if rt.retiring is not None:
+                    rt.retire_to = entry
+                elif entry is not None:  # the same server; new aliases, priority, keep-alive…
+                    rt.entry = entry
+                continue
+            self._estimates.pop(model_id, None)
+            rt.known_bytes = None
+            rt.cooldown_until, rt.last_error = 0.0, None  # a new spec deserves a new try
+            if rt.retiring is not None:
+                rt.retire_to = entry
+            elif rt.state in (ModelState.STOPPED, ModelState.FAILED) and rt.load is None:
+                self._retarget(rt, entry)
+            else:
+                rt.retire_to = entry
+                rt.retiring = self._spawn(self._retire(rt), f"retire:{model_id}")
+            restarting.append(model_id)
+        self._spawn(self._prefetch_estimates(), "estimates")
+        self._notify()
+        log.info("config reloaded: %s", diff.to_json())
+        return {**diff.to_json(), "restarting": sorted(restarting)}
+
+    def _retarget(self, rt: _Runtime, entry: Entry | None) -> None:
+        """Give an idle runtime its new entry; None forgets it."""
+        if entry is not None:
+            rt.entry = entry
+        elif self._models.get(rt.entry.id) is rt:
+            del self._models[rt.entry.id]
+
+    async def _retire(self, rt: _Runtime) -> None:
+        """Stop `rt`'s server once its leases are released (a reload changed or removed its
+        spec), as `unload` does; requests that arrive meanwhile wait for it, then load anew."""
+        try:
+            if rt.load is not None:
+                with contextlib.suppress(Exception):  # its waiters hear how it failed
+                    await asyncio.shield(rt.load)
+            while True:
+                async with self._placing:
+                    if rt.state is not ModelState.READY:
+                        break  # it failed, crashed or was evicted meanwhile
+                    if not rt.leases:
+                        await self._evict((rt.entry.id,), for_model=None, reason="reload")
+                        break
+                    changed = self._changed
+                await self._wait_for(changed, None)
+        finally:
+            rt.retiring = None
+            self._retarget(rt, rt.retire_to)
+            rt.retire_to = None
+            self._notify()
 
     # ---- background duties ----------------------------------------------------------------
 
@@ -508,9 +590,11 @@ class Engine:
             rt.cooldown_until = self.clock() + self.settings.load_cooldown_s
             exc.retry_after_s = self.settings.load_cooldown_s or None
             self.stats["load_failures"] += 1
+            metrics.model_loaded(rt.entry.id, self.index, "failed")
             log.warning("%s", exc.full_message())
             raise
-        except BaseException:
+        except BaseException as exc:
+            metrics.model_loaded(rt.entry.id, self.index, metrics.load_outcome(exc))
             if rt.state is ModelState.LOADING:
                 rt.state = ModelState.STOPPED
             raise
@@ -526,6 +610,7 @@ class Engine:
         rt.last_used = self.clock()
         rt.load_duration_s = self.clock() - started
         self.stats["loads"] += 1
+        metrics.model_loaded(rt.entry.id, self.index, "success", rt.load_duration_s)
         log.info("%s ready on %s in %.2f s", spec.id, server.url, rt.load_duration_s)
         self._say(rt, f"{spec.id} ready in {rt.load_duration_s:.1f} s")
         self._spawn(self._watch_exit(rt, server), f"watch:{spec.id}")
@@ -552,6 +637,7 @@ class Engine:
         rt.state = ModelState.STOPPED
         rt.restarts += 1
         self.stats["crashes"] += 1
+        metrics.model_crashed(rt.entry.id, self.index)
         self._notify()
 
     async def _stop(self, rt: _Runtime) -> bool:
@@ -612,6 +698,7 @@ class Engine:
                 "used_bytes": info.used_bytes,
                 "free_bytes": info.free_bytes,
                 "temperature_c": info.temperature_c,
+                "utilization_pct": info.utilization_pct,
                 "reserved_loading_bytes": sum(
                     rt.reserved_bytes for rt in self._models.values()
                     if rt.state is ModelState.LOADING

@@ -56,6 +56,23 @@ def rotate_log(path: Path, max_bytes: int, backups: int) -> None:
     path.replace(path.with_name(f"{path.name}.1"))
 
 
+def kill_process_tree(pid: int, *, include_root: bool = True) -> None:
+    """SIGKILL `pid` (unless not `include_root`) and every process below it, now: each one, and
+    the whole group of each that leads its own (every ChildProcess does), so grandchildren that
+    left the tree go too. Nothing gets to clean up: for a process that cannot (wedged), or a
+    forced exit."""
+    try:
+        below = [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        below = []
+    own_group = os.getpgrp()
+    for target in ([pid] if include_root else []) + below:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if target != own_group and os.getpgid(target) == target:  # a group's leader
+                os.killpg(target, signal.SIGKILL)
+            os.kill(target, signal.SIGKILL)
+
+
 def _die_with_parent() -> None:
     # Runs in the child between fork and exec: one plain system call.
     assert _libc is not None
@@ -151,6 +168,11 @@ class ChildProcess:
     def kill(self) -> None:
         """SIGKILL the whole group now (no cleanup in the child)."""
         self._signal_group(signal.SIGKILL)
+
+    def kill_tree(self) -> None:
+        """SIGKILL the child and everything below it, its own children's groups included."""
+        if self._proc is not None and self._proc.returncode is None:
+            kill_process_tree(self._proc.pid)
 
     async def wait(self) -> int:
         assert self._proc is not None

@@ -23,10 +23,11 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 
-from modelyard import db
+from modelyard import db, metrics
 from modelyard.config import Settings
 from modelyard.errors import MethodNotAllowed, ModelyardError, RouteNotFound
 from modelyard.front import accounts, auth, tokens
+from modelyard.front import metrics as front_metrics
 from modelyard.front.api import accounts as accounts_api
 from modelyard.front.api import admin, embeddings, native, ollama, openai, pulls, services
 from modelyard.front.api import archive as archive_api
@@ -37,11 +38,13 @@ from modelyard.front.engines import EngineClient, HttpEngineClient, LocalEngineC
 from modelyard.front.jobs import PullJobs
 from modelyard.front.logs import LogBuffer
 from modelyard.front.proxy import new_upstream_session
+from modelyard.front.reload import ConfigReloader
 from modelyard.front.render import render_error
 from modelyard.front.state import FrontState
 from modelyard.front.supervisor import EngineSupervisor, plan_engines
 from modelyard.hw.simulated import parse_simulated_gpus
 from modelyard.hw.smi import query_gpus
+from modelyard.request_ids import RequestIdMiddleware
 from modelyard.store.registry import ModelRegistry
 
 log = logging.getLogger("modelyard.front")
@@ -80,6 +83,9 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
+            if engines is None and not settings.single_process:  # (`modelyard serve` did it)
+                metrics.setup_multiprocess(settings.home)  # before engines start: they inherit
+            stack.callback(metrics.release_multiprocess)  # last, once the engines have stopped
             # The front's own records, for GET /admin/logs (and an in-process engine's).
             app.state.logs = stack.enter_context(LogBuffer(settings.log_buffer_lines).capture())
             gpu_count = count_gpus(settings)
@@ -100,6 +106,8 @@ def create_app(
             for directory in import_dirs:
                 added = await pulls.import_models(state, directory)
                 log.info("imported %d model(s) from %s", len(added), directory)
+            app.state.reloader = ConfigReloader(state, config_file)  # POST /admin/reload
+            stack.enter_context(app.state.reloader.on_sighup())
             await load_startup_models(state)
             yield
 
@@ -107,7 +115,7 @@ def create_app(
         routes=[
             *openai.routes, *services.routes, *ollama.routes, *native.routes, *admin.routes,
             *pulls.routes, *embeddings.routes, *accounts_api.routes, *logs_api.routes,
-            *archive_api.routes, *studio_api.routes,
+            *archive_api.routes, *studio_api.routes, *front_metrics.routes,
         ],
         middleware=_middleware(settings),
         lifespan=lifespan,
@@ -121,9 +129,10 @@ def create_app(
 
 
 def _middleware(settings: Settings) -> list[Middleware]:
-    """CORS (only when origins are configured) outside the auth gate, so a browser's preflight
-    is answered without credentials, as the CORS protocol requires."""
-    stack = []
+    """Request ids, then CORS (only when origins are configured) outside the auth gate, so a
+    browser's preflight is answered without credentials, as the CORS protocol requires."""
+    # Outermost: even a refused request has an id, and is counted.
+    stack = [Middleware(RequestIdMiddleware), Middleware(front_metrics.RequestMetrics)]
     if settings.cors_origins:
         stack.append(Middleware(
             CORSMiddleware, allow_origins=settings.cors_origins, allow_credentials=True,

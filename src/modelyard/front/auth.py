@@ -4,7 +4,8 @@ Route classes (the whole policy is `route_class` plus `AuthGate._decide`):
 
     public     /health, the login page and its assets, POST /auth/login: never need auth
     inference  the generating and listing APIs (/v1/*, Ollama's chat/generate/embed/tags/ps/show,
-               native /chat /models /status /diag): open on loopback with auth `auto`
+               native /chat /models /status /diag, /metrics): open on loopback with auth
+               `auto` (/metrics shows what /status does: a scraper needs no admin token)
     user       /auth/*, /tokens*, /archive*, /studio/events: need a real identity
     admin      everything else (/admin/*, pulls and jobs, deleting models): need the admin scope
 
@@ -67,7 +68,7 @@ _INFERENCE_EXACT = {
     ("POST", "/chat"), ("GET", "/models"), ("GET", "/status"), ("GET", "/diag"),
     ("POST", "/api/chat"), ("POST", "/api/generate"), ("POST", "/api/embed"),
     ("POST", "/api/embeddings"), ("GET", "/api/tags"), ("GET", "/api/ps"), ("POST", "/api/show"),
-    ("GET", "/api/version"),
+    ("GET", "/api/version"), ("GET", "/metrics"),
 }
 _USER_PREFIXES = ("/auth/", "/tokens", "/archive", "/studio/events")
 # While a session must change its password it may do only this.

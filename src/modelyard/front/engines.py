@@ -14,6 +14,7 @@ from urllib.parse import quote
 import aiohttp
 import orjson
 
+from modelyard.config import Settings
 from modelyard.engine.backends.openai_server import LOOPBACK
 from modelyard.engine.loop import Engine
 from modelyard.errors import EngineUnavailable, ModelyardError, from_native_body
@@ -42,6 +43,8 @@ class EngineClient(Protocol):
     async def unload(self, model: str) -> dict[str, Any]: ...
 
     async def rescan(self) -> None: ...
+
+    async def reload(self, settings: Settings) -> dict[str, Any]: ...
 
     def release(self, lease: Lease) -> None: ...
 
@@ -84,6 +87,9 @@ class LocalEngineClient:
     async def rescan(self) -> None:
         await self.engine.rescan()
 
+    async def reload(self, settings: Settings) -> dict[str, Any]:
+        return await self.engine.reload(settings)
+
     def release(self, lease: Lease) -> None:
         self.engine.release(lease.id)
 
@@ -102,13 +108,29 @@ class HttpEngineClient:
         self.index = index
         self._session: aiohttp.ClientSession | None = None
         self._leases: LeaseClient | None = None
+        # False from a health probe (or a report) it did not answer in time until one it does:
+        # calls then fail fast with 503 instead of hanging on a wedged engine.
+        self._answering = True
+        self._report_timeout: aiohttp.ClientTimeout | None = None
 
     @property
     def up(self) -> bool:
-        return self._session is not None and self._leases is not None and not self._leases.closed
+        return (self._answering and self._session is not None and self._leases is not None
+                and not self._leases.closed)
 
-    async def attach(self, base_url: str, lease_port: int) -> None:
-        """The supervisor says the engine answers at `base_url` and takes leases on `lease_port`."""
+    def set_answering(self, answering: bool) -> None:
+        """What the supervisor's last health probe found."""
+        self._answering = answering
+
+    async def attach(
+        self, base_url: str, lease_port: int, *, report_timeout_s: float | None = None
+    ) -> None:
+        """The supervisor says the engine answers at `base_url` and takes leases on `lease_port`;
+        its reports (status, diag) must come within `report_timeout_s`."""
+        self._answering = True
+        self._report_timeout = (
+            aiohttp.ClientTimeout(total=report_timeout_s) if report_timeout_s else None
+        )
         self._leases = await LeaseClient.connect(LOOPBACK, lease_port)
         # No overall timeout: a lease waits for a model load, which may take minutes; the
         # engine bounds that wait itself.
@@ -138,12 +160,16 @@ class HttpEngineClient:
         session = self._session
         if session is None:
             raise self._unavailable("down")
+        if not self._answering:
+            raise self._unavailable("not answering its health probe")
         data = orjson.dumps(body) if body is not None else None
         try:
             async with session.request(method, path, data=data, **kw) as response:
                 content = await response.read()
                 status = response.status
         except (aiohttp.ClientError, TimeoutError) as exc:
+            if isinstance(exc, TimeoutError):
+                self._answering = False  # until the next health probe it answers
             raise self._unavailable(type(exc).__name__) from exc
         payload = orjson.loads(content) if content else None
         if status >= 400:
@@ -161,6 +187,8 @@ class HttpEngineClient:
         leases = self._leases
         if leases is None or leases.closed:
             raise self._unavailable("down")
+        if not self._answering:
+            raise self._unavailable("not answering its health probe")
         return await leases.acquire(model, keep_alive_s, on_progress)
 
     async def load(self, model: str, keep_alive_s: float | None = None) -> dict[str, Any]:
@@ -174,14 +202,17 @@ class HttpEngineClient:
     async def rescan(self) -> None:
         await self._call("POST", "/rescan")
 
+    async def reload(self, settings: Settings) -> dict[str, Any]:
+        return dict(await self._call("POST", "/reload", settings.model_dump(mode="json")))
+
     def release(self, lease: Lease) -> None:
         # An engine that restarted has forgotten the lease already; nothing to do then.
         if self._leases is not None:
             self._leases.release(lease.id)
 
     async def status(self) -> dict[str, Any]:
-        return dict(await self._call("GET", "/status"))
+        return dict(await self._call("GET", "/status", timeout=self._report_timeout))
 
     async def diag(self) -> dict[str, Any]:
-        return dict(await self._call("GET", "/diag"))
+        return dict(await self._call("GET", "/diag", timeout=self._report_timeout))
 

@@ -24,7 +24,7 @@ import orjson
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from modelyard import db
+from modelyard import db, metrics
 from modelyard.config import Settings
 from modelyard.engine.process import ChildProcess
 from modelyard.errors import InvalidRequest, JobNotFound, ModelyardError
@@ -73,6 +73,8 @@ class PullJobs:
         return await asyncio.to_thread(run)
 
     async def _update(self, job_id: str, **fields: Any) -> None:
+        if fields.get("status") in FINAL:
+            metrics.pull_finished(fields["status"])
         live = self._live.get(job_id)
         if live is not None:
             live.update(fields)
@@ -184,6 +186,11 @@ class PullJobs:
             last = job
         return last
 
+    def active(self) -> dict[str, int]:
+        """Jobs queued and running now (for /metrics)."""
+        running = len(self._live)
+        return {"queued": max(0, len(self._tasks) - running), "running": running}
+
     async def shutdown(self) -> None:
         for job_id, child in list(self._children.items()):
             # Killed, not cancelled: its partial file stays for a resume after the restart.
@@ -257,6 +264,9 @@ class PullJobs:
                 await self._update(job_id, current_file=event.get("name"))
             elif kind == "progress":
                 live = self._live[job_id]
+                fetched = int(event.get("bytes_fetched") or 0)
+                metrics.pull_fetched(fetched - live.get("bytes_fetched", 0))
+                live["bytes_fetched"] = fetched
                 live["bytes_done"] = int(event.get("bytes_done") or 0)
                 self._notify(job_id)
                 if time.monotonic() - last_write >= DB_PROGRESS_EVERY_S:

@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 
 from modelyard.errors import EngineUnavailable, from_native_body
+from modelyard.request_ids import REQUEST_ID
 from modelyard.types import Lease
 
 MAX_LINE_BYTES = 1 << 20
@@ -55,6 +56,8 @@ class LeaseClient:
         self._waiting[request_id] = future
         try:
             message: dict[str, Any] = {"op": "acquire", "id": request_id, "model": model}
+            if (rid := REQUEST_ID.get()) is not None:
+                message["request_id"] = rid  # the engine's logs of this grant carry it
             if keep_alive_s is not None:
                 message["keep_alive_s"] = keep_alive_s
             if on_progress is not None:

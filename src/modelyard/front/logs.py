@@ -31,8 +31,11 @@ import time
 from collections import deque
 from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
+
+import orjson
 
 POLL_S = 0.25  # how often a follower looks for new lines: live enough, a stat() per look
 MAX_LIMIT = 5000  # lines per read
@@ -85,7 +88,7 @@ def redact(text: str) -> str:
 # ---------------------------------------------------------------------------------------------
 # Lines of files: modelyard's own format gives a time and a level; other lines are kept as is.
 
-# cli.py _setup_logging: "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# request_ids.TEXT_FORMAT: "%(asctime)s %(levelname)s %(name)s: %(message)s%(request_tag)s"
 _OURS = re.compile(
     r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) (DEBUG|INFO|WARNING|ERROR|CRITICAL) (.*)$"
 )
@@ -93,8 +96,24 @@ _OURS = re.compile(
 _UVICORN = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+(.*)$")
 
 
+def _json_line(text: str, seq: int, source: str) -> LogLine | None:
+    """A `--log-format json` record (request_ids.JsonFormatter), else None."""
+    try:
+        entry = orjson.loads(text)
+        stamp = datetime.fromisoformat(entry["ts"]).timestamp()
+        message = str(entry["message"])
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        return None
+    if rid := entry.get("request_id"):
+        message += f" request_id={rid}"
+    return LogLine(seq, source, redact(f"{entry.get('logger')}: {message}"), stamp,
+                   str(entry.get("level")))
+
+
 def parse_line(raw: str, seq: int, source: str) -> LogLine:
     text = raw.rstrip("\r\n")
+    if text.startswith("{") and (parsed := _json_line(text, seq, source)) is not None:
+        return parsed
     if m := _OURS.match(text):
         try:
             stamp = time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S"))

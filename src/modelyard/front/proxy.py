@@ -20,7 +20,10 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from modelyard.errors import ModelyardError, UpstreamError
+from modelyard.front.drain import track_relay
 from modelyard.front.engines import EngineClient
+from modelyard.metrics import note_opened, stream_failed
+from modelyard.request_ids import outgoing_headers
 from modelyard.types import Lease
 
 # aiohttp rather than httpx on this path: per request it costs about a third of httpx's CPU,
@@ -54,7 +57,7 @@ async def send_upstream(
     A pooled connection the backend closed while idle fails before the request reached it, so
     that one case is retried once, on a fresh connection.
     """
-    headers = {"content-type": content_type}
+    headers = {"content-type": content_type, **outgoing_headers()}
     try:
         try:
             return await session.post(url, data=payload, headers=headers)
@@ -77,6 +80,8 @@ class Relay:
         self.response = response
         self.on_close: Callable[[], None] | None = None  # e.g. give back the queue slot
         self._closed = False
+        self._untrack = track_relay(self)  # a shutdown past its grace aborts it
+        note_opened()  # for /metrics: the next chunk the client gets is the first token
 
     @property
     def status(self) -> int:
@@ -98,6 +103,12 @@ class Relay:
     def iter_chunks(self) -> AsyncIterator[bytes]:
         return self.response.content.iter_any()
 
+    def abort(self, exc: ModelyardError) -> None:
+        """Make the upstream read in progress (or the next one) raise `exc`: the stream ends
+        with it as its in-band error, a whole-body read with it as its status."""
+        if not self._closed:
+            self.response.content.set_exception(exc)
+
     def close(self) -> None:
         """Release the lease; a response not read to its end is closed, not pooled.
 
@@ -107,6 +118,7 @@ class Relay:
         if self._closed:
             return
         self._closed = True
+        self._untrack()
         if self.response.content.at_eof():
             self.response.release()
         else:
@@ -142,7 +154,9 @@ async def relay_raw(
         async for chunk in relay.iter_chunks():
             yield chunk
     except RELAY_ERRORS as exc:
-        yield on_error(broken_stream(relay.lease, exc))
+        yield on_error(stream_failed(broken_stream(relay.lease, exc)))
+    except ModelyardError as exc:  # aborted (shutdown)
+        yield on_error(stream_failed(exc))
     finally:
         relay.close()
 
@@ -194,9 +208,9 @@ async def translated_stream(
                 yield on_text(text)
         yield on_done()
     except ModelyardError as exc:
-        yield on_error(exc)
+        yield on_error(stream_failed(exc))
     except Exception as exc:  # the connection broke mid-stream
-        yield on_error(broken_stream(relay.lease, exc))
+        yield on_error(stream_failed(broken_stream(relay.lease, exc)))
     finally:
         relay.close()
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
+from modelyard import metrics
 from modelyard.errors import QueueFull, QueueTimeout
 
 EWMA_ALPHA = 0.2
@@ -188,6 +189,7 @@ class ModelQueues:
             state.running += 1
             state.admitted_total += 1
             state.avg_wait_s = _ewma(state.avg_wait_s, 0.0)
+            metrics.queue_waited(model, 0.0)
             return Slot(self, state, now)
         if state.queued >= limits.max_queue:
             state.rejected_total += 1
@@ -223,7 +225,9 @@ class ModelQueues:
                 timer.cancel()
         state.admitted_total += 1
         granted_at = waiter.granted_at if waiter.granted_at is not None else self._clock()
-        state.avg_wait_s = _ewma(state.avg_wait_s, max(0.0, granted_at - waiter.enqueued_at))
+        waited = max(0.0, granted_at - waiter.enqueued_at)
+        state.avg_wait_s = _ewma(state.avg_wait_s, waited)
+        metrics.queue_waited(model, waited)
         return slot
 
     def _dispatch(self, state: _ModelState) -> None:

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
+from modelyard import metrics
 from modelyard.config import Settings
 from modelyard.engine import scheduler
 from modelyard.errors import (
@@ -99,6 +100,7 @@ class FrontState:
         """The engine that serves `entry` (DESIGN.md §1: pinned, resident, default, least
         loaded). For a cold model among several engines, each engine's snapshot says how many
         evictions loading it there would take."""
+        metrics.note_model(entry.id)  # the request being served, if any, is for this model
         if len(self.engines) == 1 and self.engines[0].up and entry.spec.engine is None:
             return self.engines[0]  # nothing to choose
         pinned = f"engine-{entry.spec.engine}" if entry.spec.engine is not None else None

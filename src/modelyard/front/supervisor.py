@@ -4,6 +4,13 @@ Each engine runs `python -m modelyard serve --engine-only --internal-port N` wit
 CUDA_VISIBLE_DEVICES. The supervisor waits until the engine answers /health, watches its exit,
 restarts it with a doubling backoff (its HttpEngineClient answers 503 engine_unavailable in the
 meantime), and on shutdown stops it with TERM → grace → KILL.
+
+An engine can also be alive but stuck (wedged: a deadlock, a blocked event loop, SIGSTOP). The
+supervisor probes its /health every `engine_health_interval_s`; a probe not answered within
+`engine_health_timeout_s` marks it down (its client fails fast instead of hanging), and after
+`engine_health_failures` in a row its whole process tree is SIGKILLed — it cannot run a TERM
+handler — and it is restarted like a crashed one. Its children die with it: each is killed by
+group, and each would die anyway by PR_SET_PDEATHSIG when the engine does.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from pathlib import Path
 
 import httpx
 
+from modelyard import metrics
 from modelyard.config import EngineSpec, Settings
 from modelyard.engine.backends.openai_server import LOOPBACK, free_port
 from modelyard.engine.process import ChildProcess
@@ -51,6 +59,8 @@ class EngineSupervisor:
         self.config_file = config_file
         self.process: ChildProcess | None = None
         self.restarts = 0
+        self.wedged = 0  # times it was killed for not answering its health probe
+        self._base_url = ""
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._first_start: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -96,7 +106,8 @@ class EngineSupervisor:
                     self._first_start.set_result(None)
                 backoff = self.settings.engine_restart_backoff_s
                 assert self.process is not None
-                code = await self.process.wait()
+                code = await self._watch(self.process)
+                metrics.process_exited(self.process.pid)  # its live gauges go; counters stay
                 await self.client.detach()
                 if self._stopping:
                     return
@@ -149,8 +160,58 @@ class EngineSupervisor:
                 await self.process.stop(self.settings.stop_grace_s)
                 tail = "\n".join(self.process.tail(self.settings.log_tail_lines))
                 raise NotReady(f"{exc}; last lines:\n{tail}") from exc
-        await self.client.attach(base_url, lease_port)
+        await self.client.attach(
+            base_url, lease_port, report_timeout_s=self.settings.engine_health_timeout_s
+        )
+        self._base_url = base_url
         log.info("%s ready at %s (pid %s)", self.client.name, base_url, self.process.pid)
+
+    async def _watch(self, process: ChildProcess) -> int:
+        """The engine's exit status, once it exits — or once it was killed for not answering
+        its health probe."""
+        exited = asyncio.ensure_future(process.wait())
+        probing = asyncio.ensure_future(self._probe_until_wedged(self._base_url))
+        try:
+            await asyncio.wait({exited, probing}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            probing.cancel()
+            if not exited.done():
+                exited.cancel()
+        if not exited.cancelled() and exited.done():
+            return exited.result()
+        self.wedged += 1
+        log.error("%s (pid %s) is wedged: %s; killing its processes (SIGKILL). Last lines:\n%s",
+                  self.client.name, process.pid, probing.result(),
+                  "\n".join(process.tail(self.settings.log_tail_lines)))
+        process.kill_tree()
+        return await process.wait()
+
+    async def _probe_until_wedged(self, base_url: str) -> str:
+        """Probe /health until `engine_health_failures` probes in a row fail; returns why.
+        Never returns with the probe off (interval 0)."""
+        s = self.settings
+        if s.engine_health_interval_s <= 0:
+            await asyncio.Event().wait()
+        failures = 0
+        async with httpx.AsyncClient(base_url=base_url, timeout=s.engine_health_timeout_s) as http:
+            while True:
+                await asyncio.sleep(s.engine_health_interval_s)  # a wedge sends no event
+                try:
+                    r = await http.get("/health")
+                    why = "" if r.status_code == 200 else f"/health answered {r.status_code}"
+                except httpx.TimeoutException:
+                    why = f"/health not answered within {s.engine_health_timeout_s:g} s"
+                except httpx.HTTPError as exc:
+                    why = f"/health failed ({type(exc).__name__})"
+                self.client.set_answering(not why)
+                if not why:
+                    failures = 0
+                    continue
+                failures += 1
+                log.warning("%s: %s (%d of %d)", self.client.name, why, failures,
+                            s.engine_health_failures)
+                if failures >= s.engine_health_failures:
+                    return f"{failures} health probes in a row failed, the last: {why}"
 
     async def stop(self) -> None:
         self._stopping = True

@@ -12,12 +12,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from starlette.responses import Response, StreamingResponse
 
 from modelyard.errors import ModelyardError, UpstreamError
+from modelyard.front import drain
 from modelyard.front.proxy import Relay
 from modelyard.front.state import upstream_message
+from modelyard.metrics import counting_errors
 
 
 @dataclass
@@ -58,6 +61,8 @@ async def progress_then_relay(
     """Progress events until the relay opens, then the relay's own body (which closes it)."""
     task, lines = pending.relay, pending.lines
     relay: Relay | None = None
+    render_error = counting_errors(render_error)  # /metrics: the request ends in-band
+    shutdown = drain.aborted()  # the server's shutdown grace ran out while it waited
     try:
         yield render_progress(pending.first)
         while not task.done() or not lines.empty():
@@ -65,11 +70,17 @@ async def progress_then_relay(
                 yield render_progress(lines.get_nowait())
                 continue
             heard = asyncio.ensure_future(lines.get())
-            await asyncio.wait({task, heard}, return_when=asyncio.FIRST_COMPLETED)
+            waits: set[asyncio.Future[Any]] = {task, heard}
+            if shutdown is not None:
+                waits.add(shutdown)
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
             if heard.done():
                 yield render_progress(heard.result())
             else:
                 heard.cancel()
+            if shutdown is not None and shutdown.done() and not task.done():
+                yield render_error(shutdown.result())
+                return
         try:
             relay = task.result()
         except ModelyardError as exc:
@@ -105,6 +116,7 @@ async def open_for_stream(
     `body(relay)`."""
     if not enabled:
         return await open_relay(None)
+    drain.mark_answer()  # its progress stream is an answer, not a feed, for a shutdown
     opened = await relay_or_progress(open_relay)
     if isinstance(opened, Relay):
         return opened

@@ -7,7 +7,8 @@ of a multi-GB file. The child speaks JSON lines on stdout:
 
     {"event": "plan", "format", "quant", "model_id", "bytes_total", "files": [{"name", "size"}]}
     {"event": "file", "name": "…"}                      a file starts
-    {"event": "progress", "bytes_done": N, "file": "…"}  at most a few per second
+    {"event": "progress", "bytes_done": N, "file": "…", "bytes_fetched": M}  at most a few
+                                                         per second; M: downloaded by this run
     {"event": "done", "local_path", "mmproj", "revision", "files"}
     {"event": "error", "code": "…", "status": 4xx/5xx, "message": "…", "available": [...]}
 
@@ -89,6 +90,7 @@ class Progress:
     def __init__(self) -> None:
         self.finished = 0
         self.current = 0
+        self.fetched = 0  # bytes downloaded by this process (for /metrics)
         self.file = ""
         self._last = 0.0
 
@@ -96,7 +98,8 @@ class Progress:
         now = time.monotonic()
         if force or now - self._last >= PROGRESS_EVERY_S:
             self._last = now
-            emit("progress", bytes_done=self.finished + self.current, file=self.file)
+            emit("progress", bytes_done=self.finished + self.current, file=self.file,
+                 bytes_fetched=self.fetched)
 
 
 PROGRESS = Progress()
@@ -282,6 +285,7 @@ def _fetch(url: str, partial: Path, size: int | None, name: str) -> None:
                     for chunk in r.iter_bytes(1 << 20):
                         f.write(chunk)
                         PROGRESS.current += len(chunk)
+                        PROGRESS.fetched += len(chunk)
                         PROGRESS.report()
             return
         except HfHubHTTPError as exc:

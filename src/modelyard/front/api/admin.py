@@ -3,6 +3,8 @@
     POST /admin/models/{id}/load     {"keep_alive_s": 600}  (optional body)
     POST /admin/models/{id}/unload   waits for requests in flight, then unloads on every engine
     GET  /admin/engines              each engine: up, device memory, scheduler figures, models
+    POST /admin/reload               re-read the config file (front/reload.py); 400 names the
+                                     field of an invalid one, which changes nothing
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from modelyard.front.reload import ConfigReloader
 from modelyard.front.state import read_json_object, state_of, validate
 
 
@@ -57,8 +60,14 @@ async def engines(request: Request) -> Response:
     return _json({"engines": await state.engine_statuses(), "queues": state.queues.stats()})
 
 
+async def reload(request: Request) -> Response:
+    reloader: ConfigReloader = request.app.state.reloader
+    return _json(await reloader.reload())
+
+
 routes = [
     Route("/admin/models/{model:path}/load", load, methods=["POST"]),
     Route("/admin/models/{model:path}/unload", unload, methods=["POST"]),
     Route("/admin/engines", engines, methods=["GET"]),
+    Route("/admin/reload", reload, methods=["POST"]),
 ]

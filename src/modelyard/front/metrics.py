@@ -1,0 +1,170 @@
+"""`GET /metrics` (Prometheus text format) and what feeds it in the front (docs/metrics.md).
+
+- `RequestMetrics`, an ASGI middleware, records each inference request once its response is
+  over: the count by model/API/status, time to first token, latency and tokens (read from the
+  answer's last two chunks, kept by reference: nothing of the stream is copied). Handlers deeper
+  down tell it what only they know through `modelyard.metrics.current` (the model routed to,
+  when the backend's answer began, an in-band error).
+- `readings` turns each engine's /status (as `GET /status` shows it), the front's queues and
+  its pull jobs into gauges at scrape time, so nothing stale outlives an engine.
+- `metrics` answers the scrape: in multiprocess mode the sum of every process's files (front
+  and engines, dead ones' counters included) plus the front's process figures; else the
+  default registry.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from modelyard import metrics as m
+from modelyard.front.state import FrontState, state_of
+
+# The inference routes and the API each belongs to (the `api` label).
+API_OF_PATH = {
+    "/v1/chat/completions": "openai",
+    "/v1/completions": "openai",
+    "/api/chat": "ollama",
+    "/api/generate": "ollama",
+    "/chat": "native",
+    "/v1/audio/speech": "service",
+    "/v1/audio/transcriptions": "service",
+    "/v1/images/generations": "service",
+    "/v1/embeddings": "embeddings",
+    "/api/embed": "embeddings",
+    "/api/embeddings": "embeddings",
+}
+
+
+class RequestMetrics:
+    """Counts and times the inference routes (others pass straight through)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        api = API_OF_PATH.get(scope["path"]) if scope["type"] == "http" else None
+        if api is None or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        request = m.Request(api)
+        token = m.current.set(request)
+
+        async def watched(message: Message) -> None:
+            kind = message["type"]
+            if kind == "http.response.body":
+                request.on_body(message.get("body", b""), message.get("more_body", False))
+            elif kind == "http.response.start":
+                request.status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched)
+        except BaseException as exc:
+            request.finish(exc)
+            raise
+        else:
+            request.finish()
+        finally:
+            m.current.reset(token)
+
+
+# ---- readings ---------------------------------------------------------------------------------
+
+
+def readings(
+    statuses: list[dict[str, Any]],
+    queues: dict[str, dict[str, Any]],
+    pulls: dict[str, int],
+) -> Iterator[Any]:
+    """Gauge families for the scrape: engines (from their /status), the front's queues, pulls."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    made: dict[str, GaugeMetricFamily] = {}
+
+    def add(name: str, labels: Iterable[str], value: float | None) -> None:
+        if value is None:
+            return
+        family = made.get(name)
+        if family is None:
+            spec = m.SPEC_BY_NAME[name]
+            family = made[name] = GaugeMetricFamily(name, spec.help, labels=spec.labels)
+        family.add_metric(list(labels), float(value))
+
+    for engine in statuses:
+        name = str(engine["name"])
+        add("modelyard_engine_up", [name], 1 if engine.get("up") else 0)
+        if not engine.get("up"):
+            continue
+        add("modelyard_engine_paused", [name], 1 if engine.get("paused") else 0)
+        device = engine.get("device") or {}
+        where = [name, str(device.get("name") or "")]
+        add("modelyard_device_memory_total_bytes", where, device.get("total_bytes"))
+        add("modelyard_device_memory_used_bytes", where, device.get("used_bytes"))
+        add("modelyard_device_memory_free_bytes", where, device.get("free_bytes"))
+        util = device.get("utilization_pct")
+        add("modelyard_device_utilization_ratio", where, None if util is None else util / 100)
+        add("modelyard_device_temperature_celsius", where, device.get("temperature_c"))
+        for model in engine.get("models") or []:
+            which = [str(model["model"]), name]
+            add("modelyard_model_loaded", which, 1 if model.get("state") == "ready" else 0)
+            add("modelyard_model_leases", which, model.get("leases"))
+            memory = model.get("memory") or {}
+            add("modelyard_model_memory_estimated_bytes", which, memory.get("estimate_bytes"))
+            add("modelyard_model_memory_reserved_bytes", which, memory.get("reserved_bytes"))
+            add("modelyard_model_memory_measured_bytes", which, memory.get("measured_bytes"))
+    for model, figures in queues.items():
+        add("modelyard_queue_depth", [model], figures.get("queued"))
+        add("modelyard_requests_running", [model], figures.get("running"))
+    for status, count in pulls.items():
+        add("modelyard_pull_jobs_active", [status], count)
+    yield from made.values()
+
+
+class _Readings:
+    """A collector of gauges computed before the scrape."""
+
+    def __init__(self, families: list[Any]) -> None:
+        self.families = families
+
+    def collect(self) -> list[Any]:
+        return self.families
+
+
+def exposition(families: list[Any]) -> bytes:
+    """The text format of every recorded metric (all processes') and of `families`."""
+    from prometheus_client import REGISTRY, CollectorRegistry, ProcessCollector, generate_latest
+
+    m.family("modelyard_requests_total")  # every recorded family exists, so each is described
+    registry = CollectorRegistry(auto_describe=False)
+    if m.multiprocess_on():
+        from prometheus_client import multiprocess
+
+        multiprocess.MultiProcessCollector(  # type: ignore[no-untyped-call]
+            registry, os.environ[m.MULTIPROC_ENV])
+        ProcessCollector(registry=registry)  # the front's own CPU and memory
+        recorded = generate_latest(registry)
+    else:
+        recorded = generate_latest(REGISTRY)
+    readings_registry = CollectorRegistry(auto_describe=False)
+    readings_registry.register(_Readings(families))
+    return recorded + generate_latest(readings_registry)
+
+
+async def metrics(request: Request) -> Response:
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    state: FrontState = state_of(request)
+    statuses = await state.engine_statuses()
+    pulls = state.jobs.active() if state.jobs is not None else {}
+    families = list(readings(statuses, state.queues.stats(), pulls))
+    return Response(exposition(families), media_type=CONTENT_TYPE_LATEST)
+
+
+routes = [Route("/metrics", metrics, methods=["GET"])]

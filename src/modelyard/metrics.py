@@ -1,0 +1,454 @@
+"""modelyard's Prometheus metrics: every metric is defined here, once (docs/metrics.md).
+
+Two kinds:
+
+- **recorded** where things happen, through the small functions below: the front counts
+  requests, time to first token, latency, tokens, queue waits and pulls; an engine counts its
+  loads, evictions (with the reason) and crashes, and times its loads;
+- **readings** (device memory, utilization, temperature, engine up, model memory, queue depth):
+  computed by the front at scrape time from each engine's /status and its own queues
+  (front/metrics.py), so a dead engine's last reading never lingers.
+
+Multiprocess: the front and its engine processes record into one directory of memory-mapped
+files (prometheus_client's multiprocess mode, `PROMETHEUS_MULTIPROC_DIR`), and the front's
+`GET /metrics` sums them. prometheus_client picks its storage when it is imported, so this
+module imports it lazily, on the first record: the front calls `setup_multiprocess` before
+that, and the engines it spawns inherit the variable. Without it (a unit test, an in-process
+app) metrics live in prometheus_client's default registry.
+
+Nothing here imports more than the standard library at import time (the front stays light).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextvars
+import os
+import re
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+E = TypeVar("E")
+T = TypeVar("T")
+PREFIX = "modelyard_"
+
+# LLM answers take from tens of milliseconds (one token) to minutes (a long answer on a CPU).
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
+QUEUE_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+LOAD_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+Kind = Literal["counter", "histogram", "gauge"]
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One metric: its exposed name, type, help, labels; `recorded` False: read at scrape."""
+
+    name: str
+    kind: Kind
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] | None = None
+    recorded: bool = True
+
+
+SPECS: tuple[Spec, ...] = (
+    # ---- front, recorded ----------------------------------------------------------------
+    Spec("modelyard_requests_total", "counter",
+         "Inference requests by model, API and status (the HTTP status, or the in-band error "
+         "code of a stream that failed after it started; client_closed_request: the client "
+         "left mid-answer).", ("model", "api", "status")),
+    Spec("modelyard_time_to_first_token_seconds", "histogram",
+         "Streamed answers: from the request's arrival (queue and load included) to the first "
+         "chunk of the backend's answer.", ("model", "api"), LATENCY_BUCKETS),
+    Spec("modelyard_request_duration_seconds", "histogram",
+         "Answers with status 200: from the request's arrival to the answer's last byte.",
+         ("model", "api"), LATENCY_BUCKETS),
+    Spec("modelyard_tokens_total", "counter",
+         "Tokens the backends reported (usage, Ollama counts, llama-server timings): "
+         "direction in (prompt) or out (generated).", ("model", "direction")),
+    Spec("modelyard_queue_wait_seconds", "histogram",
+         "Time a request waited in its model's queue before it was admitted (0 if at once).",
+         ("model",), QUEUE_BUCKETS),
+    Spec("modelyard_pull_bytes_total", "counter",
+         "Bytes pull jobs downloaded (a resumed file counts only what was fetched again)."),
+    Spec("modelyard_pull_jobs_total", "counter",
+         "Pull jobs that ended, by final status (succeeded, failed, cancelled).", ("status",)),
+    # ---- engine, recorded ---------------------------------------------------------------
+    Spec("modelyard_model_loads_total", "counter",
+         "Model loads by outcome: success, failed (the backend did not come up), no_fit "
+         "(no eviction could make room), cancelled.", ("model", "engine", "outcome")),
+    Spec("modelyard_model_evictions_total", "counter",
+         "Models unloaded, by reason: memory (to make room for `for_model`), idle (keep_alive "
+         "ran out), unload (asked: admin route, keep_alive 0), reload (its config changed).",
+         ("model", "engine", "reason", "for_model")),
+    Spec("modelyard_model_load_duration_seconds", "histogram",
+         "Successful loads: from the decision to load (evictions included) to ready.",
+         ("model", "engine"), LOAD_BUCKETS),
+    Spec("modelyard_model_crashes_total", "counter",
+         "Backends that exited on their own while loaded.", ("model", "engine")),
+    # ---- readings, computed at scrape time by the front ---------------------------------
+    Spec("modelyard_engine_up", "gauge", "1 while the engine answers, else 0.", ("engine",),
+         recorded=False),
+    Spec("modelyard_engine_paused", "gauge", "1 while the engine is paused to cool down.",
+         ("engine",), recorded=False),
+    Spec("modelyard_device_memory_total_bytes", "gauge", "The engine's device memory.",
+         ("engine", "device"), recorded=False),
+    Spec("modelyard_device_memory_used_bytes", "gauge", "Device memory in use (all processes).",
+         ("engine", "device"), recorded=False),
+    Spec("modelyard_device_memory_free_bytes", "gauge", "Device memory free.",
+         ("engine", "device"), recorded=False),
+    Spec("modelyard_device_utilization_ratio", "gauge",
+         "Device compute utilization, 0 to 1 (absent where the probe cannot read it).",
+         ("engine", "device"), recorded=False),
+    Spec("modelyard_device_temperature_celsius", "gauge", "Device temperature.",
+         ("engine", "device"), recorded=False),
+    Spec("modelyard_model_loaded", "gauge",
+         "1 for a model that is ready on the engine, 0 for one it knows but has not loaded.",
+         ("model", "engine"), recorded=False),
+    Spec("modelyard_model_leases", "gauge", "Requests in flight on the model (engine leases).",
+         ("model", "engine"), recorded=False),
+    Spec("modelyard_model_memory_estimated_bytes", "gauge",
+         "What the model's files say it needs (the estimate before any load).",
+         ("model", "engine"), recorded=False),
+    Spec("modelyard_model_memory_reserved_bytes", "gauge",
+         "What the engine's ledger reserved for the loaded (or loading) model.",
+         ("model", "engine"), recorded=False),
+    Spec("modelyard_model_memory_measured_bytes", "gauge",
+         "What the device shows the model's process holding now.", ("model", "engine"),
+         recorded=False),
+    Spec("modelyard_queue_depth", "gauge", "Requests waiting in the model's queue.",
+         ("model",), recorded=False),
+    Spec("modelyard_requests_running", "gauge",
+         "Requests of the model admitted by its queue and not finished.", ("model",),
+         recorded=False),
+    Spec("modelyard_pull_jobs_active", "gauge", "Pull jobs queued or running now.",
+         ("status",), recorded=False),
+)
+
+SPEC_BY_NAME = {spec.name: spec for spec in SPECS}
+
+
+def names() -> frozenset[str]:
+    return frozenset(SPEC_BY_NAME)
+
+
+# ---- multiprocess setup ---------------------------------------------------------------------
+
+_owned_dir: Path | None = None
+_released = False
+
+
+def setup_multiprocess(home: Path) -> bool:
+    """Make this process (a front) and the engines it spawns record into a fresh directory,
+    `$home/run/metrics-<pid>`, removed by `release_multiprocess` (the front's last act) or at
+    exit; directories of fronts that are gone are removed first. Call it before anything
+    records. Returns whether multiprocess mode is on: False when prometheus_client was imported
+    before without it (then the default registry serves)."""
+    global _owned_dir, _released
+    if _owned_dir is not None:
+        if _released:  # a second app in this process (tests): files open before are lost
+            _owned_dir.mkdir(parents=True, exist_ok=True)
+            _released = False
+        return True
+    if "prometheus_client" in sys.modules:
+        return multiprocess_on()
+    run = home / "run"
+    _remove_stale(run)
+    directory = run / f"metrics-{os.getpid()}"
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    os.environ[MULTIPROC_ENV] = str(directory)
+    _owned_dir = directory
+    atexit.register(shutil.rmtree, directory, True)
+    return True
+
+
+def release_multiprocess() -> None:
+    """Remove this front's metrics directory once its engines have stopped. (An atexit hook
+    would not run: the server ends by re-raising the SIGTERM it handled.)"""
+    global _released
+    if _owned_dir is not None and not _released:
+        _released = True
+        shutil.rmtree(_owned_dir, ignore_errors=True)
+
+
+def _remove_stale(run: Path) -> None:
+    import psutil
+
+    for old in run.glob("metrics-*"):
+        pid = old.name.removeprefix("metrics-")
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def multiprocess_on() -> bool:
+    """Whether prometheus_client (imported now if it was not) records to files."""
+    from prometheus_client import values
+
+    return bool(getattr(values.ValueClass, "_multiprocess", False)) and bool(
+        os.environ.get(MULTIPROC_ENV))
+
+
+def process_exited(pid: int | None) -> None:
+    """An engine process is gone: drop its live gauges (its counters stay summed)."""
+    if pid is None or not os.environ.get(MULTIPROC_ENV) or not multiprocess_on():
+        return
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
+
+
+def child_env(env: dict[str, str]) -> dict[str, str]:
+    """The environment for a backend child server: without our metrics directory (a vLLM
+    there would write its own metrics into it)."""
+    env.pop(MULTIPROC_ENV, None)
+    return env
+
+
+# ---- the metric objects, made on first use ----------------------------------------------------
+
+
+class _Family:
+    """A labelled metric with its children cached (no lock, no validation on the hot path)."""
+
+    __slots__ = ("_children", "metric")
+
+    def __init__(self, metric: Any) -> None:
+        self.metric = metric
+        self._children: dict[tuple[str, ...], Any] = {}
+
+    def child(self, *labels: str) -> Any:
+        found = self._children.get(labels)
+        if found is None:
+            if _released and _owned_dir is not None:  # recording after the front's end
+                _owned_dir.mkdir(parents=True, exist_ok=True)
+            made = self.metric.labels(*labels) if labels else self.metric
+            found = self._children[labels] = made
+        return found
+
+
+_families: dict[str, _Family] | None = None
+
+
+def _build() -> dict[str, _Family]:
+    import prometheus_client as pc
+
+    made: dict[str, _Family] = {}
+    for spec in SPECS:
+        if not spec.recorded:
+            continue
+        if spec.kind == "counter":
+            metric: Any = pc.Counter(spec.name, spec.help, spec.labels)
+        elif spec.kind == "histogram":
+            metric = pc.Histogram(spec.name, spec.help, spec.labels, buckets=spec.buckets
+                                  or pc.Histogram.DEFAULT_BUCKETS)
+        else:
+            metric = pc.Gauge(spec.name, spec.help, spec.labels, multiprocess_mode="livesum")
+        made[spec.name] = _Family(metric)
+    return made
+
+
+def family(name: str) -> _Family:
+    global _families
+    if _families is None:
+        _families = _build()
+    return _families[name]
+
+
+def _child(name: str, *labels: str) -> Any:
+    global _families
+    if _families is None:
+        _families = _build()
+    return _families[name].child(*labels)
+
+
+# ---- engine records ---------------------------------------------------------------------------
+
+LoadOutcome = Literal["success", "failed", "no_fit", "cancelled"]
+
+
+def engine_name(index: int) -> str:
+    return f"engine-{index}"
+
+
+def model_loaded(model: str, engine: int, outcome: str, duration_s: float | None = None) -> None:
+    """A load ended: `outcome` (LoadOutcome); a success's duration goes to the histogram."""
+    name = engine_name(engine)
+    _child("modelyard_model_loads_total", model, name, outcome).inc()
+    if duration_s is not None:
+        _child("modelyard_model_load_duration_seconds", model, name).observe(duration_s)
+
+
+def load_outcome(exc: BaseException) -> str:
+    """The outcome label of a load that raised `exc`."""
+    from modelyard.errors import InsufficientMemory, ModelLoadFailed
+
+    if isinstance(exc, ModelLoadFailed):
+        return "failed"
+    if isinstance(exc, InsufficientMemory):
+        return "no_fit"
+    return "failed" if isinstance(exc, Exception) else "cancelled"
+
+
+def model_evicted(model: str, engine: int, reason: str, for_model: str | None) -> None:
+    """`model` was unloaded: for `for_model` (memory), or for `reason` (idle, unload, reload)."""
+    why = "memory" if for_model else reason
+    _child("modelyard_model_evictions_total", model, engine_name(engine), why,
+           for_model or "").inc()
+
+
+def model_crashed(model: str, engine: int) -> None:
+    _child("modelyard_model_crashes_total", model, engine_name(engine)).inc()
+
+
+# ---- front records ----------------------------------------------------------------------------
+
+
+def queue_waited(model: str, seconds: float) -> None:
+    _child("modelyard_queue_wait_seconds", model).observe(seconds)
+
+
+def pull_fetched(nbytes: int) -> None:
+    if nbytes > 0:
+        _child("modelyard_pull_bytes_total").inc(nbytes)
+
+
+def pull_finished(status: str) -> None:
+    _child("modelyard_pull_jobs_total", status).inc()
+
+
+class Request:
+    """One inference request as the front's middleware sees it (front/metrics.py); handlers
+    deeper down add what only they know through the hooks below (`current`)."""
+
+    __slots__ = ("api", "complete", "error", "first_at", "last", "model", "opened",
+                 "prev", "started", "status")
+
+    def __init__(self, api: str) -> None:
+        self.api = api
+        self.started = time.perf_counter()
+        self.model = ""  # the catalog id once routed; "" for a request that never got there
+        self.opened = False  # the backend's answer has begun (chunks before it: swap progress)
+        self.status = 0
+        self.first_at: float | None = None
+        self.error: str | None = None  # in-band error code of a stream that broke
+        self.complete = False
+        self.prev: bytes = b""  # the last two body chunks, by reference: the tail with usage
+        self.last: bytes = b""
+
+    def on_body(self, body: bytes, more: bool) -> None:
+        if body:
+            if self.first_at is None and more and self.opened and self.status < 400:
+                self.first_at = time.perf_counter()
+            self.prev, self.last = self.last, body
+        if not more:
+            self.complete = True
+
+    def finish(self, exc: BaseException | None = None) -> None:
+        """Record the request once its response is over (or raised `exc`)."""
+        status = self._status_label(exc)
+        model, api = self.model, self.api
+        _child("modelyard_requests_total", model, api, status).inc()
+        if self.first_at is not None:
+            _child("modelyard_time_to_first_token_seconds", model, api).observe(
+                self.first_at - self.started)
+        if status != "200":
+            return
+        _child("modelyard_request_duration_seconds", model, api).observe(
+            time.perf_counter() - self.started)
+        if api != "service":
+            tokens_in, tokens_out = usage_from_tail(tail_of(self.prev, self.last))
+            if tokens_in:
+                _child("modelyard_tokens_total", model, "in").inc(tokens_in)
+            if tokens_out:
+                _child("modelyard_tokens_total", model, "out").inc(tokens_out)
+
+    def _status_label(self, exc: BaseException | None) -> str:
+        if self.error is not None:
+            return self.error
+        if exc is None:
+            if self.complete:
+                return str(self.status)
+            return "client_closed_request"  # the stream stopped short: the client went away
+        if not self.status:
+            return "500"  # nothing was sent: the server's error handler answers 500
+        code = getattr(exc, "code", None)
+        if isinstance(code, str):
+            return code
+        if isinstance(exc, OSError) or not isinstance(exc, Exception) or \
+                type(exc).__name__ == "ClientDisconnect":
+            return "client_closed_request"
+        return "internal_error"
+
+
+current: contextvars.ContextVar[Request | None] = contextvars.ContextVar(
+    "modelyard_request", default=None)
+
+
+def note_model(model: str) -> None:
+    """The request being served was routed to catalog model `model`."""
+    request = current.get()
+    if request is not None:
+        request.model = model
+
+
+def note_opened() -> None:
+    """The backend's answer has begun: the next chunk sent is the first token."""
+    request = current.get()
+    if request is not None:
+        request.opened = True
+
+
+def stream_failed(exc: E) -> E:
+    """A stream that had started ends with an in-band error `exc` (returned unchanged)."""
+    request = current.get()
+    if request is not None:
+        request.error = str(getattr(exc, "code", "internal_error"))
+    return exc
+
+
+def counting_errors(render: Callable[[E], T]) -> Callable[[E], T]:
+    """`render` (an in-band error's bytes) that also notes the error as the request's end."""
+
+    def rendered(exc: E) -> T:
+        return render(stream_failed(exc))
+
+    return rendered
+
+
+# ---- token counts from the tail of an answer ------------------------------------------------
+
+TAIL_BYTES = 4096
+_COUNTS = re.compile(
+    rb'"(prompt_tokens|completion_tokens|prompt_eval_count|eval_count|prompt_n|predicted_n)"'
+    rb"\s*:\s*(\d+)")
+# Where a figure is reported more than one way, the first name wins.
+_IN = (b"prompt_tokens", b"prompt_eval_count", b"prompt_n")
+_OUT = (b"completion_tokens", b"eval_count", b"predicted_n")
+
+
+def tail_of(prev: bytes, last: bytes, limit: int = TAIL_BYTES) -> bytes:
+    """The last `limit` bytes of an answer whose last two chunks are `prev` and `last`."""
+    if len(last) >= limit:
+        return last[-limit:]
+    return prev[-(limit - len(last)):] + last if prev else last
+
+
+def usage_from_tail(tail: bytes) -> tuple[int, int]:
+    """(tokens in, tokens out) of an answer, from its tail: the last OpenAI `usage`, Ollama
+    `prompt_eval_count`/`eval_count` or llama-server `timings` figures in it; 0 when absent."""
+    found: dict[bytes, int] = {}
+    for match in _COUNTS.finditer(tail):
+        found[match.group(1)] = int(match.group(2))
+    if not found:
+        return 0, 0
+    tokens_in = next((found[k] for k in _IN if k in found), 0)
+    tokens_out = next((found[k] for k in _OUT if k in found), 0)
+    return tokens_in, tokens_out

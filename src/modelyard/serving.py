@@ -1,0 +1,76 @@
+"""Running an ASGI app under uvicorn the way modelyard's processes stop (front and engines).
+
+The first SIGTERM or SIGINT shuts down gracefully: uvicorn stops accepting, `on_shutdown` runs
+(the front's drain starts its grace), requests in flight get up to `grace_s` to finish (plus a
+margin for the ones the drain ended to say so), then the app's lifespan teardown stops what it
+started. A second signal, either kind, forces the exit at once: every process below this one is
+SIGKILLed (whole groups), so nothing is left orphaned, and the process exits without cleanup.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from types import FrameType
+
+import uvicorn
+from starlette.types import ASGIApp
+
+from modelyard.engine.process import kill_process_tree
+
+# After the grace, what streams the drain ended may take to send their last event and close.
+ABORT_MARGIN_S = 5.0
+STARTUP_FAILURE = 3
+
+
+class GracefulServer(uvicorn.Server):
+    def __init__(
+        self, config: uvicorn.Config, *, on_shutdown: Callable[[], None] | None = None
+    ) -> None:
+        super().__init__(config)
+        self.on_shutdown = on_shutdown
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.should_exit:  # the second signal (uvicorn alone forces only on SIGINT)
+            force_exit(sig)
+        super().handle_exit(sig, frame)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.on_shutdown is not None:
+            self.on_shutdown()
+        await super().shutdown(sockets)
+
+
+def force_exit(sig: int) -> None:
+    """Kill every descendant (and their groups), then leave now (called from a handler)."""
+    with contextlib.suppress(OSError):
+        os.write(2, f"modelyard: second signal ({signal.Signals(sig).name}): killing child "
+                    "processes and exiting now\n".encode())
+    kill_process_tree(os.getpid(), include_root=False)
+    os._exit(128 + sig)
+
+
+def run(
+    app: ASGIApp,
+    *,
+    host: str,
+    port: int,
+    grace_s: float | None = None,
+    on_shutdown: Callable[[], None] | None = None,
+) -> None:
+    """Serve `app` until a signal; see the module's docstring. `grace_s` None waits for
+    requests in flight without a bound (an engine: its front bounds it)."""
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level="warning", access_log=False,
+        timeout_graceful_shutdown=None if grace_s is None else math.ceil(grace_s + ABORT_MARGIN_S),
+    )
+    server = GracefulServer(config, on_shutdown=on_shutdown)
+    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the SIGINT it handled
+        server.run()
+    if not server.started:
+        sys.exit(STARTUP_FAILURE)

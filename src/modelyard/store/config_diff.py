@@ -1,0 +1,139 @@
+"""What a config reload changes: pure functions over two configurations (no I/O, no awaits).
+
+* `diff_specs` sorts models, by id, into changed (their server must restart: argv, path, context,
+  flags…), updated (only fields that apply in place changed: aliases, priority, keep-alive…),
+  added, removed and unchanged.
+* `restart_required` names the settings a running server cannot take up (bind address, home,
+  auth, devices…); `keep_running` keeps their running values in a newly read configuration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from modelyard.config import ModelSpec, Settings
+from modelyard.store.registry import ModelRegistry
+
+# Settings read once at startup (by the bind, the auth gate, the database, the engine processes
+# and their supervisor, the logging, the pull queue, the archive, the thermal watch, shutdown):
+# a new value needs a restart.
+RESTART_REQUIRED: tuple[str, ...] = (
+    "home", "host", "port", "auth", "session_ttl_s", "allowed_hosts", "cors_origins",
+    "max_body_bytes", "database_url", "single_process", "devices", "simulate_gpus",
+    "host_ram_cap_bytes", "request_timeout_s", "engine_start_timeout_s",
+    "engine_restart_backoff_s", "engine_health_interval_s", "engine_health_timeout_s",
+    "engine_health_failures", "shutdown_grace_s", "log_file_max_bytes", "log_file_backups",
+    "log_format", "log_buffer_lines", "startup_models", "max_concurrent_pulls",
+    "reserve_free_bytes", "archive_retention", "archive_sweep_interval_s", "thermal",
+)
+# Settings read where they are used, so a reload applies them (to the next load, request,
+# placement…). Every option is in exactly one of the two lists (tests/unit/test_config_diff.py).
+RELOADABLE: tuple[str, ...] = (
+    "models", "presets", "model_dirs", "scan_hf_cache", "hf_cache_dir", "llama_server_path",
+    "default_ctx_size", "llama_server_parallel", "llama_server_threads", "load_cooldown_s",
+    "load_stall_timeout_s", "load_timeout_s", "stop_grace_s", "log_tail_lines", "keep_alive_s",
+    "max_loaded_models", "memory_wait_timeout_s", "memory_recovery_timeout_s",
+    "notify_model_swap", "max_concurrency", "max_queue", "queue_timeout_s", "default_engine",
+    "engine_specs", "auto_pull", "archive_service_outputs",
+)
+
+# Model fields a running server does not depend on: a change applies without a restart.
+IN_PLACE_FIELDS = frozenset({
+    "aliases", "priority", "keep_alive_s", "pinned", "max_concurrency", "max_queue", "group",
+    "can_coexist_with", "vram_bytes",
+})
+
+# Server-wide settings that go into a backend's command line: a change restarts its models.
+_LAUNCH_SETTINGS: dict[str, tuple[str, ...]] = {
+    "llamacpp": ("llama_server_path", "default_ctx_size", "llama_server_parallel",
+                 "llama_server_threads"),
+    "openai": ("default_ctx_size",),
+}
+
+
+@dataclass(frozen=True)
+class SpecDiff:
+    changed: list[str]
+    updated: list[str]
+    added: list[str]
+    removed: list[str]
+    unchanged: list[str]
+
+    @property
+    def restart(self) -> list[str]:
+        """Models whose running server, if any, must stop: changed or removed."""
+        return [*self.changed, *self.removed]
+
+    def to_json(self) -> dict[str, list[str]]:
+        return {"changed": self.changed, "updated": self.updated, "added": self.added,
+                "removed": self.removed, "unchanged": self.unchanged}
+
+
+def diff_specs(
+    old: Mapping[str, Mapping[str, Any]], new: Mapping[str, Mapping[str, Any]]
+) -> SpecDiff:
+    """Compare model views (id → `spec_view`); every list is sorted."""
+
+    def launch(view: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in view.items() if k not in IN_PLACE_FIELDS}
+
+    changed, updated, unchanged = [], [], []
+    for model_id in sorted(old.keys() & new.keys()):
+        if launch(old[model_id]) != launch(new[model_id]):
+            changed.append(model_id)
+        elif old[model_id] != new[model_id]:
+            updated.append(model_id)
+        else:
+            unchanged.append(model_id)
+    return SpecDiff(
+        changed=changed,
+        updated=updated,
+        added=sorted(new.keys() - old.keys()),
+        removed=sorted(old.keys() - new.keys()),
+        unchanged=unchanged,
+    )
+
+
+def spec_view(spec: ModelSpec, settings: Settings) -> dict[str, Any]:
+    """What a model runs as: its spec plus the server-wide settings its backend's command line
+    uses (JSON values, so two views compare by value)."""
+    view = spec.model_dump(mode="json")
+    for name in _LAUNCH_SETTINGS.get(spec.backend, ()):
+        value = getattr(settings, name)
+        view[f"settings.{name}"] = str(value) if value is not None else None
+    return view
+
+
+def spec_views(registry: ModelRegistry, settings: Settings) -> dict[str, dict[str, Any]]:
+    """Every model the registry runs, by id (a preset without its own context runs its base
+    model, so it adds nothing here)."""
+    views: dict[str, dict[str, Any]] = {}
+    for entry in registry.entries():
+        if entry.id not in views:
+            views[entry.id] = spec_view(entry.spec, settings)
+    return views
+
+
+def restart_required(running: Settings, fresh: Settings) -> list[str]:
+    """Settings whose value in `fresh` differs from what the running server was started with;
+    `running` is that start's configuration as read from the same file and environment."""
+    out = [name for name in RESTART_REQUIRED if getattr(running, name) != getattr(fresh, name)]
+    for index in sorted(running.engine_specs.keys() | fresh.engine_specs.keys()):
+        before, after = running.engine_specs.get(index), fresh.engine_specs.get(index)
+        if (before.env if before else {}) != (after.env if after else {}):
+            out.append(f"engine_specs.{index}.env")
+    return out
+
+
+def keep_running(fresh: Settings, running: Settings) -> Settings:
+    """`fresh`, with the running values of every setting that needs a restart (an engine's
+    environment included)."""
+    update: dict[str, Any] = {name: getattr(running, name) for name in RESTART_REQUIRED}
+    update["engine_specs"] = {
+        index: spec.model_copy(update={"env": running.engine_specs[index].env
+                                       if index in running.engine_specs else {}})
+        for index, spec in fresh.engine_specs.items()
+    }
+    return fresh.model_copy(update=update)
