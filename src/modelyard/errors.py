@@ -22,6 +22,7 @@
     ├── EngineCooling               503 engine_cooling       (thermal pause outlasted the wait)
     ├── QueueFull                   429 queue_full           (with Retry-After)
     ├── QueueTimeout                503 queue_timeout        (waited in a model's queue too long)
+    ├── ServerShuttingDown          503 shutting_down        (did not finish within the grace)
     ├── ClientClosedRequest         499 client_closed_request (left while waiting)
     └── UpstreamError               502 upstream_error       (a backend broke the protocol)
 
@@ -238,6 +239,11 @@ class QueueTimeout(ModelyardError):
     code = "queue_timeout"
 
 
+class ServerShuttingDown(ModelyardError):
+    status = 503
+    code = "shutting_down"
+
+
 class ClientClosedRequest(ModelyardError):
     status = 499
     code = "client_closed_request"
@@ -265,6 +271,7 @@ _BY_CODE: dict[str, type[ModelyardError]] = {
         EngineCooling,
         QueueFull,
         QueueTimeout,
+        ServerShuttingDown,
         ClientClosedRequest,
         UpstreamError,
     )

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.timeout(10)
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(10)]
 
 TESTS = Path(__file__).resolve().parents[1]
 

@@ -31,17 +31,12 @@ from typing import Any, Protocol
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from modelyard.errors import ModelyardError
+from modelyard.errors import ModelyardError, ServerShuttingDown
 
 log = logging.getLogger("modelyard.front")
 
 RETRY_AFTER_S = 5.0
 _FEED_TYPES = (b"text/event-stream", b"application/x-ndjson")
-
-
-class ServerShuttingDown(ModelyardError):
-    status = 503
-    code = "shutting_down"
 
 
 def shutting_down(grace_s: float) -> ServerShuttingDown:

@@ -164,7 +164,7 @@ async def relay_raw(
 def broken_stream(lease: Lease, exc: BaseException) -> UpstreamError:
     return UpstreamError(
         f"backend of '{lease.model}' broke the stream ({type(exc).__name__}); "
-        "it may have crashed — see `modelyard logs`",
+        f"it may have crashed — see GET /admin/logs?model={lease.model}",
         model=lease.model,
     )
 
