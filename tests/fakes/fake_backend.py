@@ -141,6 +141,9 @@ class Fake:
         opts = self.opts
         self.install_signals()  # again, in case anything (uvicorn included) replaced them
         if opts.claim_bytes:
+            if opts.claim_after_s:  # as a real load fills the device: a little, then all
+                claim_memory(2**20)
+                await asyncio.sleep(opts.claim_after_s)
             claim_memory(opts.claim_bytes)
         if opts.silent_stall:
             await asyncio.Event().wait()
@@ -372,6 +375,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--progress-while-loading", action="store_true")
     p.add_argument("--ignore-sigterm", action="store_true")
     p.add_argument("--start-log", default=None)
+    p.add_argument("--claim-after-s", type=float, default=0.0,
+                   help="claim 1 MiB at once and --claim-bytes this long into loading")
     p.add_argument("--claim-bytes", type=int, default=0,
                    help="memory held on the simulated GPU from the start of the load")
     # exact short forms only: argparse would read llama-server's `-mg 0` as `-m g`

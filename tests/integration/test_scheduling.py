@@ -158,6 +158,38 @@ def test_a_load_waits_for_a_busy_model_then_evicts_it(tmp_path: Path, files: Pat
     assert s.peak <= DEVICE
 
 
+def test_an_eviction_while_another_model_loads_waits_only_for_its_own_memory(
+    tmp_path: Path, files: Path
+) -> None:
+    """`c` is loading and has not claimed its memory yet when `b` is evicted for `a`: the wait for
+    b's memory must not count c's coming claim as memory to get back (it used to wait out
+    `memory_recovery_timeout_s`, then warn "memory not back")."""
+    # b takes a while to go (it ignores SIGTERM): c fills the device meanwhile.
+    a, b = sim_model("a", 3, files), sim_model("b", 3, files, "--ignore-sigterm")
+    c = sim_model("c", 3, files, "--claim-after-s", "1.0", "--load-time-s", "3")
+    cfg = sim_config(a, b, c, memory_recovery_timeout_s=30, stop_grace_s=1.0)
+    with serving(tmp_path, cfg) as server, ClaimSampler(server.home) as sampler:
+        assert chat(server.url, "a").status_code == 200
+        assert chat(server.url, "b").status_code == 200
+
+        async def run() -> tuple[str, str]:
+            async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+                for_c = asyncio.create_task(stream_text(client, "c"))  # evicts a, then loads
+
+                def c_has_begun_claiming() -> bool:  # its first MiB: nobody else holds that
+                    return 2**20 in sampler.gpu.used_by_pid().values()
+
+                await asyncio.to_thread(poll, c_has_begun_claiming, 10, "c to begin its claim")
+                again_a = await stream_text(client, "a")  # evicts b while c loads
+                return await for_c, again_a
+
+        assert asyncio.run(run()) == (TEXT_16, TEXT_16)
+        engine_log = (server.home / "logs" / "engine-0.log").read_text()
+        assert "memory not back" not in engine_log
+        assert "unloading b (for a)" in engine_log
+    assert sampler.peak <= DEVICE
+
+
 def test_a_model_bigger_than_the_device_is_503_insufficient_memory(
     tmp_path: Path, files: Path
 ) -> None:

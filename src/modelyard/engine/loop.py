@@ -397,7 +397,14 @@ class Engine:
         for rt in runtimes:  # before any await: no lease can be granted on them from here on
             assert not rt.leases, f"policy chose busy {rt.entry.id}"
             rt.state = ModelState.STOPPING
+        self._measure()
         info = self.device.info()
+        # Models loading meanwhile (loads run outside `_placing`) go on claiming what they were
+        # promised: counting it as free here would wait for memory that never comes back.
+        before = plannable_free(info.free_bytes or 0, [
+            Loading(r.reserved_bytes, r.measured_bytes or 0)
+            for r in self._models.values() if r.state is ModelState.LOADING
+        ])
         # Only memory the device showed them holding can be waited for: a service's unload
         # route is trusted once it answered.
         freed = sum(rt.measured_bytes or 0 for rt in runtimes if rt.pid is not None)
@@ -413,7 +420,7 @@ class Engine:
         # Expect most of it back: allocators and drivers keep a little. Host RAM has no driver
         # that frees it late, and every other process on the host moves its free figure: there,
         # the processes being gone is the memory being back.
-        want = 0 if self.device.kind == "cpu" else (info.free_bytes or 0) + int(freed * 0.9)
+        want = 0 if self.device.kind == "cpu" else before + int(freed * 0.9)
         await wait_for_recovery(self.device, pids, want, self.settings.memory_recovery_timeout_s)
         self._notify()
 
