@@ -430,6 +430,29 @@ class Settings(BaseSettings):
         300.0, gt=0, description="The archive's sweeper wakes at the next expiry, and at least "
         "this often, to delete expired items.",
     )
+    chat_session_max_count: int = Field(
+        256, gt=0, description="Server-side chat sessions (`session_id`) kept at most; the "
+        "least recently used is evicted first.",
+    )
+    chat_session_max_bytes: int = Field(
+        4 * 2**20, gt=0, description="Largest history of one chat session (JSON bytes); "
+        "beyond it its oldest turns are dropped.",
+    )
+    chat_session_max_total_bytes: int = Field(
+        256 * 2**20, gt=0, description="All chat sessions' histories together; beyond it the "
+        "least recently used sessions are evicted.",
+    )
+    chat_session_ttl_s: float = Field(
+        3600.0, gt=0, description="A chat session idle this long expires.",
+    )
+    chat_session_sweep_interval_s: float = Field(
+        60.0, gt=0, description="How often expired chat sessions are swept (they are also "
+        "dropped when next touched).",
+    )
+    chat_session_persist: bool = Field(
+        False, description="Keep chat sessions in the database (table `chat_sessions`) so they "
+        "survive a restart.",
+    )
     thermal: ThermalSettings = Field(
         default_factory=ThermalSettings, description="Thermal protection."
     )

@@ -119,6 +119,21 @@ archive = sa.Table(
     sa.Column("meta", sa.JSON, nullable=False, default=dict),
 )
 
+# Server-side chat sessions (front/sessions.py), kept only with `chat_session_persist`; not the
+# login sessions above.
+chat_sessions = sa.Table(
+    "chat_sessions",
+    metadata,
+    sa.Column("owner", sa.String(64), primary_key=True),  # "": anonymous callers
+    sa.Column("id", sa.String(128), primary_key=True),
+    sa.Column("model", sa.String, nullable=False),
+    sa.Column("messages", sa.JSON, nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("last_used_at", sa.Float, nullable=False, index=True),
+    sa.Column("turns", sa.Integer, nullable=False),
+    sa.Column("stats", sa.JSON, nullable=False, default=dict),
+)
+
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()

@@ -7,6 +7,7 @@
     ├── JobNotFound                 404 job_not_found
     ├── RouteNotFound               404 not_found            (no such endpoint)
     ├── ArchiveItemNotFound         404 archive_item_not_found (or not yours)
+    ├── SessionNotFound             404 session_not_found    (no such chat session, or not yours)
     ├── Unauthorized                401 unauthorized         (no or bad credentials)
     ├── Forbidden                   403 forbidden            (credentials lack the scope/role)
     ├── PasswordChangeRequired      403 password_change_required (first login: change it first)
@@ -150,6 +151,17 @@ class ArchiveItemNotFound(ModelyardError):
                          "yours")
 
 
+class SessionNotFound(ModelyardError):
+    status = 404
+    code = "session_not_found"
+    openai_type = "invalid_request_error"
+
+    @classmethod
+    def for_id(cls, session_id: str) -> SessionNotFound:
+        return cls(f"no chat session {session_id!r} (or it is not yours, or it expired); "
+                   "GET /v1/sessions lists yours", param="session_id")
+
+
 class Unauthorized(ModelyardError):
     status = 401
     code = "unauthorized"
@@ -262,6 +274,7 @@ _BY_CODE: dict[str, type[ModelyardError]] = {
         ModelNotFound,
         ModelNotPulled,
         JobNotFound,
+        SessionNotFound,
         RouteNotFound,
         MethodNotAllowed,
         BackendUnavailable,

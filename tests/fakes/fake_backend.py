@@ -14,7 +14,8 @@ Fault flags: --load-time-s S, --crash-on-load (exit 1 once the load time is over
 tokens, or at its end if shorter: a stream drops after N token chunks, a non-stream request gets
 no answer), --ignore-sigterm, --start-log FILE (appends `start <pid>`), --claim-bytes N (holds N
 bytes of the simulated GPU named by $MODELYARD_SIMULATED_GPU_DIR while the process lives).
-The generated text is deterministic: see `generated_text`.
+The generated text is deterministic: see `generated_text`. GET /requests returns the last 64
+completion request bodies it was sent (what a front relayed).
 """
 
 from __future__ import annotations
@@ -126,6 +127,7 @@ class Fake:
         self.ready = False
         self.stats = Stats()
         self.started_at = time.monotonic()
+        self.received: list[Any] = []  # the last 64 completion bodies, for GET /requests
 
     def install_signals(self) -> None:
         """As llama-server: handlers only once loaded; until then TERM/INT kill the process."""
@@ -323,6 +325,9 @@ def build_app(fake: Fake) -> Any:
     async def stats(request: Request) -> Response:
         return JSONResponse(fake.stats.to_json())
 
+    async def received(request: Request) -> Response:  # what the backend was sent
+        return JSONResponse(fake.received)
+
     async def complete(request: Request) -> Response:
         if rid := request.headers.get("x-request-id"):
             log(f"fake: request {rid} on {request.url.path}")  # like a server's access log
@@ -330,6 +335,7 @@ def build_app(fake: Fake) -> Any:
             body = json.loads(await request.body())
         except ValueError as exc:
             return error(400, f"[json.exception.parse_error.101] parse error: {exc}")
+        fake.received = [*fake.received[-63:], body]
         plan = parse_request(body, chat=request.url.path.endswith("/chat/completions"))
         return plan if isinstance(plan, Response) else Generation(fake, plan)
 
@@ -341,7 +347,7 @@ def build_app(fake: Fake) -> Any:
 
     routes = [Route(p, health) for p in ("/health", "/v1/health")]
     routes += [Route(p, models) for p in ("/models", "/v1/models")]
-    routes += [Route("/slots", slots), Route("/stats", stats)]
+    routes += [Route("/slots", slots), Route("/stats", stats), Route("/requests", received)]
     paths = ("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions")
     routes += [Route(p, complete, methods=["POST"]) for p in paths]
     inner = Starlette(routes=routes, lifespan=lifespan)

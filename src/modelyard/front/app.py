@@ -32,6 +32,7 @@ from modelyard.front.api import accounts as accounts_api
 from modelyard.front.api import admin, embeddings, native, ollama, openai, pulls, services
 from modelyard.front.api import archive as archive_api
 from modelyard.front.api import logs as logs_api
+from modelyard.front.api import sessions as sessions_api
 from modelyard.front.api import studio as studio_api
 from modelyard.front.archive import ArchiveStore
 from modelyard.front.engines import EngineClient, HttpEngineClient, LocalEngineClient
@@ -40,6 +41,7 @@ from modelyard.front.logs import LogBuffer
 from modelyard.front.proxy import new_upstream_session
 from modelyard.front.reload import ConfigReloader
 from modelyard.front.render import render_error
+from modelyard.front.sessions import SessionStore
 from modelyard.front.state import FrontState
 from modelyard.front.supervisor import EngineSupervisor, plan_engines
 from modelyard.hw.simulated import parse_simulated_gpus
@@ -103,6 +105,9 @@ def create_app(
             state.archive = ArchiveStore.for_settings(settings, state.db)
             await state.archive.start()  # and its sweeper; stopped before the database closes
             stack.push_async_callback(state.archive.stop)
+            state.sessions = SessionStore.for_settings(settings, state.db)
+            await state.sessions.start()  # reloads persisted ones; stopped (and flushed) first
+            stack.push_async_callback(state.sessions.stop)
             for directory in import_dirs:
                 added = await pulls.import_models(state, directory)
                 log.info("imported %d model(s) from %s", len(added), directory)
@@ -116,6 +121,7 @@ def create_app(
             *openai.routes, *services.routes, *ollama.routes, *native.routes, *admin.routes,
             *pulls.routes, *embeddings.routes, *accounts_api.routes, *logs_api.routes,
             *archive_api.routes, *studio_api.routes, *front_metrics.routes,
+            *sessions_api.routes,
         ],
         middleware=_middleware(settings),
         lifespan=lifespan,

@@ -106,6 +106,7 @@ def overview(status: dict[str, Any], pulls: list[dict[str, Any]]) -> dict[str, A
         "services": _services(engines),
         "scheduler": _scheduler(engines),
         "queues": queues,
+        "chat_sessions": status.get("chat_sessions"),  # count, bytes, evictions
         "pulls": [{"id": j["id"], "model": j["model"], "status": j["status"],
                    "bytes_done": j.get("bytes_done"), "bytes_total": j.get("bytes_total"),
                    "current_file": j.get("current_file")} for j in pulls],

@@ -40,6 +40,7 @@ from modelyard.types import Lease
 if TYPE_CHECKING:
     from modelyard.front.archive import ArchiveStore
     from modelyard.front.auth import Auth
+    from modelyard.front.sessions import SessionStore
 
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
@@ -64,6 +65,7 @@ class FrontState:
     db: sa.Engine | None = None
     auth: Auth | None = None  # identifies callers (front/auth.py); opened with the database
     archive: ArchiveStore | None = None  # generated files, transcripts (front/archive.py)
+    sessions: SessionStore | None = None  # server-side chat sessions (front/sessions.py)
 
     def _compatible(self, engine: EngineClient, entry: Entry) -> bool:
         """The engine may run the model's backend and has every capability it requires."""
@@ -201,6 +203,7 @@ class FrontState:
             "uptime_seconds": round(time.time() - self.started_at, 3),
             "engines": await self.engine_statuses(),
             "queues": self.queues.stats(),
+            **({"chat_sessions": self.sessions.stats()} if self.sessions is not None else {}),
         }
 
     async def engine_models(self) -> dict[str, dict[str, Any]]:

@@ -17,8 +17,8 @@ from modelyard.config import ModelSpec, Settings
 from modelyard.store.registry import ModelRegistry
 
 # Settings read once at startup (by the bind, the auth gate, the database, the engine processes
-# and their supervisor, the logging, the pull queue, the archive, the thermal watch, shutdown):
-# a new value needs a restart.
+# and their supervisor, the logging, the pull queue, the archive, the chat sessions, the thermal
+# watch, shutdown): a new value needs a restart.
 RESTART_REQUIRED: tuple[str, ...] = (
     "home", "host", "port", "auth", "session_ttl_s", "allowed_hosts", "cors_origins",
     "max_body_bytes", "database_url", "single_process", "devices", "simulate_gpus",
@@ -27,6 +27,8 @@ RESTART_REQUIRED: tuple[str, ...] = (
     "engine_health_failures", "shutdown_grace_s", "log_file_max_bytes", "log_file_backups",
     "log_format", "log_buffer_lines", "startup_models", "max_concurrent_pulls",
     "reserve_free_bytes", "archive_retention", "archive_sweep_interval_s", "thermal",
+    "chat_session_max_count", "chat_session_max_bytes", "chat_session_max_total_bytes",
+    "chat_session_ttl_s", "chat_session_sweep_interval_s", "chat_session_persist",
 )
 # Settings read where they are used, so a reload applies them (to the next load, request,
 # placement…). Every option is in exactly one of the two lists (tests/unit/test_config_diff.py).

@@ -23,6 +23,13 @@ from modelyard.front import archive_capture
 from modelyard.front.jobs import ACTIVE
 from modelyard.front.overview import overview
 from modelyard.front.proxy import LeasedStream, Relay, sse_event, translated_stream
+from modelyard.front.session_relay import (
+    begin_turn,
+    commit_body,
+    session_id_for,
+    tagged,
+    tap_translated,
+)
 from modelyard.front.state import (
     read_json_object,
     request_priority,
@@ -70,6 +77,11 @@ async def chat(request: Request) -> Response:
     state = state_of(request)
     req = validate(NativeChatRequest, await read_json_object(request))
     params = req.model_dump(exclude_none=True)
+    # A server-side session (front/sessions.py): its history is spliced in.
+    sid = session_id_for(request, params)
+    turn = None if sid is None else begin_turn(request, sid, req.model, params)
+    if turn is not None:
+        params = turn.body
     # Archived only when asked: header, or the `archive` field (never sent upstream).
     capture = archive_capture.chat_capture(
         request, params, asked=params.pop(archive_capture.BODY_FIELD, None), api="native",
@@ -86,11 +98,16 @@ async def chat(request: Request) -> Response:
 
     def stream(relay: Relay) -> AsyncIterator[bytes]:
         gen.load_duration_ns = relay.lease.load_duration_ns
+        absorb: Callable[[dict[str, Any]], str] = gen.absorb
+        on_done: Callable[[], bytes] = lambda: sse_event(  # noqa: E731
+            {"delta": {}, **_final(req.model, gen, with_message=False)})
+        if turn is not None:
+            absorb, on_done = tap_translated(turn, absorb, on_done)
         chunks = translated_stream(
             relay,
-            gen.absorb,
+            absorb,
             on_text=lambda text: sse_event({"delta": {"content": text}, "done": False}),
-            on_done=lambda: sse_event({"delta": {}, **_final(req.model, gen, with_message=False)}),
+            on_done=on_done,
             on_error=lambda exc: sse_event(exc.native_body()),
         )
         return chunks if capture is None else capture.tap_generation(chunks, gen)
@@ -106,7 +123,7 @@ async def chat(request: Request) -> Response:
         media_type="text/event-stream",
     )
     if not isinstance(opened, Relay):
-        return opened if capture is None else capture.attach(opened)
+        return tagged(opened if capture is None else capture.attach(opened), turn)
     relay = opened
     gen.load_duration_ns = relay.lease.load_duration_ns
     if relay.status != 200 or not req.stream:
@@ -114,14 +131,17 @@ async def chat(request: Request) -> Response:
         if relay.status != 200:
             err = ModelyardError(upstream_message(body), model=req.model)
             payload = {**err.native_body(), "error": "upstream_error"}
-            return _json(payload, relay.status)
-        gen.absorb(orjson.loads(body))
+            return tagged(_json(payload, relay.status), turn)
+        answer = orjson.loads(body)
+        gen.absorb(answer)
+        if turn is not None:
+            commit_body(turn, answer)
         if capture is not None:
             capture.save_generation(gen)
         whole = _json(_final(req.model, gen))
-        return whole if capture is None else capture.attach(whole)
+        return tagged(whole if capture is None else capture.attach(whole), turn)
     response = LeasedStream(stream(relay), relay, "text/event-stream")
-    return response if capture is None else capture.attach(response)
+    return tagged(response if capture is None else capture.attach(response), turn)
 
 
 async def models(request: Request) -> Response:

@@ -24,6 +24,14 @@ from modelyard import __version__
 from modelyard.errors import InvalidRequest
 from modelyard.front import archive_capture
 from modelyard.front.proxy import LeasedStream, Relay, translated_stream
+from modelyard.front.session_relay import (
+    begin_turn,
+    commit_body,
+    session_id_for,
+    tagged,
+    tap_translated,
+)
+from modelyard.front.sessions import Turn
 from modelyard.front.state import (
     FrontState,
     read_json_object,
@@ -153,8 +161,10 @@ async def _answer(
     path: str,
     params: dict[str, Any],
     shape: Any,
+    turn: Turn | None = None,
 ) -> Response:
-    """Run the call upstream; `shape(gen, text, done)` builds each Ollama message."""
+    """Run the call upstream; `shape(gen, text, done)` builds each Ollama message. `turn`: a
+    chat in a server-side session (front/session_relay.py), committed when it succeeds."""
     gen = Generation.start()
     state = state_of(request)
     # Archived only when asked: header, or the `archive` field (never sent upstream).
@@ -171,11 +181,15 @@ async def _answer(
 
     def stream(relay: Relay) -> AsyncIterator[bytes]:
         gen.load_duration_ns = relay.lease.load_duration_ns
+        absorb: Callable[[dict[str, Any]], str] = gen.absorb
+        on_done: Callable[[], bytes] = lambda: _ndjson(shape(gen, "", True))  # noqa: E731
+        if turn is not None:
+            absorb, on_done = tap_translated(turn, absorb, on_done)
         chunks = translated_stream(
             relay,
-            gen.absorb,
+            absorb,
             on_text=lambda text: _ndjson(shape(gen, text, False)),
-            on_done=lambda: _ndjson(shape(gen, "", True)),
+            on_done=on_done,
             on_error=lambda exc: _ndjson(exc.ollama_body()),
         )
         return chunks if capture is None else capture.tap_generation(chunks, gen)
@@ -195,25 +209,28 @@ async def _answer(
         media_type="application/x-ndjson",
     )
     if not isinstance(opened, Relay):
-        return opened if capture is None else capture.attach(opened)
+        return tagged(opened if capture is None else capture.attach(opened), turn)
     relay = opened
     gen.load_duration_ns = relay.lease.load_duration_ns
     if relay.status != 200 or not req.stream:
         body = await relay.read()
         if relay.status != 200:
-            return Response(
+            return tagged(Response(
                 orjson.dumps({"error": upstream_message(body)}),
                 status_code=relay.status,
                 media_type="application/json",
-            )
-        gen.absorb(orjson.loads(body))
+            ), turn)
+        payload = orjson.loads(body)
+        gen.absorb(payload)
+        if turn is not None:
+            commit_body(turn, payload)
         if capture is not None:
             capture.save_generation(gen)
         whole = Response(orjson.dumps(shape(gen, gen.content, True)),
                          media_type="application/json")
-        return whole if capture is None else capture.attach(whole)
+        return tagged(whole if capture is None else capture.attach(whole), turn)
     response = LeasedStream(stream(relay), relay, "application/x-ndjson")
-    return response if capture is None else capture.attach(response)
+    return tagged(response if capture is None else capture.attach(response), turn)
 
 
 def _chat_shape(model: str) -> Any:
@@ -302,8 +319,13 @@ async def chat(request: Request) -> Response:
     if not req.messages:
         empty = {"message": {"role": "assistant", "content": ""}}
         return await _load_or_unload(state, req, keep_alive_s, empty)
+    params = chat_payload(req)
+    # A server-side session (`session_id` field or X-Session-Id): its history is spliced in.
+    sid = session_id_for(request, req.model_extra or {})
+    turn = None if sid is None else begin_turn(request, sid, req.model, params)
     return await _answer(
-        request, req, "/v1/chat/completions", chat_payload(req), _chat_shape(req.model)
+        request, req, "/v1/chat/completions", params if turn is None else turn.body,
+        _chat_shape(req.model), turn,
     )
 
 
@@ -314,6 +336,7 @@ async def generate(request: Request) -> Response:
         return await _load_or_unload(
             state, req, keep_alive_seconds(req.keep_alive), {"response": ""}
         )
+    session_id_for(request, req.model_extra or {}, chat=False)  # sessions are for /api/chat
     path, params = generate_payload(req)
     return await _answer(request, req, path, params, _generate_shape(req.model))
 

@@ -2,7 +2,8 @@
 
 The request is validated here, then its bytes go to the backend unchanged and the answer comes
 back unchanged: the cheapest relay is the one that does not re-encode. (Only a request with
-modelyard's own `archive` field is re-encoded, without it; see front/archive_capture.py.)
+modelyard's own `archive` field is re-encoded, without it; see front/archive_capture.py; and a
+chat in a server-side session, whose history is spliced in: front/session_relay.py.)
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from starlette.routing import Route
 from modelyard.errors import ModelyardError
 from modelyard.front import archive_capture
 from modelyard.front.proxy import LeasedStream, Relay, passthrough_error, relay_raw, sse_event
+from modelyard.front.session_relay import begin_turn, commit_body, session_id_for, tagged, tap_sse
 from modelyard.front.state import read_json_object, request_priority, state_of, validate
 from modelyard.front.swap_progress import open_for_stream
 
@@ -69,11 +71,16 @@ async def _relay(request: Request, path: str, schema: type[_Request]) -> Respons
     body = await request.body()
     data = await read_json_object(request)
     req = validate(schema, data)
+    # A server-side session (front/sessions.py): its history is spliced in, the body re-encoded.
+    sid = session_id_for(request, data, chat="chat" in path)
+    turn = None if sid is None else begin_turn(request, sid, req.model, data)
+    if turn is not None:
+        data = turn.body
     # Archived only when asked (header or `archive` field); the backend never sees the field.
     capture = archive_capture.chat_capture(
         request, data, asked=data.get(archive_capture.BODY_FIELD), api="openai", endpoint=path,
         model=req.model, stream=req.stream)
-    if archive_capture.BODY_FIELD in data:
+    if archive_capture.BODY_FIELD in data or turn is not None:
         body = orjson.dumps({k: v for k, v in data.items() if k != archive_capture.BODY_FIELD})
 
     def open_relay(say: Callable[[str], None] | None) -> Awaitable[Relay]:
@@ -84,6 +91,8 @@ async def _relay(request: Request, path: str, schema: type[_Request]) -> Respons
 
     def stream_body(relay: Relay) -> AsyncIterator[bytes]:
         chunks = relay_raw(relay, openai_error_event)
+        if turn is not None:
+            chunks = tap_sse(turn, chunks)
         return chunks if capture is None else capture.tap_sse(chunks)
 
     opened = await open_for_stream(
@@ -96,18 +105,20 @@ async def _relay(request: Request, path: str, schema: type[_Request]) -> Respons
         media_type="text/event-stream",
     )
     if not isinstance(opened, Relay):
-        return opened if capture is None else capture.attach(opened)
+        return tagged(opened if capture is None else capture.attach(opened), turn)
     relay = opened
     if relay.status != 200:
-        return passthrough_error(relay, await relay.read())
+        return tagged(passthrough_error(relay, await relay.read()), turn)
     if not req.stream:
         answer = await relay.read()
+        if turn is not None:
+            commit_body(turn, answer)
         if capture is not None:
             capture.save_response(answer)
         whole = Response(answer, media_type="application/json")
-        return whole if capture is None else capture.attach(whole)
+        return tagged(whole if capture is None else capture.attach(whole), turn)
     response = LeasedStream(stream_body(relay), relay, "text/event-stream")
-    return response if capture is None else capture.attach(response)
+    return tagged(response if capture is None else capture.attach(response), turn)
 
 
 async def chat_completions(request: Request) -> Response:

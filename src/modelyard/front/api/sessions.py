@@ -1,0 +1,57 @@
+"""Server-side chat sessions: GET /v1/sessions, GET/DELETE /v1/sessions/{id}, DELETE /v1/sessions.
+
+The caller sees their own sessions; admins see every one (and name another owner's session
+with `?owner=NAME`). Another owner's session answers 404 `session_not_found`, like a missing one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from modelyard.front.principal import principal_of
+from modelyard.front.session_relay import store_of
+from modelyard.front.sessions import valid_session_id
+
+
+def _json(payload: Any) -> Response:
+    return Response(orjson.dumps(payload), media_type="application/json")
+
+
+def _owner(request: Request) -> str | None:
+    return request.query_params.get("owner")
+
+
+async def list_sessions(request: Request) -> Response:
+    store = store_of(request)
+    found = store.list_for(principal_of(request))
+    return _json({"object": "list", "data": [s.view() for s in found]})
+
+
+async def get_session(request: Request) -> Response:
+    sid = valid_session_id(request.path_params["session_id"])
+    session = store_of(request).find(principal_of(request), sid, _owner(request))
+    return _json(session.view(with_messages=True))
+
+
+async def delete_session(request: Request) -> Response:
+    sid = valid_session_id(request.path_params["session_id"])
+    store_of(request).delete(principal_of(request), sid, _owner(request))
+    return _json({"id": sid, "object": "chat.session.deleted", "deleted": True})
+
+
+async def delete_sessions(request: Request) -> Response:
+    count = store_of(request).delete_all(principal_of(request))
+    return _json({"object": "chat.session.deleted", "deleted": count})
+
+
+routes = [
+    Route("/v1/sessions", list_sessions, methods=["GET"]),
+    Route("/v1/sessions", delete_sessions, methods=["DELETE"]),
+    Route("/v1/sessions/{session_id}", get_session, methods=["GET"]),
+    Route("/v1/sessions/{session_id}", delete_session, methods=["DELETE"]),
+]

@@ -1,0 +1,123 @@
+"""How the chat APIs use server-side sessions (front/sessions.py) on their way to a backend.
+
+A request without a session (no `session_id` field, no `X-Session-Id` header) never gets here
+past `session_id_for`, which only looks: its bytes go upstream unchanged. A session turn's
+upstream body is `Turn.body` (the history spliced with the new messages); the answer is read as it
+passes, and the turn is committed before the client sees the end of the answer (the `[DONE]` event,
+Ollama's `done` message, or the whole body), so a client that sends its next turn at once finds
+this one stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from modelyard.errors import InvalidRequest
+from modelyard.front.principal import principal_of
+from modelyard.front.session_answer import Answer, SseAnswer
+from modelyard.front.sessions import (
+    BODY_FIELD,
+    HEADER,
+    RESPONSE_HEADER,
+    SessionStore,
+    Turn,
+    owner_of,
+    requested_session_id,
+)
+from modelyard.front.state import state_of
+
+
+def session_id_for(request: Request, data: dict[str, Any], *, chat: bool = True) -> str | None:
+    """The session the request names, validated; None (the common case) when it names none.
+    Not a chat (`chat` false): the `session_id` field is a 400 (it would go upstream), the
+    header is ignored (a client may send it on every call)."""
+    header = request.headers.get(HEADER)
+    if header is None and BODY_FIELD not in data:
+        return None
+    if not chat:
+        if BODY_FIELD in data:
+            raise InvalidRequest(f"{BODY_FIELD}: sessions are for chats (/v1/chat/completions, "
+                                 "/api/chat)", param=BODY_FIELD)
+        return None
+    return requested_session_id(header, data)
+
+
+def store_of(request: Request) -> SessionStore:
+    store = state_of(request).sessions
+    assert store is not None, "the session store opens with the front"
+    return store
+
+
+def begin_turn(request: Request, session_id: str, model: str, body: dict[str, Any]) -> Turn:
+    """The turn `body` (an OpenAI chat request) starts in the caller's session `session_id`."""
+    state = state_of(request)
+    entry = state.registry.get(model)
+    canonical = entry.name if entry is not None else model  # aliases name one model
+    owner = owner_of(principal_of(request))
+    return store_of(request).begin(owner, session_id, canonical, body)
+
+
+def tap_sse(turn: Turn, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """An OpenAI SSE stream passed on unchanged; the turn commits as `[DONE]` goes by (or at the
+    end of a stream that finished without it)."""
+
+    async def tapped() -> AsyncIterator[bytes]:
+        answer = SseAnswer()
+        async for chunk in chunks:
+            answer.feed(chunk)
+            if answer.done:
+                turn.commit(answer)  # before the client can see [DONE] and send its next turn
+            yield chunk
+        answer.feed(b"\n")
+        answer.done = answer.done or answer.finish_reason is not None
+        turn.commit(answer)
+
+    return tapped()
+
+
+def tap_translated(
+    turn: Turn, absorb: Callable[[dict[str, Any]], str], on_done: Callable[[], bytes]
+) -> tuple[Callable[[dict[str, Any]], str], Callable[[], bytes]]:
+    """For a stream translated to another API (front/proxy.py `translated_stream`): `absorb`
+    that also reads the answer, and `on_done` that commits the turn before the closing
+    message is made."""
+    answer = Answer()
+
+    def both(payload: dict[str, Any]) -> str:
+        answer.absorb(payload)
+        return absorb(payload)
+
+    def done() -> bytes:
+        answer.done = True
+        turn.commit(answer)
+        return on_done()
+
+    return both, done
+
+
+def commit_body(turn: Turn, body: bytes | dict[str, Any]) -> None:
+    """A whole (status 200) OpenAI answer, as bytes or parsed."""
+    if isinstance(body, bytes):
+        try:
+            payload = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return
+    else:
+        payload = body
+    if not isinstance(payload, dict):
+        return
+    answer = Answer()
+    answer.absorb(payload)
+    answer.done = True
+    turn.commit(answer)
+
+
+def tagged(response: Response, turn: Turn | None) -> Response:
+    if turn is not None:
+        response.headers[RESPONSE_HEADER] = turn.session.id
+    return response
