@@ -28,9 +28,11 @@ from tests.support import Server, fake_model, poll
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
-# /health must answer within this, whatever the engines do. Generous for a loaded 2-core
-# machine, yet far below anything that waits on an engine (probe timeout, load, restart).
-HEALTH_BOUND_S = 0.5
+# /health must answer within this, whatever the engines do: generous, since a 2-core machine
+# starting an engine's Python stalls everything for a moment (1.4 s seen in CI), yet below
+# anything that waits on an engine — each test makes the load, the restart backoff and the
+# wedge detection last longer than this.
+HEALTH_BOUND_S = 2.0
 
 
 class HealthSampler:
@@ -87,9 +89,9 @@ def healthy_with_new_engine(server: Server, old_pid: int) -> bool:
 def test_health_stays_fast_while_an_engine_loads_and_while_one_is_killed(
     start_server: Any,
 ) -> None:
-    load_s = 3.0
+    load_s = 2 * HEALTH_BOUND_S
     server = start_server(config(fake_model("slow", "--load-time-s", str(load_s)),
-                                 engine_restart_backoff_s=1.0))
+                                 engine_restart_backoff_s=1.5 * HEALTH_BOUND_S))
     loading = HealthSampler(server.url)
     with loading.running():
         t0 = time.monotonic()
@@ -114,7 +116,7 @@ def test_health_stays_fast_while_an_engine_loads_and_while_one_is_killed(
 def test_wedged_engine_is_killed_and_restarted_while_health_stays_fast(
     start_server: Any,
 ) -> None:
-    probe = {"engine_health_interval_s": 0.2, "engine_health_timeout_s": 0.25,
+    probe = {"engine_health_interval_s": 1.0, "engine_health_timeout_s": 0.25,
              "engine_health_failures": 3}
     server = start_server(config(fake_model("m1"), fake_model("slow", "--tokens-per-s", "5"),
                                  engine_restart_backoff_s=0.5, **probe))
@@ -146,7 +148,7 @@ def test_wedged_engine_is_killed_and_restarted_while_health_stays_fast(
             os.kill(pid, signal.SIGCONT)  # never leave a stopped process behind a failed test
 
     # Detected after engine_health_failures probes in a row, not sooner, and not much later.
-    assert 0.6 <= killed_after < 5.0, killed_after
+    assert HEALTH_BOUND_S <= killed_after < 10.0, killed_after
     events = stream_events("openai", text)
     assert events[-1]["error"]["code"] == "upstream_error", events[-1]
     assert any(s == "degraded" for _, s in sampler.samples)  # down while it did not answer
