@@ -13,7 +13,14 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -77,6 +84,11 @@ class _ModelBase(BaseModel):
     requires: list[str] = Field(
         default_factory=list,
         description="Capabilities an engine must declare (engine_specs.capabilities) to run it.",
+    )
+    tools: bool | None = Field(
+        None, description="Whether this model can call tools (OpenAI `tools`, Ollama `tools`); "
+        "null: decided from the backend (llama.cpp with --jinja, a transformers chat template "
+        "that renders tools, any OpenAI server).",
     )
 
 
@@ -219,6 +231,40 @@ class Preset(BaseModel):
         description="Request defaults, e.g. {temperature: 0.2, top_p: 0.9, max_tokens: 512}.",
     )
     system: str | None = Field(None, description="System prompt used when a chat has none.")
+    mcp_servers: list[str] = Field(
+        default_factory=list,
+        description="Ids of `mcp_servers` whose tools requests through this preset get (the "
+        "server-side tool loop).",
+    )
+
+
+class McpServer(BaseModel):
+    """An MCP server whose tools the server-side tool loop offers: a stdio command or a URL."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(min_length=1, description="Name requests use: {type: mcp, server: ID}.")
+    command: list[str] | None = Field(
+        None, description="stdio transport: the argv that starts the server."
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment (stdio).")
+    cwd: UserPath | None = Field(None, description="Working directory (stdio).")
+    url: str | None = Field(None, description="Streamable-HTTP transport: the endpoint URL.")
+    headers: dict[str, str] = Field(default_factory=dict, description="HTTP headers (url).")
+    allowed_tools: list[str] | None = Field(
+        None, description="Tools offered to the model; null: all the server lists."
+    )
+    tool_timeout_s: float = Field(
+        30.0, gt=0, description="A tool call running longer comes back to the model as an error."
+    )
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpServer:
+        if (self.command is None) == (self.url is None):
+            raise ValueError(f"mcp_servers[{self.id}]: give exactly one of `command` or `url`")
+        if self.command is not None and not self.command:
+            raise ValueError(f"mcp_servers[{self.id}].command: must not be empty")
+        return self
 
 
 class ThermalSettings(BaseModel):
@@ -456,6 +502,27 @@ class Settings(BaseSettings):
     thermal: ThermalSettings = Field(
         default_factory=ThermalSettings, description="Thermal protection."
     )
+    mcp_servers: list[McpServer] = Field(
+        default_factory=list, description="MCP servers for the server-side tool loop (a request "
+        "opts in with a tools entry {type: mcp, server: ID}, or through a preset).",
+    )
+    max_tool_rounds: int = Field(
+        8, gt=0, description="Model turns at most in one server-side tool loop.",
+    )
+
+    @model_validator(mode="after")
+    def _check_mcp_ids(self) -> Settings:
+        known = [s.id for s in self.mcp_servers]
+        if len(set(known)) != len(known):
+            raise ValueError("mcp_servers: ids must be unique")
+        for preset in self.presets:
+            unknown = [i for i in preset.mcp_servers if i not in known]
+            if unknown:
+                raise ValueError(
+                    f"presets[{preset.id}].mcp_servers: unknown MCP server(s) {unknown}; "
+                    f"declared: {known}"
+                )
+        return self
 
     @field_validator("simulate_gpus", mode="after")
     @classmethod

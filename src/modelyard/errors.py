@@ -2,6 +2,7 @@
 
     ModelyardError                  500 internal_error
     ├── InvalidRequest              400 invalid_request      (names the offending field in `param`)
+    ├── ToolsUnsupported            400 tools_unsupported    (`tools` for a model without tools)
     ├── ModelNotFound               404 model_not_found
     ├── ModelNotPulled              404 model_not_pulled     (says the pull command)
     ├── JobNotFound                 404 job_not_found
@@ -105,6 +106,22 @@ class InvalidRequest(ModelyardError):
     status = 400
     code = "invalid_request"
     openai_type = "invalid_request_error"
+
+
+class ToolsUnsupported(ModelyardError):
+    status = 400
+    code = "tools_unsupported"
+    openai_type = "invalid_request_error"
+
+    def __init__(self, model: str, message: str | None = None, **kw: Any) -> None:
+        kw.setdefault("param", "tools")
+        super().__init__(
+            message
+            or f"model '{model}' cannot call tools; drop `tools`, or set `tools: true` on the "
+            "model in the config if its backend can",
+            model=model,
+            **kw,
+        )
 
 
 class ModelNotFound(ModelyardError):
@@ -271,6 +288,7 @@ _BY_CODE: dict[str, type[ModelyardError]] = {
     for cls in (
         ModelyardError,
         InvalidRequest,
+        ToolsUnsupported,
         ModelNotFound,
         ModelNotPulled,
         JobNotFound,
@@ -297,6 +315,8 @@ def from_native_body(body: dict[str, Any]) -> ModelyardError:
     model = body.get("consumer")
     if cls in (ModelNotFound, ModelNotPulled):
         return cls(str(model))
+    if cls is ToolsUnsupported:
+        return ToolsUnsupported(str(model), str(body.get("message", "")) or None)
     return cls(
         str(body.get("message", "engine error")),
         param=body.get("param"),

@@ -178,3 +178,23 @@ def test_status_shows_memory_estimate_and_measured(server: Server, oai: openai.O
     assert memory["estimate"]["weights_bytes"] > 90_000_000
     assert memory["estimate_bytes"] > memory["estimate"]["weights_bytes"]
     assert memory["measured_bytes"] > 50_000_000  # the real llama-server's resident memory
+
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}  # fmt: skip
+TOOL_PROMPT = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def test_ollama_client_with_tools(server: Server) -> None:
+    """Ollama has no tool_choice, so the tiny model may answer in text or call the tool: either
+    way the answer is well formed, and /api/show says the model can call tools."""
+    client = ollama.Client(host=server.url, timeout=120)
+    assert "tools" in (client.show("smollm2").capabilities or [])
+    reply = client.chat(model="smollm2", messages=TOOL_PROMPT, tools=[WEATHER_TOOL],
+                        options={"num_predict": 48, "temperature": 0})
+    assert reply.done
+    for call in reply.message.tool_calls or []:
+        assert call.function.name == "get_weather" and isinstance(call.function.arguments, dict)
+    assert reply.message.tool_calls or reply.message.content

@@ -16,6 +16,11 @@ no answer), --ignore-sigterm, --start-log FILE (appends `start <pid>`), --claim-
 bytes of the simulated GPU named by $MODELYARD_SIMULATED_GPU_DIR while the process lives).
 The generated text is deterministic: see `generated_text`. GET /requests returns the last 64
 completion request bodies it was sent (what a front relayed).
+
+Tool-call mode (chat requests with non-empty `tools`, `tool_choice` not "none"): see
+`plan_tools` -- `call NAME {json}` directives in the last user message become tool calls in
+llama-server's wire format; a last `tool` message is answered `tool said: <content>` (or, when
+the first user message contains `[loop]`, with the same tool call again).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import sys
@@ -119,6 +125,70 @@ class Plan:
     n_tokens: int
     finish_reason: str
     prompt_tokens: int
+    text: str | None = None  # a fixed answer instead of `generated_text` (tool-call mode)
+    calls: list[tuple[str, str]] | None = None  # (name, arguments JSON): answer with tool calls
+
+
+CALL = re.compile(r"\bcall\s+([A-Za-z_][\w.-]*)\s*(?=\{)")
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return ""
+
+
+def plan_tools(body: dict[str, Any]) -> str | list[tuple[str, str]] | None:
+    """Deterministic tool-call mode: tool calls (name, arguments JSON), a fixed text, or None.
+
+    Only for chat requests with non-empty `tools` and `tool_choice` other than "none". A last
+    `tool` message -> "tool said: <content>", or (first user message contains `[loop]`) the call
+    of the assistant message before it again; `call NAME {json}` directives in the last user
+    message -> those calls (only the first when `parallel_tool_calls` is false); tool_choice
+    "required" -> the first tool with `{}`; else None (the usual generated text).
+    """
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
+    if not tools or not isinstance(tools, list) or choice == "none" or not messages:
+        return None
+    users = [_text(m.get("content")) for m in messages if m.get("role") == "user"]
+    last = messages[-1]
+    if last.get("role") == "tool":
+        if users and "[loop]" in users[0]:
+            for m in reversed(messages):
+                if m.get("role") == "assistant" and m.get("tool_calls"):
+                    fn = m["tool_calls"][0].get("function", {})
+                    return [(str(fn.get("name")), str(fn.get("arguments") or "{}"))]
+        return f"tool said: {_text(last.get('content'))}"
+    calls, text = [], users[-1] if users else ""
+    for match in CALL.finditer(text):
+        try:
+            args, _ = json.JSONDecoder().raw_decode(text, match.end())
+        except ValueError:
+            continue
+        calls.append((match[1], json.dumps(args, separators=(",", ":"))))
+    if calls:
+        return calls[:1] if body.get("parallel_tool_calls") is False else calls
+    if choice == "required":
+        first = tools[0] if isinstance(tools[0], dict) else {}
+        return [(str(first.get("function", {}).get("name", "tool")), "{}")]
+    return None
+
+
+def tool_deltas(calls: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    """The stream deltas of tool calls as llama-server sends them: the head, then fragments."""
+    deltas: list[dict[str, Any]] = []
+    for k, (name, args) in enumerate(calls):
+        head = {"name": name, "arguments": ""}
+        call = {"index": k, "id": f"call_{uuid.uuid4().hex[:24]}", "type": "function"}
+        deltas.append({"tool_calls": [{**call, "function": head}]})
+        step = max(1, -(-len(args) // 3))  # three fragments (fewer for tiny arguments)
+        for i in range(0, len(args), step):
+            frag = {"index": k, "function": {"arguments": args[i : i + step]}}
+            deltas.append({"tool_calls": [frag]})
+    return deltas
 
 
 class Fake:
@@ -201,6 +271,16 @@ class Generation(Response):
     def __init__(self, fake: Fake, plan: Plan) -> None:
         self.fake, self.plan = fake, plan
         self.id = "chatcmpl-" + uuid.uuid4().hex
+        self.deltas: list[dict[str, Any]] | None = None  # tool-call mode: fixed stream deltas
+        if plan.calls is not None:
+            self.deltas = tool_deltas(plan.calls)
+        elif plan.text is not None:
+            words = plan.text.split(" ")
+            self.deltas = [{"content": w if i == 0 else " " + w} for i, w in enumerate(words)]
+        if self.deltas is not None:
+            plan.n_tokens, plan.finish_reason = len(self.deltas), "stop"
+            if plan.calls is not None:
+                plan.finish_reason = "tool_calls"
         self.created = int(time.time())
 
     def envelope(self, choices: list[Any], obj: str, **extra: Any) -> dict[str, Any]:
@@ -217,7 +297,7 @@ class Generation(Response):
             choice = {"text": token_text(i), "index": 0, "logprobs": None, "finish_reason": None}
             return sse(self.envelope([choice], "text_completion"))
         deltas = [{"role": "assistant", "content": None}] if i == 0 else []
-        deltas.append({"content": token_text(i)})
+        deltas.append(self.deltas[i] if self.deltas is not None else {"content": token_text(i)})
         choices = [[{"finish_reason": None, "index": 0, "delta": d}] for d in deltas]
         return b"".join(sse(self.envelope(c, "chat.completion.chunk")) for c in choices)
 
@@ -228,8 +308,17 @@ class Generation(Response):
             choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": fr}
             body = self.envelope([choice], "text_completion", usage=usage, timings=timings)
             return sse(body) + DONE if plan.stream else dumps(body)
+        if plan.text is not None:
+            text = "" if plan.stream else plan.text
         if not plan.stream:
-            message = {"role": "assistant", "content": text}
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if plan.calls is not None:
+                heads = [d["tool_calls"][0] for d in self.deltas or []]
+                calls = [dict(h) for h in heads if "id" in h]
+                for call, (_, args) in zip(calls, plan.calls, strict=True):
+                    call.pop("index")
+                    call["function"] = {**call["function"], "arguments": args}
+                message = {"role": "assistant", "content": None, "tool_calls": calls}
             choice = {"finish_reason": fr, "index": 0, "message": message}
             body = self.envelope([choice], "chat.completion", usage=usage, timings=timings)
             return dumps(body)
@@ -306,7 +395,13 @@ def parse_request(body: Any, chat: bool) -> Plan | JSONResponse:
     n, finish = (DEFAULT_N_PREDICT, "stop") if limit is None or limit < 0 else (limit, "length")
     options = body.get("stream_options")
     include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
-    return Plan(chat, bool(body.get("stream")), include_usage, n, finish, count_words(body[key]))
+    plan = Plan(chat, bool(body.get("stream")), include_usage, n, finish, count_words(body[key]))
+    tooled = plan_tools(body) if chat else None
+    if isinstance(tooled, str):
+        plan.text = tooled
+    elif tooled is not None:
+        plan.calls = tooled
+    return plan
 
 
 def build_app(fake: Fake) -> Any:

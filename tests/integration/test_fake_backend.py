@@ -385,3 +385,61 @@ def test_ignore_sigterm_needs_sigkill(spawn: Callable[..., Backend]) -> None:
     assert r is not None and r.status_code == 200
     b.proc.kill()
     assert b.proc.wait(timeout=10) == -signal.SIGKILL
+
+
+TOOLS = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}
+         for n in ("add", "boom")]  # fmt: skip
+
+
+def tool_chat(*messages: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"model": ALIAS, "messages": list(messages), "tools": TOOLS, **extra}
+
+
+def _user(text: str) -> dict[str, Any]:
+    return {"role": "user", "content": text}
+
+
+@pytest.mark.timeout(10)
+def test_plan_tools_directives_and_rounds() -> None:
+    two = _user('call add {"a": 2, "b": 3} then call boom {}')
+    assert fake.plan_tools(tool_chat(two)) == [("add", '{"a":2,"b":3}'), ("boom", "{}")]
+    assert fake.plan_tools(tool_chat(two, parallel_tool_calls=False)) == [("add", '{"a":2,"b":3}')]
+    assert fake.plan_tools(tool_chat(two, tool_choice="none")) is None
+    assert fake.plan_tools({"model": ALIAS, "messages": [two]}) is None  # no tools: plain text
+    assert fake.plan_tools(tool_chat(_user("hi"))) is None
+    assert fake.plan_tools(tool_chat(_user("hi"), tool_choice="required")) == [("add", "{}")]
+    call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a":1}'}}
+    asked = {"role": "assistant", "content": None, "tool_calls": [call]}
+    result = {"role": "tool", "tool_call_id": "c1", "content": "5"}
+    assert fake.plan_tools(tool_chat(_user("call add {}"), asked, result)) == "tool said: 5"
+    looping = tool_chat(_user("[loop] call add {}"), asked, result)
+    assert fake.plan_tools(looping) == [("add", '{"a":1}')]
+
+
+@pytest.mark.timeout(30)
+def test_tool_calls_in_llama_server_wire_format(spawn: Callable[..., Backend]) -> None:
+    b = spawn()
+    b.wait_ready()
+    ask = tool_chat(_user('call add {"a": 2, "b": 3} call boom {}'))
+    body = b.post("/v1/chat/completions", ask).json()
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] is None
+    calls = choice["message"]["tool_calls"]
+    assert [c["function"] for c in calls] == [
+        {"name": "add", "arguments": '{"a":2,"b":3}'}, {"name": "boom", "arguments": "{}"}]
+    assert all(c["type"] == "function" and c["id"].startswith("call_") for c in calls)
+    events = b.sse("/v1/chat/completions", {**ask, "stream": True})
+    assert events[-1] == "[DONE]" and "timings" in events[-2]
+    assert events[-2]["choices"][0]["finish_reason"] == "tool_calls"
+    parts = [d["tool_calls"][0] for e in events[:-1] for c in e["choices"]
+             if "tool_calls" in (d := c["delta"])]  # fmt: skip
+    heads = [p for p in parts if "id" in p]
+    assert [(h["index"], h["function"]) for h in heads] == [
+        (0, {"name": "add", "arguments": ""}), (1, {"name": "boom", "arguments": ""})]
+    args0 = [p["function"]["arguments"] for p in parts if p["index"] == 0 and "id" not in p]
+    assert len(args0) > 1 and "".join(args0) == '{"a":2,"b":3}'  # fragments over chunks
+    result = {"role": "tool", "tool_call_id": heads[0]["id"], "content": "5"}
+    answer = b.post("/v1/chat/completions", tool_chat(_user("x"), result)).json()
+    assert answer["choices"][0]["message"]["content"] == "tool said: 5"
+    assert answer["choices"][0]["finish_reason"] == "stop"

@@ -38,6 +38,7 @@ from modelyard.front.archive import ArchiveStore
 from modelyard.front.engines import EngineClient, HttpEngineClient, LocalEngineClient
 from modelyard.front.jobs import PullJobs
 from modelyard.front.logs import LogBuffer
+from modelyard.front.mcp_client import McpHub
 from modelyard.front.proxy import new_upstream_session
 from modelyard.front.reload import ConfigReloader
 from modelyard.front.render import render_error
@@ -100,6 +101,8 @@ def create_app(
             stack.push_async_callback(upstream.close)
             state = FrontState(settings, registry, clients, upstream, gpu_count=gpu_count)
             app.state.front = state
+            app.state.mcp = McpHub(settings.mcp_servers)  # the tool loop's MCP servers
+            stack.push_async_callback(app.state.mcp.close)  # their processes end with the front
             await _open_model_store(state, stack)
             assert state.db is not None
             state.archive = ArchiveStore.for_settings(settings, state.db)

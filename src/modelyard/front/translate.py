@@ -6,8 +6,9 @@ counts and timings llama-server reports (`usage`, and its own `timings` object).
 
 from __future__ import annotations
 
+import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -30,6 +31,8 @@ class Generation:
     completion_tokens: int = 0
     prompt_ms: float = 0.0
     predicted_ms: float = 0.0
+    # OpenAI tool calls by `index`: {"id", "name", "arguments" (JSON text, grown by deltas)}.
+    tool_calls: dict[int, dict[str, str]] = field(default_factory=dict)
 
     @classmethod
     def start(cls) -> Generation:
@@ -47,6 +50,8 @@ class Generation:
                 text = choice.get("text")
             if isinstance(text, str):
                 added += text
+            if isinstance(part, dict) and isinstance(part.get("tool_calls"), list):
+                self._absorb_tool_calls(part["tool_calls"])
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
         self.content += added
@@ -62,6 +67,42 @@ class Generation:
             self.predicted_ms = float(timings.get("predicted_ms") or 0.0)
         return added
 
+    def _absorb_tool_calls(self, calls: list[Any]) -> None:
+        for pos, call in enumerate(calls):
+            if not isinstance(call, dict):
+                continue
+            index = call.get("index", pos)
+            slot = self.tool_calls.setdefault(int(index), {"id": "", "name": "", "arguments": ""})
+            if call.get("id"):
+                slot["id"] = str(call["id"])
+            fn = call.get("function") or {}
+            if fn.get("name"):
+                slot["name"] += str(fn["name"])
+            args = fn.get("arguments")
+            if isinstance(args, str):
+                slot["arguments"] += args
+            elif isinstance(args, dict):
+                slot["arguments"] = json.dumps(args)
+
+    def openai_tool_calls(self) -> list[dict[str, Any]]:
+        return [{"id": slot["id"] or f"call_{index}", "type": "function",
+                 "function": {"name": slot["name"], "arguments": slot["arguments"]}}
+                for index, slot in sorted(self.tool_calls.items())]
+
+    def ollama_tool_calls(self) -> list[dict[str, Any]]:
+        """The calls in Ollama's shape: `function.arguments` is an object."""
+        out = []
+        for index in sorted(self.tool_calls):
+            slot = self.tool_calls[index]
+            try:
+                args = json.loads(slot["arguments"]) if slot["arguments"].strip() else {}
+            except ValueError:
+                args = {}
+            if not isinstance(args, dict):
+                args = {}
+            out.append({"function": {"name": slot["name"], "arguments": args}})
+        return out
+
     @property
     def done_reason(self) -> str:
         return "length" if self.finish_reason == "length" else "stop"
@@ -76,3 +117,37 @@ class Generation:
             "eval_count": self.completion_tokens,
             "eval_duration": int(self.predicted_ms * 1e6),
         }
+
+
+def ollama_messages_to_openai(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Ollama chat messages as OpenAI's: an assistant's `tool_calls` get ids and JSON-string
+    arguments; a `tool` message (Ollama names the tool in `tool_name`) gets the `tool_call_id`
+    of the preceding assistant's call it answers (by name, else by order)."""
+    out: list[dict[str, Any]] = []
+    pending: list[tuple[str, str]] = []  # (id, name) of calls not yet answered
+    for n, msg in enumerate(messages):
+        msg = dict(msg)
+        calls = msg.get("tool_calls")
+        if msg.get("role") == "assistant" and isinstance(calls, list) and calls:
+            converted = []
+            pending = []
+            for k, call in enumerate(calls):
+                fn = dict((call or {}).get("function") or {})
+                args = fn.get("arguments", {})
+                call_id = str((call or {}).get("id") or f"call_{n}_{k}")
+                name = str(fn.get("name", ""))
+                converted.append({
+                    "id": call_id, "type": "function",
+                    "function": {"name": name,
+                                 "arguments": args if isinstance(args, str) else json.dumps(args)},
+                })
+                pending.append((call_id, name))
+            msg["tool_calls"] = converted
+        elif msg.get("role") == "tool" and "tool_call_id" not in msg:
+            name = str(msg.pop("tool_name", None) or msg.get("name") or "")
+            match = next((p for p in pending if p[1] == name), pending[0] if pending else None)
+            if match is not None:
+                pending.remove(match)
+                msg["tool_call_id"] = match[0]
+        out.append(msg)
+    return out

@@ -29,11 +29,13 @@ RESTART_REQUIRED: tuple[str, ...] = (
     "reserve_free_bytes", "archive_retention", "archive_sweep_interval_s", "thermal",
     "chat_session_max_count", "chat_session_max_bytes", "chat_session_max_total_bytes",
     "chat_session_ttl_s", "chat_session_sweep_interval_s", "chat_session_persist",
+    "mcp_servers",  # the tool loop's MCP connections are opened for the front's lifetime
 )
 # Settings read where they are used, so a reload applies them (to the next load, request,
 # placement…). Every option is in exactly one of the two lists (tests/unit/test_config_diff.py).
 RELOADABLE: tuple[str, ...] = (
-    "models", "presets", "model_dirs", "scan_hf_cache", "hf_cache_dir", "llama_server_path",
+    "max_tool_rounds", "models", "presets", "model_dirs", "scan_hf_cache", "hf_cache_dir",
+    "llama_server_path",
     "default_ctx_size", "llama_server_parallel", "llama_server_threads", "load_cooldown_s",
     "load_stall_timeout_s", "load_timeout_s", "stop_grace_s", "log_tail_lines", "keep_alive_s",
     "max_loaded_models", "memory_wait_timeout_s", "memory_recovery_timeout_s",

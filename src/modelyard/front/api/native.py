@@ -38,6 +38,7 @@ from modelyard.front.state import (
     validate,
 )
 from modelyard.front.swap_progress import open_for_stream
+from modelyard.front.tool_support import check_tools_for
 from modelyard.front.translate import Generation, now_rfc3339
 
 
@@ -70,6 +71,8 @@ def _final(model: str, gen: Generation, *, with_message: bool = True) -> dict[st
     final: dict[str, Any] = {"model": model, "created_at": now_rfc3339()}
     if with_message:
         final["message"] = {"role": "assistant", "content": gen.content}
+    if gen.tool_calls:  # the complete calls, OpenAI's shape (arguments as JSON text)
+        final["tool_calls"] = gen.openai_tool_calls()
     return {**final, "done": True, "done_reason": gen.done_reason, **gen.stats()}
 
 
@@ -77,6 +80,7 @@ async def chat(request: Request) -> Response:
     state = state_of(request)
     req = validate(NativeChatRequest, await read_json_object(request))
     params = req.model_dump(exclude_none=True)
+    check_tools_for(state, req.model, params)
     # A server-side session (front/sessions.py): its history is spliced in.
     sid = session_id_for(request, params)
     turn = None if sid is None else begin_turn(request, sid, req.model, params)

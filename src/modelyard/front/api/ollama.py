@@ -22,7 +22,7 @@ from starlette.routing import Route
 
 from modelyard import __version__
 from modelyard.errors import InvalidRequest
-from modelyard.front import archive_capture
+from modelyard.front import archive_capture, tool_loop_http
 from modelyard.front.proxy import LeasedStream, Relay, translated_stream
 from modelyard.front.session_relay import (
     begin_turn,
@@ -41,7 +41,14 @@ from modelyard.front.state import (
     validate,
 )
 from modelyard.front.swap_progress import open_for_stream
-from modelyard.front.translate import Generation, now_rfc3339, rfc3339
+from modelyard.front.tool_loop_http import tool_loop_for
+from modelyard.front.tool_support import check_tools_for, supports_tools
+from modelyard.front.translate import (
+    Generation,
+    now_rfc3339,
+    ollama_messages_to_openai,
+    rfc3339,
+)
 from modelyard.store.estimate import safetensors_params
 from modelyard.store.gguf import GgufError, GgufInfo, read_gguf_info
 from modelyard.store.registry import Entry
@@ -130,11 +137,11 @@ def _openai_params(req: _OllamaRequest) -> dict[str, Any]:
 
 def chat_payload(req: ChatRequest) -> dict[str, Any]:
     params = _openai_params(req)
-    params["messages"] = [
+    params["messages"] = ollama_messages_to_openai([
         {**m.model_dump(exclude={"images"}, exclude_none=True),
          "content": _content(m.content, m.images)}
         for m in req.messages
-    ]
+    ])
     return params
 
 
@@ -182,7 +189,7 @@ async def _answer(
     def stream(relay: Relay) -> AsyncIterator[bytes]:
         gen.load_duration_ns = relay.lease.load_duration_ns
         absorb: Callable[[dict[str, Any]], str] = gen.absorb
-        on_done: Callable[[], bytes] = lambda: _ndjson(shape(gen, "", True))  # noqa: E731
+        on_done: Callable[[], bytes] = lambda: _done_lines(shape, gen)  # noqa: E731
         if turn is not None:
             absorb, on_done = tap_translated(turn, absorb, on_done)
         chunks = translated_stream(
@@ -234,19 +241,36 @@ async def _answer(
 
 
 def _chat_shape(model: str) -> Any:
-    def shape(gen: Generation, text: str, done: bool) -> dict[str, Any]:
+    def shape(gen: Generation, text: str | None, done: bool) -> dict[str, Any]:
         out: dict[str, Any] = {
             "model": model,
             "created_at": now_rfc3339(),
             "message": {"role": "assistant", "content": text},
             "done": done,
         }
+        if gen.tool_calls and (done or text is None):
+            out["message"]["content"] = text or ""
+            out["message"]["tool_calls"] = gen.ollama_tool_calls()
         if done:
             out["done_reason"] = gen.done_reason
             out.update(gen.stats())
         return out
 
     return shape
+
+
+def _done_lines(shape: Any, gen: Generation) -> bytes:
+    """The end of a stream: like Ollama, one chunk carrying the complete tool calls (if the
+    answer has any), then the closing chunk."""
+    if not gen.tool_calls:
+        return _ndjson(shape(gen, "", True))
+    calls = _ndjson(shape(gen, None, False))
+    calls_done = gen.tool_calls
+    gen.tool_calls = {}
+    try:
+        return calls + _ndjson(shape(gen, "", True))
+    finally:
+        gen.tool_calls = calls_done
 
 
 def _generate_shape(model: str) -> Any:
@@ -320,6 +344,10 @@ async def chat(request: Request) -> Response:
         empty = {"message": {"role": "assistant", "content": ""}}
         return await _load_or_unload(state, req, keep_alive_s, empty)
     params = chat_payload(req)
+    check_tools_for(state, req.model, params)
+    # The server-side tool loop over MCP servers (front/tool_loop.py), when the chat opts in.
+    if (loop := tool_loop_for(request, params)) is not None:
+        return await tool_loop_http.ollama_chat(request, loop, req.model, req.stream)
     # A server-side session (`session_id` field or X-Session-Id): its history is spliced in.
     sid = session_id_for(request, req.model_extra or {})
     turn = None if sid is None else begin_turn(request, sid, req.model, params)
@@ -442,7 +470,7 @@ async def show(request: Request) -> Response:
         "template": (info.chat_template or "") if info else "",
         "details": _details(entry, info),
         "model_info": info.metadata if info else {},
-        "capabilities": ["completion"],
+        "capabilities": ["completion", *(["tools"] if supports_tools(entry.spec) else [])],
         "modified_at": _tag(entry, info)["modified_at"],
     }
     return Response(orjson.dumps(body), media_type="application/json")
@@ -471,7 +499,8 @@ def _show_safetensors(entry: Entry) -> Response:
         "quantization_level": ",".join(sorted(dtypes)),
     }
     body = {"modelfile": f"FROM {entry.path}\n", "parameters": "", "template": "",
-            "details": details, "model_info": config, "capabilities": ["completion"],
+            "details": details, "model_info": config,
+            "capabilities": ["completion", *(["tools"] if supports_tools(entry.spec) else [])],
             "modified_at": _tag(entry, None)["modified_at"]}
     return Response(orjson.dumps(body), media_type="application/json")
 

@@ -19,11 +19,13 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from modelyard.errors import ModelyardError
-from modelyard.front import archive_capture
+from modelyard.front import archive_capture, tool_loop_http
 from modelyard.front.proxy import LeasedStream, Relay, passthrough_error, relay_raw, sse_event
 from modelyard.front.session_relay import begin_turn, commit_body, session_id_for, tagged, tap_sse
 from modelyard.front.state import read_json_object, request_priority, state_of, validate
 from modelyard.front.swap_progress import open_for_stream
+from modelyard.front.tool_loop_http import tool_loop_for
+from modelyard.front.tool_support import check_tools_for
 
 
 class _Request(BaseModel):
@@ -71,6 +73,11 @@ async def _relay(request: Request, path: str, schema: type[_Request]) -> Respons
     body = await request.body()
     data = await read_json_object(request)
     req = validate(schema, data)
+    if "chat" in path:
+        check_tools_for(state, req.model, data)
+    # The server-side tool loop over MCP servers (front/tool_loop.py), when the chat opts in.
+    if "chat" in path and (loop := tool_loop_for(request, data)) is not None:
+        return await tool_loop_http.openai_chat(request, loop, req.model, req.stream)
     # A server-side session (front/sessions.py): its history is spliced in, the body re-encoded.
     sid = session_id_for(request, data, chat="chat" in path)
     turn = None if sid is None else begin_turn(request, sid, req.model, data)

@@ -94,6 +94,7 @@ class TransformersBackend:
         from modelyard.engine.backends.transformers.embeddings_api import embeddings_handler
         from modelyard.engine.backends.transformers.generator import BatchGenerator
         from modelyard.engine.backends.transformers.server import build_app
+        from modelyard.engine.backends.transformers.tool_calls import tool_family_of
 
         if is_embedding_repo(self.spec.path):
             device = "cuda" if self.precision.dtype != "float32" else "cpu"
@@ -118,6 +119,7 @@ class TransformersBackend:
             self.spec.id, generator,
             chat_ids=lambda body: chat_prompt_ids(loaded.tokenizer, body),
             prompt_ids=lambda body: completion_prompt_ids(loaded.tokenizer, body),
+            tool_family=tool_family_of(loaded.tokenizer),
         )
 
     async def stop(self) -> None:

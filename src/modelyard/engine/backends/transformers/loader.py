@@ -14,6 +14,7 @@ from typing import Any
 
 from modelyard.config import TransformersModel
 from modelyard.engine.backends.transformers.precision import Precision, choose_precision
+from modelyard.engine.backends.transformers.tool_calls import template_message
 
 log = logging.getLogger("modelyard.engine.transformers")
 
@@ -103,11 +104,12 @@ def chat_prompt_ids(tokenizer: Any, body: dict[str, Any]) -> list[int]:
     for m in messages:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise ValueError("each message needs a `role`")
-        plain.append({**m, "content": _text(m.get("content"))})
+        plain.append(template_message({**m, "content": _text(m.get("content"))}))
     if getattr(tokenizer, "chat_template", None) is None:
         raise ValueError("this model has no chat template: use /v1/completions with a prompt")
     ids = tokenizer.apply_chat_template(
-        plain, tools=body.get("tools"), add_generation_prompt=True, tokenize=True,
+        plain, tools=None if body.get("tool_choice") == "none" else body.get("tools") or None,
+        add_generation_prompt=True, tokenize=True,
         return_dict=False,
     )
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):

@@ -13,6 +13,7 @@ llama-server's `timings`, which the Ollama API turns into its statistics).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 import uuid
@@ -24,6 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from modelyard.engine.backends.transformers import tool_calls
 from modelyard.engine.backends.transformers.generator import BatchGenerator, TokenEvent
 from modelyard.engine.backends.transformers.params import InvalidParams, SamplingParams
 
@@ -69,9 +71,13 @@ def usage_of(last: TokenEvent) -> dict[str, Any]:
 class Completion:
     """One request: its ids, its envelope, and the two ways of answering it."""
 
-    def __init__(self, model_name: str, chat: bool, body: dict[str, Any]) -> None:
+    def __init__(self, model_name: str, chat: bool, body: dict[str, Any],
+                 tool_family: tool_calls.Family | None = None) -> None:
         self.model_name = model_name
         self.chat = chat
+        # Parse tool calls out of the answer only when the request offers tools.
+        offered = chat and bool(body.get("tools")) and body.get("tool_choice") != "none"
+        self.tool_family = tool_family if offered else None
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         options = body.get("stream_options")
@@ -86,6 +92,8 @@ class Completion:
         choice: dict[str, Any] = {"index": 0, "finish_reason": event.finish_reason}
         if self.chat:
             delta: dict[str, Any] = {"content": event.text} if event.text else {}
+            if isinstance(event, _ToolDeltas):
+                delta = dict(event.delta)
             if first:
                 delta = {"role": "assistant", **delta}
             choice["delta"] = delta
@@ -96,6 +104,8 @@ class Completion:
         return choice
 
     async def stream(self, events: AsyncIterator[TokenEvent]) -> AsyncIterator[bytes]:
+        if self.tool_family is not None:
+            events = self._with_tool_calls(events, self.tool_family)
         first = True
         try:
             async for event in events:
@@ -111,11 +121,51 @@ class Completion:
                         tail["object"] = chunk["object"]
                         yield sse(tail)
                     break
-                if event.text or event.logprobs:
+                if event.text or event.logprobs or isinstance(event, _ToolDeltas):
                     yield sse(chunk)
             yield b"data: [DONE]\n\n"
         finally:
             await _close(events)  # a client that left cancels its sequence
+
+    async def _with_tool_calls(
+        self, events: AsyncIterator[TokenEvent], family: tool_calls.Family
+    ) -> AsyncIterator[Any]:
+        """Text streams as usual until a tool-call marker begins; from there the text is held
+        back, and at the end it goes out as OpenAI tool-call deltas (`_ToolDeltas`)."""
+        sent, held = "", ""  # text streamed; text held back (a marker or maybe one)
+        calling = False
+        try:
+            async for event in events:
+                held += event.text
+                if not calling:
+                    at = tool_calls.marker_at(sent + held, family)
+                    if at >= 0 and at >= len(sent):
+                        calling = True
+                        out, held = held[:at - len(sent)], held[at - len(sent):]
+                    else:
+                        keep = tool_calls.may_become_marker(held, family)
+                        if family == "llama3" and not (sent + held).strip():
+                            keep = len(held)
+                        out, held = held[:len(held) - keep], held[len(held) - keep:]
+                    sent += out
+                    if event.finish_reason is None:
+                        if out or event.logprobs:
+                            yield _replace(event, out)
+                        continue
+                    if out:
+                        yield _replace(event, out, finish=None)
+                if event.finish_reason is None:
+                    continue
+                _, calls = tool_calls.parse(held, family) if held else (None, [])
+                if not calls:
+                    yield _replace(event, held)
+                    return
+                for delta in tool_calls.stream_deltas(calls):
+                    yield _ToolDeltas(delta, event)
+                yield _replace(event, "", finish="tool_calls")
+                return
+        finally:
+            await _close(events)
 
     async def whole(self, events: AsyncIterator[TokenEvent]) -> dict[str, Any]:
         text, logprobs, last = [], [], None
@@ -131,10 +181,37 @@ class Completion:
         choice: dict[str, Any] = {"index": 0, "finish_reason": last.finish_reason,
                                   "logprobs": {"content": logprobs} if logprobs else None}
         if self.chat:
-            choice["message"] = {"role": "assistant", "content": "".join(text)}
+            message, reason = tool_calls.openai_message("".join(text), self.tool_family)
+            choice["message"] = message
+            if reason is not None:
+                choice["finish_reason"] = reason
         else:
             choice["text"] = "".join(text)
         return self.envelope([choice], usage=usage_of(last), timings=timings(last))
+
+
+class _ToolDeltas:
+    """A stream step that carries a tool-call delta instead of text (no finish)."""
+
+    def __init__(self, delta: dict[str, Any], like: TokenEvent) -> None:
+        self.delta = delta
+        self.text = ""
+        self.logprobs = None
+        self.finish_reason = None
+        self._like = like
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._like, name)
+
+
+_KEEP: Any = object()
+
+
+def _replace(event: TokenEvent, text: str, finish: Any = _KEEP) -> TokenEvent:
+    """`event` with other text (and, given, another finish_reason)."""
+    if finish is _KEEP:
+        return dataclasses.replace(event, text=text)
+    return dataclasses.replace(event, text=text, finish_reason=finish)
 
 
 async def _close(events: AsyncIterator[TokenEvent]) -> None:
@@ -149,6 +226,7 @@ def build_app(
     chat_ids: Tokenize,
     prompt_ids: Tokenize,
     embed: Callable[[dict[str, Any]], Any] | None = None,
+    tool_family: tool_calls.Family | None = None,
 ) -> Starlette:
     """`chat_ids`/`prompt_ids` turn a request body into prompt token ids (raising ValueError
     with a message for a body they cannot use)."""
@@ -173,7 +251,7 @@ def build_app(
             ids = await asyncio.to_thread(chat_ids if chat else prompt_ids, body)
         except (ValueError, TypeError, KeyError) as exc:
             return error(400, str(exc), "messages" if chat else "prompt")
-        completion = Completion(model_name, chat, body)
+        completion = Completion(model_name, chat, body, tool_family)
         try:
             events = generator.generate(ids, params)
         except InvalidParams as exc:  # an empty prompt, or one longer than the context
