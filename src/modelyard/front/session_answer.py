@@ -11,6 +11,8 @@ from typing import Any
 
 import orjson
 
+from modelyard.front.translate import Generation
+
 
 @dataclass
 class TurnStats:
@@ -59,62 +61,37 @@ def turn_stats(payload: dict[str, Any], now: float) -> TurnStats | None:
 
 
 class Answer:
-    """The assistant's reply, accumulated from an OpenAI body or its stream's chunks."""
+    """The assistant's reply, accumulated from an OpenAI body or its stream's chunks (the text and
+    tool calls by translate.Generation, as for every other API), plus what a session needs
+    beyond it: whether it failed or ended, and the payloads that carry its token counts."""
 
     def __init__(self) -> None:
-        self.content = ""
-        self.tool_calls: dict[int, dict[str, Any]] = {}
-        self.finish_reason: str | None = None
+        self.gen = Generation.start()
         self.failed = False
         self.done = False  # a whole body, or a stream that reached [DONE] / a finish_reason
         self.payloads: list[dict[str, Any]] = []  # the ones carrying usage or timings
+
+    @property
+    def content(self) -> str:
+        return self.gen.content
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.gen.finish_reason
 
     def absorb(self, payload: dict[str, Any]) -> None:
         if "error" in payload:
             self.failed = True
             return
-        for choice in payload.get("choices") or []:
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                continue
-            part = choice.get("delta") or choice.get("message") or {}
-            if isinstance(part, dict):
-                text = part.get("content")
-                if isinstance(text, str):
-                    self.content += text
-                self._calls(part.get("tool_calls"), whole="message" in choice)
-            if choice.get("finish_reason"):
-                self.finish_reason = choice["finish_reason"]
+        self.gen.absorb(payload)
         if "usage" in payload or "timings" in payload:
             self.payloads.append(payload)
-
-    def _calls(self, calls: Any, *, whole: bool) -> None:
-        if not isinstance(calls, list):
-            return
-        for i, call in enumerate(calls):
-            if not isinstance(call, dict):
-                continue
-            index = call.get("index", i) if not whole else i
-            have = self.tool_calls.setdefault(
-                index, {"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
-            if call.get("id"):
-                have["id"] = call["id"]
-            if call.get("type"):
-                have["type"] = call["type"]
-            fn = call.get("function")
-            if isinstance(fn, dict):
-                if fn.get("name"):
-                    have["function"]["name"] += fn["name"]
-                args = fn.get("arguments")
-                if isinstance(args, str):
-                    have["function"]["arguments"] += args
-                elif args is not None:  # Ollama-style object arguments
-                    have["function"]["arguments"] = orjson.dumps(args).decode()
 
     def message(self) -> dict[str, Any]:
         """The assistant message to store."""
         out: dict[str, Any] = {"role": "assistant", "content": self.content}
-        if self.tool_calls:
-            out["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
+        if self.gen.tool_calls:
+            out["tool_calls"] = self.gen.openai_tool_calls()
             if not self.content:
                 out["content"] = None
         return out
