@@ -30,6 +30,9 @@ from pydantic_settings import (
 
 DEMO_MODEL_ID = "smollm2"
 DEMO_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# SmolLM2's own template ignores `tools` (llama-server then renders none and parses no calls);
+# this ChatML template is the same without tools and adds Hermes-style `<tool_call>` sections.
+DEMO_CHAT_TEMPLATE = Path(__file__).parent / "templates" / "chatml-tools.jinja"
 LLAMA_SERVER_VERSION = "11434.0.0"
 
 
@@ -101,10 +104,16 @@ class LlamaCppModel(_ModelBase):
     ctx_size: int | None = Field(
         None, gt=0, description="Context size; null uses `default_ctx_size`."
     )
+    chat_template_file: UserPath | None = Field(
+        None,
+        description="A Jinja chat template that replaces the one inside the GGUF (llama-server "
+        "`--chat-template-file`), e.g. one that renders `tools` for a model whose own does not.",
+    )
     argv: list[str] | None = Field(
         None,
         description="Replaces the default llama-server command line; `$path $port $host $id "
-        "$ctx $ctx_total $parallel $mmproj $llama_server` are substituted.",
+        "$ctx $ctx_total $parallel $mmproj $chat_template $slot_dir $llama_server` are "
+        "substituted.",
     )
 
 
@@ -113,7 +122,8 @@ class OpenAIServerModel(_ModelBase):
 
     backend: Literal["openai"] = "openai"
     argv: list[str] = Field(
-        description="Command line; `$path $port $host $id $ctx` are substituted.", min_length=1
+        description="Command line; `$path $port $host $id $ctx $slot_dir` are substituted.",
+        min_length=1,
     )
     path: UserPath | None = Field(None, description="Optional weights path substituted as `$path`.")
     ctx_size: int | None = Field(None, gt=0, description="Substituted as `$ctx`.")
@@ -555,6 +565,11 @@ class Settings(BaseSettings):
     @property
     def logs_dir(self) -> Path:
         return self.home / "logs"
+
+    @property
+    def session_kv_dir(self) -> Path:
+        """Where llama-server saves the KV of chat sessions (`--slot-save-path`)."""
+        return self.home / "session-kv"
 
     @property
     def db_url(self) -> str:

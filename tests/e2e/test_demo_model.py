@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import ollama
@@ -180,21 +181,83 @@ def test_status_shows_memory_estimate_and_measured(server: Server, oai: openai.O
     assert memory["measured_bytes"] > 50_000_000  # the real llama-server's resident memory
 
 
-WEATHER_TOOL = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                   "required": ["city"]}}}  # fmt: skip
-TOOL_PROMPT = [{"role": "user", "content": "What is the weather in Paris?"}]
+ADD_TOOL = {"type": "function", "function": {
+    "name": "add", "description": "Add two numbers.",
+    "parameters": {"type": "object", "required": ["a", "b"],
+                   "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}}}  # fmt: skip
 
 
-def test_ollama_client_with_tools(server: Server) -> None:
-    """Ollama has no tool_choice, so the tiny model may answer in text or call the tool: either
-    way the answer is well formed, and /api/show says the model can call tools."""
+def add_call(a: int, b: int, *, ollama_shape: bool = False) -> dict[str, Any]:
+    args: Any = {"a": a, "b": b}
+    if ollama_shape:
+        return {"role": "assistant", "content": "", "tool_calls": [
+            {"function": {"name": "add", "arguments": args}}]}
+    return {"role": "assistant", "content": "", "tool_calls": [
+        {"id": f"call_{a}_{b}", "type": "function",
+         "function": {"name": "add", "arguments": json.dumps(args)}}]}
+
+
+def add_prompt(*, ollama_shape: bool = False) -> list[dict[str, Any]]:
+    """Two earlier calls in the history: the 135M demo model imitates them (at temperature 0)
+    where an instruction alone makes it answer in prose. The calls are rendered by the demo
+    model's tool template (templates/chatml-tools.jinja) and parsed back by llama-server."""
+    return [{"role": "user", "content": "add 1 and 1"}, add_call(1, 1, ollama_shape=ollama_shape),
+            {"role": "user", "content": "add 4 and 5"}, add_call(4, 5, ollama_shape=ollama_shape),
+            {"role": "user", "content": "add 2 and 3"}]
+
+
+def assert_adds(name: str, arguments: dict[str, Any]) -> None:
+    assert name == "add"
+    assert set(arguments) == {"a", "b"}
+    assert all(isinstance(v, int | float) for v in arguments.values())
+
+
+@pytest.mark.parametrize("tool_choice", ["auto", "required"])
+def test_openai_tool_call_through_llama_server(oai: openai.OpenAI, tool_choice: str) -> None:
+    done = oai.chat.completions.create(
+        model="smollm2", messages=add_prompt(), tools=[ADD_TOOL],  # type: ignore[arg-type]
+        tool_choice=tool_choice, max_tokens=48, temperature=0,  # type: ignore[arg-type]
+    )
+    choice = done.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    calls = choice.message.tool_calls or []
+    assert len(calls) == 1 and calls[0].id and calls[0].type == "function"
+    assert_adds(calls[0].function.name, json.loads(calls[0].function.arguments))
+
+
+def test_openai_tool_call_streamed(oai: openai.OpenAI) -> None:
+    stream = oai.chat.completions.create(
+        model="smollm2", messages=add_prompt(), tools=[ADD_TOOL],  # type: ignore[arg-type]
+        max_tokens=48, temperature=0, stream=True,
+    )
+    names: dict[int, str] = {}
+    arguments: dict[int, str] = {}
+    finish = None
+    deltas = 0
+    for chunk in stream:
+        if not chunk.choices:
+            continue
+        choice = chunk.choices[0]
+        finish = choice.finish_reason or finish
+        for call in choice.delta.tool_calls or []:
+            deltas += 1
+            if call.function and call.function.name:
+                names[call.index] = call.function.name
+            if call.function and call.function.arguments:
+                arguments[call.index] = arguments.get(call.index, "") + call.function.arguments
+    assert finish == "tool_calls"
+    assert list(names) == [0] and deltas > 1  # the arguments arrive in pieces
+    assert_adds(names[0], json.loads(arguments[0]))
+
+
+def test_ollama_client_tool_call_through_llama_server(server: Server) -> None:
     client = ollama.Client(host=server.url, timeout=120)
     assert "tools" in (client.show("smollm2").capabilities or [])
-    reply = client.chat(model="smollm2", messages=TOOL_PROMPT, tools=[WEATHER_TOOL],
-                        options={"num_predict": 48, "temperature": 0})
-    assert reply.done
-    for call in reply.message.tool_calls or []:
-        assert call.function.name == "get_weather" and isinstance(call.function.arguments, dict)
-    assert reply.message.tool_calls or reply.message.content
+    for stream in (False, True):
+        parts = client.chat(model="smollm2", messages=add_prompt(ollama_shape=True),
+                            tools=[ADD_TOOL], stream=stream,
+                            options={"num_predict": 48, "temperature": 0})
+        replies = list(parts) if stream else [parts]
+        calls = [c for r in replies for c in (r.message.tool_calls or [])]
+        assert replies[-1].done and len(calls) == 1
+        assert_adds(calls[0].function.name, dict(calls[0].function.arguments))

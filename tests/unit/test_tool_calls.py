@@ -5,9 +5,17 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+from gguf import GGUFWriter
 
-from modelyard.config import LlamaCppModel, OpenAIServerModel, ServiceModel, TransformersModel
+from modelyard.config import (
+    DEMO_CHAT_TEMPLATE,
+    LlamaCppModel,
+    OpenAIServerModel,
+    ServiceModel,
+    TransformersModel,
+)
 from modelyard.engine.backends.transformers import tool_calls as tc
 from modelyard.errors import ToolsUnsupported, from_native_body
 from modelyard.front.api.ollama import ChatRequest, chat_payload
@@ -128,11 +136,33 @@ def test_ollama_tool_messages_become_openai_ones() -> None:
     assert params["tools"] == [{"type": "x"}]
 
 
+def gguf_with_template(path: Path, template: str | None) -> Path:
+    """A real (tiny) GGUF file whose `tokenizer.chat_template` is `template`."""
+    writer = GGUFWriter(path, "llama")
+    if template is not None:
+        writer.add_chat_template(template)
+    writer.add_tensor("output_norm.weight", np.ones(4, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
 def test_capability_rule(tmp_path: Path) -> None:
-    gguf = tmp_path / "m.gguf"
+    gguf = gguf_with_template(tmp_path / "m.gguf", "{% for t in tools %}{{ t }}{% endfor %}")
     assert supports_tools(LlamaCppModel(id="a", path=gguf))
     assert not supports_tools(LlamaCppModel(id="a", path=gguf, argv=["llama-server"]))
     assert not supports_tools(LlamaCppModel(id="a", path=gguf, tools=False))
+    # A template that ignores tools (SmolLM2's own): llama-server would answer in plain text.
+    plain_gguf = gguf_with_template(tmp_path / "p.gguf", "{% for m in messages %}{% endfor %}")
+    assert not supports_tools(LlamaCppModel(id="b", path=plain_gguf))
+    assert not supports_tools(LlamaCppModel(id="c", path=tmp_path / "missing.gguf"))
+    assert not supports_tools(LlamaCppModel(id="d", path=gguf_with_template(tmp_path / "n.gguf",
+                                                                            None)))
+    # ...unless a template file that renders tools replaces it (the demo model's).
+    assert supports_tools(LlamaCppModel(id="b", path=plain_gguf,
+                                        chat_template_file=DEMO_CHAT_TEMPLATE))
     assert supports_tools(OpenAIServerModel(id="o", argv=["x"]))
     assert not supports_tools(ServiceModel(id="s", url="http://127.0.0.1:1"))
     assert supports_tools(ServiceModel(id="s", url="http://127.0.0.1:1", tools=True))

@@ -2,9 +2,11 @@
 
 Front-light: reads config and small JSON/Jinja files only, never imports torch or transformers.
 Order: the model's explicit `tools` setting wins; llama.cpp can when its argv has `--jinja` (the
-default argv does; llama-server's Jinja path has a generic tool-call format for templates without
-one); any OpenAI server can (the server decides); transformers can when its chat template mentions
-`tools` or names a tool-call format this project parses; services cannot.
+default argv does) and its chat template (`chat_template_file`, else the one inside the GGUF)
+renders tools: llama-server works out the tool-call format from the template and, for one that
+ignores `tools`, silently answers in plain text; any OpenAI server can (the server decides);
+transformers can when its chat template mentions `tools` or names a tool-call format this project
+parses; services cannot.
 """
 
 from __future__ import annotations
@@ -55,6 +57,30 @@ def _as_text(template: Any) -> str:
     return ""
 
 
+def _gguf_template(spec: LlamaCppModel) -> str:
+    if spec.chat_template_file is not None:
+        try:
+            return Path(spec.chat_template_file).read_text(encoding="utf-8")
+        except OSError:
+            return ""
+    try:
+        stat = Path(spec.path).stat()
+    except OSError:
+        return ""
+    return _embedded_template(str(spec.path), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=256)
+def _embedded_template(path: str, mtime_ns: int, size: int) -> str:
+    """The GGUF's `tokenizer.chat_template` (cached per file version: reading maps the header)."""
+    from modelyard.store.gguf import GgufError, read_gguf_info
+
+    try:
+        return read_gguf_info(Path(path)).chat_template or ""
+    except (GgufError, OSError):
+        return ""
+
+
 def template_supports_tools(template: str) -> bool:
     return "tools" in template or any(m in template for m in _FAMILY_MARKERS)
 
@@ -65,7 +91,8 @@ def supports_tools(spec: Any) -> bool:
     if explicit is not None:
         return bool(explicit)
     if isinstance(spec, LlamaCppModel):
-        return spec.argv is None or "--jinja" in spec.argv or "--jinja" in spec.extra_args
+        jinja = spec.argv is None or "--jinja" in spec.argv or "--jinja" in spec.extra_args
+        return jinja and template_supports_tools(_gguf_template(spec))
     if isinstance(spec, OpenAIServerModel):
         return True
     if isinstance(spec, TransformersModel):

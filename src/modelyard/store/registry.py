@@ -16,6 +16,7 @@ import sqlalchemy as sa
 
 from modelyard import db
 from modelyard.config import (
+    DEMO_CHAT_TEMPLATE,
     DEMO_MODEL_FILE,
     DEMO_MODEL_ID,
     LlamaCppModel,
@@ -141,7 +142,9 @@ class ModelRegistry:
         if demo_path.is_file() and DEMO_MODEL_ID not in seen_ids and (
             demo_path.resolve() not in seen_paths
         ):
-            declared.append(Entry(LlamaCppModel(id=DEMO_MODEL_ID, path=demo_path), "demo"))
+            declared.append(Entry(LlamaCppModel(
+                id=DEMO_MODEL_ID, path=demo_path, chat_template_file=DEMO_CHAT_TEMPLATE
+            ), "demo"))
             seen_paths.add(demo_path.resolve())
 
         stored, aliases = _stored(settings)

@@ -11,6 +11,8 @@ from modelyard.errors import BackendUnavailable
 # llama-server's default (automatic slots sharing one unified cache) kept discarding cached prompts
 # once more requests than slots were in flight — 7 req/s at 8 concurrent 1-token requests on the
 # demo model against 59 with this layout. `$ctx_total` is the context times the slots.
+# `--slot-save-path` lets the front save a chat session's KV after each turn and restore it into
+# the session's slot before the next (front/session_kv.py): ~15 ms against seconds of prefill.
 DEFAULT_ARGV = [
     "$llama_server",
     "--model", "$path",
@@ -22,6 +24,7 @@ DEFAULT_ARGV = [
     "--no-kv-unified",
     "--jinja",
     "--no-webui",
+    "--slot-save-path", "$slot_dir",
 ]
 
 
@@ -40,6 +43,8 @@ def llama_server_argv(spec: LlamaCppModel, settings: Settings) -> tuple[list[str
     if spec.argv is None:
         if spec.mmproj is not None:
             argv += ["--mmproj", "$mmproj"]
+        if spec.chat_template_file is not None:
+            argv += ["--chat-template-file", "$chat_template"]
         if settings.llama_server_threads is not None:
             argv += ["--threads", str(settings.llama_server_threads)]
     ctx = spec.ctx_size or settings.default_ctx_size
@@ -47,6 +52,8 @@ def llama_server_argv(spec: LlamaCppModel, settings: Settings) -> tuple[list[str
         "llama_server": str(binary or ""),
         "path": str(spec.path),
         "mmproj": str(spec.mmproj or ""),
+        "chat_template": str(spec.chat_template_file or ""),
+        "slot_dir": str(settings.session_kv_dir),
         "id": spec.id,
         "ctx": str(ctx),
         "parallel": str(settings.llama_server_parallel),

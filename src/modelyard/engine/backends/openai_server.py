@@ -47,7 +47,10 @@ class ChildServer:
         else:
             template = spec.argv + spec.extra_args
             ctx = spec.ctx_size or settings.default_ctx_size
-            values = {"path": str(spec.path or ""), "id": spec.id, "ctx": str(ctx)}
+            values = {"path": str(spec.path or ""), "id": spec.id, "ctx": str(ctx),
+                      "slot_dir": str(settings.session_kv_dir)}
+        if any("$slot_dir" in arg for arg in template):
+            settings.session_kv_dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.url = f"http://{LOOPBACK}:{self.port}"
         argv = render_argv(template, {**values, "host": LOOPBACK, "port": str(self.port)})
