@@ -76,6 +76,11 @@ SPECS: tuple[Spec, ...] = (
     Spec("modelyard_queue_wait_seconds", "histogram",
          "Time a request waited in its model's queue before it was admitted (0 if at once).",
          ("model",), QUEUE_BUCKETS),
+    Spec("modelyard_session_turns_total", "counter",
+         "Chat session turns stored, by model and cache: hit (the backend reported reused "
+         "prompt tokens) or miss.", ("model", "cache")),
+    Spec("modelyard_session_cached_tokens_total", "counter",
+         "Prompt tokens the backends reused from cache in chat session turns.", ("model",)),
     Spec("modelyard_pull_bytes_total", "counter",
          "Bytes pull jobs downloaded (a resumed file counts only what was fetched again)."),
     Spec("modelyard_pull_jobs_total", "counter",
@@ -313,6 +318,12 @@ def model_crashed(model: str, engine: int) -> None:
 
 def queue_waited(model: str, seconds: float) -> None:
     _child("modelyard_queue_wait_seconds", model).observe(seconds)
+
+
+def session_turn(model: str, cached_tokens: int | None) -> None:
+    _child("modelyard_session_turns_total", model, "hit" if cached_tokens else "miss").inc()
+    if cached_tokens:
+        _child("modelyard_session_cached_tokens_total", model).inc(cached_tokens)
 
 
 def pull_fetched(nbytes: int) -> None:

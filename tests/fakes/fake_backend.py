@@ -17,6 +17,13 @@ bytes of the simulated GPU named by $MODELYARD_SIMULATED_GPU_DIR while the proce
 The generated text is deterministic: see `generated_text`. GET /requests returns the last 64
 completion request bodies it was sent (what a front relayed).
 
+Slots and prompt caching, as llama-server's `--parallel N` (`-np`) with fixed slots: a chat's
+tokens are its messages' roles and words; each slot keeps the last prompt it served plus its
+answer, and a request reuses the longest common prefix with its slot's (`timings.cache_n`,
+`usage.prompt_tokens_details.cached_tokens`). `id_slot` picks the slot, else the least recently
+used one. With `--slot-save-path DIR`, `POST /slots/{id}?action=save|restore|erase` with
+`{"filename"}` saves a slot's tokens to DIR/filename and restores them (llama-server's routes).
+
 Tool-call mode (chat requests with non-empty `tools`, `tool_choice` not "none"): see
 `plan_tools` -- `call NAME {json}` directives in the last user message become tool calls in
 llama-server's wire format; a last `tool` message is answered `tool said: <content>` (or, when
@@ -77,6 +84,25 @@ def count_words(value: Any) -> int:
     return 0
 
 
+def chat_tokens(messages: list[Any]) -> list[str]:
+    """The fake's tokenization of a chat: each message's role, then its words."""
+    tokens: list[str] = []
+    for message in messages:
+        if isinstance(message, dict):
+            tokens.append(str(message.get("role")))
+            tokens += _text(message.get("content")).split()
+    return tokens
+
+
+def common_prefix(a: list[str], b: list[str]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def log(*lines: str) -> None:
     sys.stderr.write("".join(line + "\n" for line in lines))
     sys.stderr.flush()
@@ -126,6 +152,7 @@ class Plan:
     finish_reason: str
     prompt_tokens: int
     text: str | None = None  # a fixed answer instead of `generated_text` (tool-call mode)
+    cached: int = 0  # prompt tokens reused from the slot's cache
     calls: list[tuple[str, str]] | None = None  # (name, arguments JSON): answer with tool calls
 
 
@@ -198,6 +225,50 @@ class Fake:
         self.stats = Stats()
         self.started_at = time.monotonic()
         self.received: list[Any] = []  # the last 64 completion bodies, for GET /requests
+        n_slots = max(1, opts.parallel)
+        self.slots: list[list[str]] = [[] for _ in range(n_slots)]  # each slot's cached tokens
+        self.slot_used: list[float] = [0.0] * n_slots
+
+    def use_slot(self, body: dict[str, Any], plan: Plan) -> None:
+        """Serve `plan` from a slot: count the cached prefix, then cache prompt + answer."""
+        if not plan.chat:
+            return
+        wanted = body.get("id_slot")
+        if isinstance(wanted, int) and wanted >= 0:
+            slot = wanted % len(self.slots)
+        else:
+            slot = min(range(len(self.slots)), key=self.slot_used.__getitem__)
+        self.slot_used[slot] = time.monotonic()
+        prompt = chat_tokens(body["messages"])
+        if body.get("cache_prompt", True):
+            plan.cached = min(common_prefix(self.slots[slot], prompt), max(0, len(prompt) - 1))
+        answer = plan.text if plan.text is not None else generated_text(plan.n_tokens)
+        self.slots[slot] = [*prompt, "assistant", *answer.split()]
+
+    def slot_action(self, slot: int, action: str, filename: str) -> dict[str, Any]:
+        """llama-server's slot save/restore/erase; raises ValueError for a refused one."""
+        if not 0 <= slot < len(self.slots):
+            raise ValueError("Invalid slot ID")
+        if action == "erase":
+            n, self.slots[slot] = len(self.slots[slot]), []
+            return {"id_slot": slot, "n_erased": n}
+        if not self.opts.slot_save_path:
+            raise ValueError("This server does not support slots action.")
+        if not filename or "/" in filename or filename.startswith("."):
+            raise ValueError("Invalid filename")
+        path = os.path.join(self.opts.slot_save_path, filename)
+        if action == "save":
+            with open(path, "w") as f:
+                json.dump(self.slots[slot], f)
+            return {"id_slot": slot, "filename": filename, "n_saved": len(self.slots[slot])}
+        if action == "restore":
+            try:
+                with open(path) as f:
+                    self.slots[slot] = list(json.load(f))
+            except (OSError, ValueError) as exc:
+                raise ValueError(f"Unable to restore slot: {exc}") from exc
+            return {"id_slot": slot, "filename": filename, "n_restored": len(self.slots[slot])}
+        raise ValueError("Invalid action")
 
     def install_signals(self) -> None:
         """As llama-server: handlers only once loaded; until then TERM/INT kill the process."""
@@ -290,7 +361,7 @@ class Generation(Response):
     def usage(self) -> dict[str, Any]:
         p, n = self.plan.prompt_tokens, self.plan.n_tokens
         usage = {"completion_tokens": n, "prompt_tokens": p, "total_tokens": n + p}
-        return {**usage, "prompt_tokens_details": {"cached_tokens": 0}}
+        return {**usage, "prompt_tokens_details": {"cached_tokens": self.plan.cached}}
 
     def chunk(self, i: int) -> bytes:
         if not self.plan.chat:
@@ -352,7 +423,8 @@ class Generation(Response):
                 fake.crash(plan.n_tokens)
             predicted_ms = (time.monotonic() - t0) * 1e3
             prompt = rates("prompt", plan.prompt_tokens, 0.05 * plan.prompt_tokens)
-            timings = {"cache_n": 0, **prompt, **rates("predicted", plan.n_tokens, predicted_ms)}
+            predicted = rates("predicted", plan.n_tokens, predicted_ms)
+            timings = {"cache_n": plan.cached, **prompt, **predicted}
             if not (plan.stream and plan.n_tokens):
                 await send(start)
             await send(body_message(self.final(timings), more=False))
@@ -417,6 +489,17 @@ def build_app(fake: Fake) -> Any:
     async def slots(request: Request) -> Response:
         return JSONResponse([{"id": 0, "is_processing": fake.stats.to_json()["active"] > 0}])
 
+    async def slot_action(request: Request) -> Response:
+        try:
+            body = json.loads(await request.body() or b"{}")
+            result = fake.slot_action(int(request.path_params["slot"]),
+                                      request.query_params.get("action", ""),
+                                      str(body.get("filename", "")))
+        except ValueError as exc:
+            return error(400, str(exc))
+        log(f"fake: slot {request.query_params.get('action')} {request.path_params['slot']}")
+        return JSONResponse(result)
+
     async def stats(request: Request) -> Response:
         return JSONResponse(fake.stats.to_json())
 
@@ -432,7 +515,10 @@ def build_app(fake: Fake) -> Any:
             return error(400, f"[json.exception.parse_error.101] parse error: {exc}")
         fake.received = [*fake.received[-63:], body]
         plan = parse_request(body, chat=request.url.path.endswith("/chat/completions"))
-        return plan if isinstance(plan, Response) else Generation(fake, plan)
+        if isinstance(plan, Response):
+            return plan
+        fake.use_slot(body, plan)
+        return Generation(fake, plan)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -443,6 +529,7 @@ def build_app(fake: Fake) -> Any:
     routes = [Route(p, health) for p in ("/health", "/v1/health")]
     routes += [Route(p, models) for p in ("/models", "/v1/models")]
     routes += [Route("/slots", slots), Route("/stats", stats), Route("/requests", received)]
+    routes += [Route("/slots/{slot:int}", slot_action, methods=["POST"])]
     paths = ("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions")
     routes += [Route(p, complete, methods=["POST"]) for p in paths]
     inner = Starlette(routes=routes, lifespan=lifespan)
@@ -470,6 +557,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--model", default="fake.gguf", help="only logged, also -m")
     p.add_argument("--load-time-s", type=float, default=0.0)
     p.add_argument("--tokens-per-s", type=float, default=0.0, help="0: as fast as possible")
+    p.add_argument("--parallel", type=int, default=1, help="slots, also -np")
+    p.add_argument("--slot-save-path", default=None)
     p.add_argument("--crash-on-load", action="store_true")
     p.add_argument("--crash-after-tokens", type=int, default=None)
     p.add_argument("--silent-stall", action="store_true")
@@ -481,7 +570,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--claim-bytes", type=int, default=0,
                    help="memory held on the simulated GPU from the start of the load")
     # exact short forms only: argparse would read llama-server's `-mg 0` as `-m g`
-    short = {"-m": "--model", "-a": "--alias"}
+    short = {"-m": "--model", "-a": "--alias", "-np": "--parallel"}
     opts, _ignored = p.parse_known_args([short.get(a, a) for a in argv])
     opts.alias = opts.alias or os.path.basename(opts.model)
     return opts

@@ -42,6 +42,7 @@ from modelyard.front.mcp_client import McpHub
 from modelyard.front.proxy import new_upstream_session
 from modelyard.front.reload import ConfigReloader
 from modelyard.front.render import render_error
+from modelyard.front.session_kv import SessionKv
 from modelyard.front.sessions import SessionStore
 from modelyard.front.state import FrontState
 from modelyard.front.supervisor import EngineSupervisor, plan_engines
@@ -109,6 +110,8 @@ def create_app(
             await state.archive.start()  # and its sweeper; stopped before the database closes
             stack.push_async_callback(state.archive.stop)
             state.sessions = SessionStore.for_settings(settings, state.db)
+            state.session_kv = SessionKv(settings)
+            state.sessions.on_drop = state.session_kv.drop_session
             await state.sessions.start()  # reloads persisted ones; stopped (and flushed) first
             stack.push_async_callback(state.sessions.stop)
             for directory in import_dirs:

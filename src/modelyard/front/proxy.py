@@ -79,6 +79,7 @@ class Relay:
         self.lease = lease
         self.response = response
         self.on_close: Callable[[], None] | None = None  # e.g. give back the queue slot
+        self.on_release: Callable[[], object] | None = None  # runs while the lease is held
         self._closed = False
         self._untrack = track_relay(self)  # a shutdown past its grace aborts it
         note_opened()  # for /metrics: the next chunk the client gets is the first token
@@ -123,6 +124,8 @@ class Relay:
             self.response.release()
         else:
             self.response.close()
+        if self.on_release is not None:
+            self.on_release()
         self.engine.release(self.lease)
         if self.on_close is not None:
             self.on_close()

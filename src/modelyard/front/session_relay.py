@@ -2,7 +2,8 @@
 
 A request without a session (no `session_id` field, no `X-Session-Id` header) never gets here
 past `session_id_for`, which only looks: its bytes go upstream unchanged. A session turn's
-upstream body is `Turn.body` (the history spliced with the new messages); the answer is read as it
+upstream body is `Turn.body` (the history spliced with the new messages, plus the backend's KV
+hints: front/session_kv.py); the answer is read as it
 passes, and the turn is committed before the client sees the end of the answer (the `[DONE]` event,
 Ollama's `done` message, or the whole body), so a client that sends its next turn at once finds
 this one stored.
@@ -20,6 +21,7 @@ from starlette.responses import Response
 from modelyard.errors import InvalidRequest
 from modelyard.front.principal import principal_of
 from modelyard.front.session_answer import Answer, SseAnswer
+from modelyard.front.session_kv import session_key
 from modelyard.front.sessions import (
     BODY_FIELD,
     HEADER,
@@ -59,7 +61,11 @@ def begin_turn(request: Request, session_id: str, model: str, body: dict[str, An
     entry = state.registry.get(model)
     canonical = entry.name if entry is not None else model  # aliases name one model
     owner = owner_of(principal_of(request))
-    return store_of(request).begin(owner, session_id, canonical, body)
+    turn = store_of(request).begin(owner, session_id, canonical, body)
+    if entry is not None and state.session_kv is not None:
+        turn.body, turn.kv = state.session_kv.plan(
+            entry.spec, session_key(owner, session_id), turn.body)
+    return turn
 
 
 def tap_sse(turn: Turn, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:

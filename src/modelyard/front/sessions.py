@@ -47,11 +47,12 @@ from typing import Any
 import orjson
 import sqlalchemy as sa
 
-from modelyard import db
+from modelyard import db, metrics
 from modelyard.config import Settings
 from modelyard.errors import Conflict, InvalidRequest, SessionNotFound
 from modelyard.front.principal import Principal
 from modelyard.front.session_answer import Answer, TurnStats
+from modelyard.front.session_kv import SlotKv
 
 log = logging.getLogger("modelyard.sessions")
 
@@ -205,7 +206,8 @@ class Turn:
     def __init__(self, store: SessionStore, session: ChatSession, body: dict[str, Any]) -> None:
         self.store = store
         self.session = session
-        self.body = body  # the upstream body (session_body's)
+        self.body = body  # the upstream body (session_body's, plus KV hints)
+        self.kv: SlotKv | None = None  # the llama-server slot work around it (session_kv.py)
         self._committed = False
 
     @property
@@ -218,6 +220,8 @@ class Turn:
             return False
         self._committed = True
         self.store.commit(self, answer)
+        if self.kv is not None:
+            self.kv.commit()
         return True
 
 
@@ -249,6 +253,8 @@ class SessionStore:
         self._wake = asyncio.Event()
         self._closing = False
         self._tasks: list[asyncio.Task[None]] = []
+        # Told (owner, id) of each session that is dropped: its KV files go too.
+        self.on_drop: Callable[[str, str], None] | None = None
 
     @classmethod
     def for_settings(cls, settings: Settings, database: sa.Engine | None) -> SessionStore:
@@ -370,6 +376,7 @@ class SessionStore:
         session.last_used_at = now
         session.turns += 1
         stats = answer.stats(now)
+        metrics.session_turn(session.model, stats.cached_tokens if stats else None)
         if stats is not None:
             session.last_turns = [*session.last_turns, stats][-_MAX_TURN_STATS:]
             if stats.cached_tokens:
@@ -379,6 +386,8 @@ class SessionStore:
         if not self._trim(session):
             self.evicted["size"] += 1
             self._mark(key)
+            if self.on_drop is not None:
+                self.on_drop(*key)
             return
         self._put(session)
         self._mark(key)
@@ -433,6 +442,8 @@ class SessionStore:
             if why is not None:
                 self.evicted[why] += 1
             self._mark(key)
+            if self.on_drop is not None:
+                self.on_drop(*key)
 
     def _trim(self, session: ChatSession) -> bool:
         """Drop the oldest turns until the session fits max_bytes; False: even one does not."""

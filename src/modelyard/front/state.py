@@ -40,6 +40,7 @@ from modelyard.types import Lease
 if TYPE_CHECKING:
     from modelyard.front.archive import ArchiveStore
     from modelyard.front.auth import Auth
+    from modelyard.front.session_kv import SessionKv, SlotKv
     from modelyard.front.sessions import SessionStore
 
 M = TypeVar("M", bound=BaseModel)
@@ -66,6 +67,7 @@ class FrontState:
     auth: Auth | None = None  # identifies callers (front/auth.py); opened with the database
     archive: ArchiveStore | None = None  # generated files, transcripts (front/archive.py)
     sessions: SessionStore | None = None  # server-side chat sessions (front/sessions.py)
+    session_kv: SessionKv | None = None  # their KV reuse in the backends (front/session_kv.py)
 
     def _compatible(self, engine: EngineClient, entry: Entry) -> bool:
         """The engine may run the model's backend and has every capability it requires."""
@@ -229,13 +231,15 @@ class FrontState:
         content_type: str = "application/json",
         client: Request | None = None,
         on_progress: Callable[[str], None] | None = None,
+        session_kv: SlotKv | None = None,
     ) -> Relay:
         """Queue for `model`, lease it on an engine and send it the request (`payload`, of
         `content_type`); the caller owns `relay.close()`, which gives back the lease and the
         queue slot. With `client`, a client that disconnects while the request waits (in the
         queue, for a load) takes it out of the queue at once; `on_progress` hears what a load
-        it waits for does (swap progress)."""
-        call = Call(path, payload, content_type, keep_alive_s, priority, on_progress)
+        it waits for does (swap progress); `session_kv`: the slot a session turn restores
+        before it is sent and saves after (front/session_kv.py)."""
+        call = Call(path, payload, content_type, keep_alive_s, priority, on_progress, session_kv)
         entry = await self.resolve(model)
         if entry.preset is not None and call.content_type == "application/json":
             call = replace(call, payload=apply_preset_bytes(entry.preset, call.payload))
@@ -280,15 +284,21 @@ class FrontState:
         self, engine: EngineClient, model_id: str, call: Call, *, send_early: bool = True
     ) -> Relay:
         key = (engine.name, model_id)
-        guess = self.upstreams.get(key) if send_early else None
+        kv = call.kv
+        # A session's KV is restored into its slot before the request may go.
+        guess = self.upstreams.get(key) if send_early and kv is None else None
         if guess is None:
             lease = await engine.acquire(model_id, call.keep_alive_s, call.on_progress)
             response = None
         else:
             lease, response = await self._lease_while_sending(engine, model_id, guess, call)
         self.upstreams[key] = lease.upstream
+        if self.session_kv is not None:
+            self.session_kv.sending(lease.upstream, kv)
         if response is None:
             try:
+                if kv is not None:
+                    await kv.before(self.upstream, lease.upstream)
                 response = await send_upstream(
                     self.upstream, lease.upstream + call.path, call.payload, lease.model,
                     call.content_type,
@@ -296,7 +306,10 @@ class FrontState:
             except BaseException:
                 engine.release(lease)
                 raise
-        return Relay(engine, lease, response)
+        relay = Relay(engine, lease, response)
+        if kv is not None:
+            relay.on_release = lambda: kv.after(self.upstream, lease.upstream)
+        return relay
 
     async def _lease_while_sending(
         self, engine: EngineClient, model_id: str, guess: str, call: Call
@@ -341,6 +354,7 @@ class Call:
     keep_alive_s: float | None
     priority: int
     on_progress: Callable[[str], None] | None
+    kv: SlotKv | None = None
 
 
 def _drop(early: asyncio.Future[aiohttp.ClientResponse]) -> None:

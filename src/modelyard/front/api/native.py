@@ -98,6 +98,7 @@ async def chat(request: Request) -> Response:
         return state.open_relay(
             req.model, "/v1/chat/completions", orjson.dumps(params),
             priority=request_priority(request), client=request, on_progress=say,
+            session_kv=None if turn is None else turn.kv,
         )
 
     def stream(relay: Relay) -> AsyncIterator[bytes]:

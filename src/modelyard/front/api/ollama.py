@@ -183,7 +183,7 @@ async def _answer(
         return state.open_relay(
             req.model, path, orjson.dumps(params),
             keep_alive_s=keep_alive_seconds(req.keep_alive), priority=request_priority(request),
-            client=request, on_progress=say,
+            client=request, on_progress=say, session_kv=None if turn is None else turn.kv,
         )
 
     def stream(relay: Relay) -> AsyncIterator[bytes]:

@@ -93,7 +93,7 @@ async def _relay(request: Request, path: str, schema: type[_Request]) -> Respons
     def open_relay(say: Callable[[str], None] | None) -> Awaitable[Relay]:
         return state.open_relay(
             req.model, path, body, priority=request_priority(request), client=request,
-            on_progress=say,
+            on_progress=say, session_kv=None if turn is None else turn.kv,
         )
 
     def stream_body(relay: Relay) -> AsyncIterator[bytes]:
