@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: run install llama-server demo-model demo-safetensors chromium test test-unit test-integration test-e2e check soak bench-proxy bench-sched bench-batch clean
+.PHONY: run install llama-server demo-model demo-safetensors chromium test test-unit test-integration test-e2e check soak bench-proxy bench-sched bench-batch bench-session clean
 
 install: $(STAMP)
 
@@ -60,6 +60,10 @@ check: install
 
 bench-proxy: install llama-server demo-model
 	$(BIN)/python bench/proxy.py
+
+# Turn-10 time to first token of an agent with a chat session vs resending its history.
+bench-session: install llama-server demo-model
+	$(BIN)/python bench/session.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -168,6 +168,12 @@ class TransformersModel(_ModelBase):
         8192, ge=0, description="Prompt-prefix KV kept for reuse (tokens); 0 disables it. "
         "Memory: tokens x the model's KV bytes per token.",
     )
+    session_cache_tokens: int = Field(
+        8192, ge=0, description="KV of chat sessions' conversations pinned apart from the "
+        "prefix cache (tokens, across sessions, least recently used session evicted first) so "
+        "other traffic cannot evict it between turns; 0 disables it. Memory: tokens x the "
+        "model's KV bytes per token.",
+    )
     prefill_chunk_tokens: int = Field(
         256, gt=0, description="Prompt tokens prefilled per step while other streams decode "
         "(smaller: smoother streams; larger: faster long prompts).",

@@ -15,7 +15,7 @@ import httpx
 import ollama
 import openai
 import pytest
-from tests.support import Server, require_e2e_artifact
+from tests.support import Server, poll, require_e2e_artifact
 
 from modelyard.config import DEMO_MODEL_FILE, Settings, cache_dir
 
@@ -261,3 +261,27 @@ def test_ollama_client_tool_call_through_llama_server(server: Server) -> None:
         calls = [c for r in replies for c in (r.message.tool_calls or [])]
         assert replies[-1].done and len(calls) == 1
         assert_adds(calls[0].function.name, dict(calls[0].function.arguments))
+
+
+def test_session_kv_survives_an_unload_in_real_llama_server(server: Server) -> None:
+    """A session's slot is saved after each turn (llama-server's /slots save) and restored into
+    the fresh llama-server after the model was unloaded: turn 2 prefills only its new message."""
+
+    def turn(content: str) -> dict[str, Any]:
+        r = httpx.post(server.url + "/v1/chat/completions", timeout=120, json={
+            "model": "smollm2", "session_id": "e2e-kv", "max_tokens": 8, "temperature": 0,
+            "messages": [{"role": "user", "content": content}]})
+        assert r.status_code == 200, r.text
+        return dict(r.json()["usage"])
+
+    first = turn("Describe a quiet harbour town at dawn in two sentences, please.")
+    saved = server.home / "session-kv"
+    assert poll(lambda: list(saved.glob("*.bin")), timeout_s=10, what="the saved slot")
+    r = httpx.post(server.url + "/api/generate", json={"model": "smollm2", "keep_alive": 0},
+                   timeout=60)
+    assert r.status_code == 200
+    second = turn("And at dusk?")
+    reused = second["prompt_tokens_details"]["cached_tokens"]
+    # The whole of turn 1 (its prompt, most of its answer) came back from the file.
+    assert reused >= first["prompt_tokens"], (first, second)
+    assert second["prompt_tokens"] - reused < 30

@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import ollama
@@ -58,6 +59,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
              "gguf_file": gguf.name},
             # 4-bit needs CUDA and bitsandbytes: here, a 400 that says so.
             {"id": "smol-q4", "backend": "transformers", "path": str(repo), "quantize": "q4"},
+            # A prefix cache small enough for a few chats to flush (session pins tested on it).
+            {"id": "smol-tf-small-cache", "backend": "transformers", "path": str(repo),
+             "prefix_cache_tokens": 200, "session_cache_tokens": 4096},
         ],
         # `modelyard run` sends no sampling parameters: a preset makes it greedy.
         "presets": [{"id": "smol-greedy", "model": "smol-tf",
@@ -175,6 +179,39 @@ def test_a_second_turn_reuses_the_prefix_cache(server: Server, oai: openai.OpenA
                                          max_tokens=8, temperature=0)
     assert second.usage is not None and second.usage.prompt_tokens_details is not None
     assert (second.usage.prompt_tokens_details.cached_tokens or 0) > 100
+
+
+def test_a_session_keeps_its_kv_while_other_chats_flush_the_prefix_cache(
+    server: Server,
+) -> None:
+    """The front marks session turns (x_modelyard_session); the engine pins their KV apart from
+    the prefix cache, which three other chats overflow between the turns."""
+
+    def chat(messages: list[dict[str, str]], session: str | None = None
+             ) -> tuple[dict[str, Any], str]:
+        body: dict[str, Any] = {"model": "smol-tf-small-cache", "messages": messages,
+                                "max_tokens": 6, "temperature": 0}
+        if session is not None:
+            body["session_id"] = session
+        r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=240)
+        assert r.status_code == 200, r.text
+        return dict(r.json()["usage"]), str(r.json()["choices"][0]["message"]["content"])
+
+    def others() -> None:
+        for topic in ("rivers", "mountains", "deserts"):
+            chat([{"role": "user", "content": f"Tell me about {topic}. " * 25}])
+
+    opening = [{"role": "user", "content": "Describe the old harbour of Marseille. " * 8}]
+    follow_up = {"role": "user", "content": "And its fish market?"}
+    first, _ = chat(opening, session="tf-kv")
+    others()
+    second, _ = chat([follow_up], session="tf-kv")
+    assert second["prompt_tokens_details"]["cached_tokens"] >= first["prompt_tokens"]
+    # Without the session, the same conversation finds its prefix evicted.
+    _, answer = chat(opening)
+    others()
+    resent, _ = chat([*opening, {"role": "assistant", "content": answer}, follow_up])
+    assert resent["prompt_tokens_details"]["cached_tokens"] < first["prompt_tokens"] // 2
 
 
 def test_embeddings_through_openai_and_ollama(server: Server, oai: openai.OpenAI) -> None:

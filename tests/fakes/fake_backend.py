@@ -17,12 +17,13 @@ bytes of the simulated GPU named by $MODELYARD_SIMULATED_GPU_DIR while the proce
 The generated text is deterministic: see `generated_text`. GET /requests returns the last 64
 completion request bodies it was sent (what a front relayed).
 
-Slots and prompt caching, as llama-server's `--parallel N` (`-np`) with fixed slots: a chat's
-tokens are its messages' roles and words; each slot keeps the last prompt it served plus its
-answer, and a request reuses the longest common prefix with its slot's (`timings.cache_n`,
-`usage.prompt_tokens_details.cached_tokens`). `id_slot` picks the slot, else the least recently
-used one. With `--slot-save-path DIR`, `POST /slots/{id}?action=save|restore|erase` with
-`{"filename"}` saves a slot's tokens to DIR/filename and restores them (llama-server's routes).
+Slots and prompt caching, modelled only when `--parallel N` (`-np`) is given, as llama-server's
+fixed slots: a chat's tokens are then its messages' roles and words (also its `prompt_tokens`);
+each slot keeps the last prompt it served plus its answer, and a request reuses the longest
+common prefix with its slot's (`timings.cache_n`, `usage.prompt_tokens_details.cached_tokens`).
+`id_slot` picks the slot, else the least recently used one. With `--slot-save-path DIR`,
+`POST /slots/{id}?action=save|restore|erase` with `{"filename"}` saves a slot's tokens to
+DIR/filename and restores them (llama-server's routes).
 
 Tool-call mode (chat requests with non-empty `tools`, `tool_choice` not "none"): see
 `plan_tools` -- `call NAME {json}` directives in the last user message become tool calls in
@@ -225,13 +226,13 @@ class Fake:
         self.stats = Stats()
         self.started_at = time.monotonic()
         self.received: list[Any] = []  # the last 64 completion bodies, for GET /requests
-        n_slots = max(1, opts.parallel)
+        n_slots = max(1, opts.parallel or 1)
         self.slots: list[list[str]] = [[] for _ in range(n_slots)]  # each slot's cached tokens
         self.slot_used: list[float] = [0.0] * n_slots
 
     def use_slot(self, body: dict[str, Any], plan: Plan) -> None:
         """Serve `plan` from a slot: count the cached prefix, then cache prompt + answer."""
-        if not plan.chat:
+        if not plan.chat or self.opts.parallel is None:
             return
         wanted = body.get("id_slot")
         if isinstance(wanted, int) and wanted >= 0:
@@ -240,6 +241,7 @@ class Fake:
             slot = min(range(len(self.slots)), key=self.slot_used.__getitem__)
         self.slot_used[slot] = time.monotonic()
         prompt = chat_tokens(body["messages"])
+        plan.prompt_tokens = len(prompt)
         if body.get("cache_prompt", True):
             plan.cached = min(common_prefix(self.slots[slot], prompt), max(0, len(prompt) - 1))
         answer = plan.text if plan.text is not None else generated_text(plan.n_tokens)
@@ -557,7 +559,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--model", default="fake.gguf", help="only logged, also -m")
     p.add_argument("--load-time-s", type=float, default=0.0)
     p.add_argument("--tokens-per-s", type=float, default=0.0, help="0: as fast as possible")
-    p.add_argument("--parallel", type=int, default=1, help="slots, also -np")
+    p.add_argument("--parallel", type=int, default=None, help="slots, also -np")
     p.add_argument("--slot-save-path", default=None)
     p.add_argument("--crash-on-load", action="store_true")
     p.add_argument("--crash-after-tokens", type=int, default=None)

@@ -317,7 +317,7 @@ def test_estimate_model_without_a_repo_dir_is_none(
     assert estimate_model(spec(path), settings) is None
 
 
-def test_a_transformers_model_counts_every_slot_and_the_prefix_cache(
+def test_a_transformers_model_counts_every_slot_and_both_caches(
     tmp_path: Path, settings: Settings
 ) -> None:
     from modelyard.config import TransformersModel
@@ -328,10 +328,10 @@ def test_a_transformers_model_counts_every_slot_and_the_prefix_cache(
     write_config(repo, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                  hidden_size=64)
     model = TransformersModel(id="tf", path=repo, ctx_size=256, max_batch_size=4,
-                              prefix_cache_tokens=1000)
+                              prefix_cache_tokens=1000, session_cache_tokens=500)
     est = estimate_model(model, settings)
     assert est is not None
-    cells = 256 * 4 + 1000  # all slots at full context, plus the prefix cache
+    cells = 256 * 4 + 1000 + 500  # all slots at full context, the prefix cache, session pins
     assert est.kv_cache_bytes == 2 * 2 * 16 * cells * 2 * 2
     assert est.weights_bytes == data
     four_bit = estimate_model(model.model_copy(update={"quantize": "q4"}), settings)

@@ -247,9 +247,10 @@ def estimate_model(spec: ModelSpec, settings: Settings) -> MemoryEstimate | None
             )
         if isinstance(spec, TransformersModel) and spec.path.is_dir():
             # Worst case in the batching loop: every slot at the full context, plus what the
-            # prefix cache may hold.
+            # prefix cache and the sessions' pinned KV may hold.
             ctx = spec.ctx_size or settings.default_ctx_size
             cells = ctx * spec.max_batch_size + spec.prefix_cache_tokens
+            cells += spec.session_cache_tokens
             return estimate_safetensors(
                 spec.path, ctx_size=cells, quantize_4bit=spec.quantize == "q4"
             )

@@ -112,6 +112,7 @@ class TransformersBackend:
             max_batch_tokens=self.spec.max_batch_tokens,
             prefill_chunk_tokens=self.spec.prefill_chunk_tokens,
             prefix_cache_tokens=self.spec.prefix_cache_tokens,
+            session_cache_tokens=self.spec.session_cache_tokens,
         )
         generator.start()
         self._generator = generator

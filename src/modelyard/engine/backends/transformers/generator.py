@@ -5,7 +5,8 @@ One worker thread owns the model. Each iteration of its loop (a *step*):
 1. takes new requests and cancellations from a thread-safe inbox;
 2. retires cancelled sequences (their slot is free for this very step);
 3. admits waiting sequences while `running + prefilling < max_batch_size`, FIFO; each looks up
-   the prefix cache and starts from the longest cached prefix of its prompt;
+   the prefix cache (and, for a request of a chat session, that session's pinned KV) and starts
+   from the longest cached prefix of its prompt;
 4. runs one prefill *chunk* for all prefilling sequences together (one padded forward), so a
    long prompt is spread over several steps: at most `prefill_chunk_tokens` prompt tokens in all
    while other sequences decode (this bounds how long a step makes running streams wait), else
@@ -16,7 +17,8 @@ One worker thread owns the model. Each iteration of its loop (a *step*):
 
 Running streams thus get a token every step while long prompts prefill beside them, and new
 sequences join (and finished ones leave) between any two steps. See `kvbatch.py` for the padded
-cache layout and `prefix_cache.py` for what is cached.
+cache layout, `prefix_cache.py` for what is cached and `session_pins.py` for why a session's
+conversation is pinned apart from it.
 
 Threads and loops: `generate()` must be called on an asyncio event loop; events come back on that
 loop (one `call_soon_threadsafe` per loop per step, into each sequence's `asyncio.Queue`).
@@ -26,9 +28,11 @@ while the worker does (it is not locked). A failed step (an exception in the for
 out of memory) raises `RuntimeError` in the streams of that step's sequences; the worker goes on.
 
 Memory: the decode batch holds `rows x longest row` KV columns (left padding), the prefilling
-batch likewise, and the prefix cache up to `prefix_cache_tokens` tokens; all on the model's
-device, `kv_bytes_per_token` each (in `stats()`). `max_batch_tokens` bounds the tokens computed
-per step (decode rows + prefill chunk tokens, like vLLM's `max_num_batched_tokens`), not the KV.
+batch likewise, the prefix cache up to `prefix_cache_tokens` tokens and the session pins up to
+`session_cache_tokens` (a pin shares its tensors with the prefix-cache entry stored at the same
+retirement, until one of them is evicted); all on the model's device, `kv_bytes_per_token` each
+(in `stats()`). `max_batch_tokens` bounds the tokens computed per step (decode rows + prefill
+chunk tokens, like vLLM's `max_num_batched_tokens`), not the KV.
 
 Models: any decoder-only `*ForCausalLM` whose layers all use a plain (full-attention) KV cache
 and take `position_ids` and a 2D `attention_mask` (Llama, Qwen2/3, Mistral, Phi-3, SmolLM,
@@ -62,6 +66,7 @@ from modelyard.engine.backends.transformers.kvbatch import KVBatch, RowKV, slice
 from modelyard.engine.backends.transformers.params import InvalidParams, SamplingParams
 from modelyard.engine.backends.transformers.prefix_cache import PrefixCache
 from modelyard.engine.backends.transformers.sampling import Choice, RowSampler, sample
+from modelyard.engine.backends.transformers.session_pins import SessionPins
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +94,7 @@ class _Seq:
     detok: IncrementalDetokenizer
     stopper: StopMatcher
     sampler: RowSampler
+    session: str | None = None  # the chat session whose pinned KV this sequence uses and renews
     submitted: float = field(default_factory=time.perf_counter)
     admitted: float = 0.0
     first_token: float = 0.0
@@ -145,7 +151,7 @@ class TokenStream:
 class BatchGenerator:
     def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 8,
                  max_batch_tokens: int = 4096, prefill_chunk_tokens: int = 512,
-                 prefix_cache_tokens: int = 32768) -> None:
+                 prefix_cache_tokens: int = 32768, session_cache_tokens: int = 32768) -> None:
         if max_batch_size < 1 or max_batch_tokens < 1 or prefill_chunk_tokens < 1:
             raise ValueError("max_batch_size, max_batch_tokens and prefill_chunk_tokens must be "
                              ">= 1")
@@ -162,7 +168,9 @@ class BatchGenerator:
         self._token_text = TokenText(tokenizer)
         self._keep_one = "logits_to_keep" in _forward_params(model)
         self._prefix: PrefixCache[RowKV] = PrefixCache(prefix_cache_tokens)
-        self._inbox: queue.SimpleQueue[tuple[str, _Seq | None]] = queue.SimpleQueue()
+        self._pins: SessionPins[RowKV] = SessionPins(session_cache_tokens)
+        # ("add" | "cancel", seq), ("forget", session key) or ("stop", None)
+        self._inbox: queue.SimpleQueue[tuple[str, _Seq | str | None]] = queue.SimpleQueue()
         self._waiting: deque[_Seq] = deque()
         self._prefilling: KVBatch[_Seq] = KVBatch(self._device)
         self._running: KVBatch[_Seq] = KVBatch(self._device)
@@ -197,9 +205,12 @@ class BatchGenerator:
         thread.join()
         self._thread = None
 
-    def generate(self, prompt_ids: list[int], params: SamplingParams) -> TokenStream:
+    def generate(self, prompt_ids: list[int], params: SamplingParams,
+                 session: str | None = None) -> TokenStream:
         """Queue a sequence now; iterate to receive its events. Raises InvalidParams for an empty
-        prompt or one that leaves no room in the model's context."""
+        prompt or one that leaves no room in the model's context. With a `session` key, the
+        sequence starts from that session's pinned KV when it is the longest cached prefix, and
+        its KV becomes the session's pin when it retires."""
         if self._thread is None or not self._thread.is_alive():
             raise RuntimeError("BatchGenerator is not running (call start())")
         if not prompt_ids:
@@ -216,6 +227,7 @@ class BatchGenerator:
             max_new=min(params.max_tokens or room, room), loop=loop, events=events,
             detok=IncrementalDetokenizer(self._tokenizer, prompt),
             stopper=StopMatcher(params.stop), sampler=RowSampler(params, prompt),
+            session=session or None,
         )
         with self._lock:
             self._pending += 1
@@ -225,6 +237,11 @@ class BatchGenerator:
     def _cancel(self, seq: _Seq) -> None:
         if not seq.finished:
             self._inbox.put(("cancel", seq))
+
+    def forget_session(self, session: str) -> None:
+        """Drop the session's pinned KV (at the worker's next step; unknown keys are ignored).
+        A sequence of that session still in flight pins its KV again when it retires."""
+        self._inbox.put(("forget", session))
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
@@ -254,6 +271,8 @@ class BatchGenerator:
                 + len(self._prefilling) * self._prefilling.length,
                 "prefix_cache": {**self._prefix.stats(), "bytes": self._prefix.tokens_cached
                                  * self.kv_bytes_per_token},
+                "session_cache": {**self._pins.stats(), "bytes": self._pins.tokens_cached
+                                  * self.kv_bytes_per_token},
             }
 
     # ---------------------------------------------------------------- worker side
@@ -286,7 +305,11 @@ class BatchGenerator:
             first = False
             if kind == "stop":
                 return False
-            assert seq is not None
+            if kind == "forget":
+                assert isinstance(seq, str)
+                self._pins.drop(seq)
+                continue
+            assert isinstance(seq, _Seq)
             if kind == "add":
                 with self._lock:
                     self._pending -= 1
@@ -314,7 +337,11 @@ class BatchGenerator:
         now = time.perf_counter()
         while free > 0 and self._waiting:
             seq = self._waiting.popleft()
-            hit = self._prefix.lookup(seq.prompt, max_tokens=len(seq.prompt) - 1)
+            limit = len(seq.prompt) - 1
+            pinned = self._pins.lookup(seq.session, seq.prompt, limit) if seq.session else None
+            hit = self._prefix.lookup(seq.prompt, max_tokens=limit)
+            if pinned is not None and (hit is None or pinned.tokens > hit.tokens):
+                hit = pinned
             kv = slice_row(hit.value, hit.tokens) if hit else None
             seq.cached = hit.tokens if hit else 0
             seq.remaining = seq.prompt[seq.cached:]
@@ -384,17 +411,24 @@ class BatchGenerator:
         self._retire(batch, [i for i, s in enumerate(seqs) if s.finished or s.cancelled])
 
     def _retire(self, batch: KVBatch[_Seq], leaving: list[int]) -> None:
-        """Drop these rows; keep their KV (tokens fed so far) in the prefix cache."""
+        """Drop these rows; keep their KV (tokens fed so far) in the prefix cache and, for a
+        session's sequence, as that session's pin."""
         if not leaving:
             return
         positions = batch.pos.tolist()
         for i in leaving:
             seq = batch.rows[i]
             fed = (seq.prompt + seq.generated)[:positions[i]]
-            if len(fed) > self._prefix.min_tokens and self._prefix.capacity_tokens:
+            to_prefix = len(fed) > self._prefix.min_tokens and self._prefix.capacity_tokens > 0
+            to_pin = (seq.session is not None and len(fed) > self._pins.min_tokens
+                      and self._pins.capacity_tokens > 0)
+            if to_prefix or to_pin:
                 kv = batch.row_kv(i)
-                if kv is not None:
+                if kv is not None and to_prefix:
                     self._prefix.insert(fed, kv)
+                if kv is not None and to_pin:
+                    assert seq.session is not None
+                    self._pins.insert(seq.session, fed, kv)
         batch.keep(sorted(set(range(len(batch))) - set(leaving)))
 
     def _accept(self, seq: _Seq, choice: Choice) -> None:
@@ -488,7 +522,7 @@ class BatchGenerator:
                 kind, seq = self._inbox.get_nowait()
             except queue.Empty:
                 break
-            if kind == "add" and seq is not None:
+            if kind == "add" and isinstance(seq, _Seq):
                 with self._lock:
                     self._pending -= 1
                 leftovers.append(seq)
@@ -500,6 +534,7 @@ class BatchGenerator:
             self._prefilling = KVBatch(self._device)
             self._running = KVBatch(self._device)
             self._prefix.clear()
+            self._pins.clear()
 
 
 def _failure(exc: Exception) -> RuntimeError:

@@ -8,6 +8,14 @@ llama-server's `timings`, which the Ollama API turns into its statistics).
     POST /v1/chat/completions     the model's chat template; JSON or SSE
     POST /v1/completions          a raw prompt; JSON or SSE
     POST /v1/embeddings           (embedding models)
+    DELETE /sessions/{key}        drop a chat session's pinned KV (204, known or not)
+
+Chat sessions: the front marks a request that belongs to one of its server-side chat sessions
+with the body field `x_modelyard_session` (an opaque key, at most 128 characters). It is taken out
+of the body before the chat template and the sampling parameters see it, and handed to the
+generator, which keeps the session's conversation KV pinned apart from the prefix cache (see
+`session_pins.py`); a pinned hit is reported like any cache reuse, in
+`usage.prompt_tokens_details.cached_tokens` and `timings.cache_n`.
 """
 
 from __future__ import annotations
@@ -28,8 +36,11 @@ from starlette.routing import Route
 from modelyard.engine.backends.transformers import tool_calls
 from modelyard.engine.backends.transformers.generator import BatchGenerator, TokenEvent
 from modelyard.engine.backends.transformers.params import InvalidParams, SamplingParams
+from modelyard.engine.backends.transformers.session_pins import valid_session_key
 
 Tokenize = Callable[[dict[str, Any]], list[int]]
+
+SESSION_FIELD = "x_modelyard_session"
 
 
 def error(status: int, message: str, param: str | None = None,
@@ -243,6 +254,9 @@ def build_app(
             return error(400, f"request body is not JSON: {exc}")
         if not isinstance(body, dict):
             return error(400, "request body must be a JSON object")
+        session = body.pop(SESSION_FIELD, None)  # not a template variable nor a sampling field
+        if session is not None and (problem := valid_session_key(session)) is not None:
+            return error(400, problem, SESSION_FIELD)
         try:
             params = SamplingParams.from_openai(body)
         except InvalidParams as exc:
@@ -253,7 +267,7 @@ def build_app(
             return error(400, str(exc), "messages" if chat else "prompt")
         completion = Completion(model_name, chat, body, tool_family)
         try:
-            events = generator.generate(ids, params)
+            events = generator.generate(ids, params, session=session)
         except InvalidParams as exc:  # an empty prompt, or one longer than the context
             return error(400, str(exc), exc.param)
         if body.get("stream"):
@@ -265,6 +279,11 @@ def build_app(
 
     async def completions_route(request: Request) -> Response:
         return await complete(request, chat=False)
+
+    async def forget_session(request: Request) -> Response:
+        if generator is not None:
+            generator.forget_session(request.path_params["key"])
+        return Response(status_code=204)
 
     async def stats(_: Request) -> Response:
         return JSONResponse(generator.stats() if generator is not None else {})
@@ -285,5 +304,6 @@ def build_app(
         Route("/v1/completions", completions_route, methods=["POST"]),
         Route("/completions", completions_route, methods=["POST"]),
         Route("/v1/embeddings", embeddings, methods=["POST"]),
+        Route("/sessions/{key}", forget_session, methods=["DELETE"]),
     ]
     return Starlette(routes=routes)
