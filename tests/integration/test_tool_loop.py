@@ -219,3 +219,29 @@ def test_a_first_round_error_is_a_real_status_even_when_streaming(server: Server
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
     r = httpx.post(server.url + "/api/chat", json=chat("no-such-model", "hi"), timeout=30)
     assert r.status_code == 404 and "error" in r.json()
+
+
+@pytest.mark.parametrize("api", ["openai", "ollama"])
+def test_a_tool_loop_turn_in_a_session_stores_its_rounds(server: Server, api: str) -> None:
+    """A session turn that runs tools stores the whole exchange (the calls, the results, the
+    answer), so the next turn, which sends only its new message, shows the model all of it."""
+    sid = f"agent-{api}"
+    body = chat("t1", 'call add {"a": 2, "b": 3}', session_id=sid, stream=False)
+    r = httpx.post(server.url + ("/v1/chat/completions" if api == "openai" else "/api/chat"),
+                   json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-session-id"] == sid
+    answer = (r.json()["choices"][0]["message"] if api == "openai" else r.json()["message"])
+    assert answer["content"] == "tool said: 5"
+    stored = httpx.get(f"{server.url}/v1/sessions/{sid}", timeout=10).json()["messages"]
+    assert [m["role"] for m in stored] == ["user", "assistant", "tool", "assistant"]
+    assert stored[1]["tool_calls"][0]["function"]["name"] == "add"
+    assert stored[2]["content"] == "5" and stored[3]["content"] == "tool said: 5"
+    r = post(server, chat("t1", "thanks", session_id=sid))
+    assert r.status_code == 200, r.text
+    sent = model_requests(server, "t1")[-1]
+    assert [m["role"] for m in sent["messages"]] == ["user", "assistant", "tool", "assistant",
+                                                     "user"]
+    assert "session_id" not in sent
+    turns = httpx.get(f"{server.url}/v1/sessions/{sid}", timeout=10).json()["turns"]
+    assert turns == 2

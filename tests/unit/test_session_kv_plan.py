@@ -3,8 +3,11 @@ names, and what dropping a session deletes."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from typing import Any
 
+import orjson
 import pytest
 
 from modelyard.config import (
@@ -40,7 +43,7 @@ def test_llama_cpp_turns_go_to_a_stable_home_slot(kv: SessionKv, tmp_path: Path)
     assert again == body
     assert same is not None and (same.slot, same.filename) == (slot_kv.slot, slot_kv.filename)
     assert slot_kv.filename.startswith(key + "-") and slot_kv.filename.endswith(".bin")
-    assert slot_kv.directory == tmp_path / "home" / "session-kv"
+    assert slot_kv.path.parent == tmp_path / "home" / "session-kv"
     assert BODY == {"model": "m", "messages": [{"role": "user", "content": "hi"}]}  # untouched
 
 
@@ -99,3 +102,32 @@ def test_a_request_without_a_slot_makes_its_upstreams_slots_stale(kv: SessionKv)
     assert len(kv.holders) == 3
     kv.sending("http://a", None)  # llama-server may put this one in any slot
     assert kv.holders == {("http://b", 0): "g.bin"}
+
+
+def test_a_turn_whose_home_slot_is_busy_takes_a_free_one(kv: SessionKv, tmp_path: Path) -> None:
+    """llama-server queues a request behind its `id_slot`; the KV comes from the file, so any
+    free slot serves a session as well as its home one."""
+    spec = LlamaCppModel(id="g", path=tmp_path / "g.gguf")
+    key = session_key("a", "s")
+    body, first = kv.plan(spec, key, BODY)
+    _, second = kv.plan(spec, key, BODY)  # the same session twice at once (or a hash clash)
+    _, third = kv.plan(spec, session_key("b", "t"), BODY)
+    assert first is not None and second is not None and third is not None
+    payload = orjson.dumps(body)
+    http: Any = None  # no saved file yet: nothing is sent
+
+    async def run() -> None:
+        assert await first.prepare(http, "http://u", payload) == payload  # home, unchanged
+        moved = orjson.loads(await second.prepare(http, "http://u", payload))
+        assert moved["id_slot"] == second.slot != first.slot
+        assert second.restored is False  # no file yet
+        first.release()
+        first.release()  # idempotent
+        assert dict(kv.claims["http://u"]) == {second.slot: 1}
+        await third.prepare(http, "http://other", orjson.dumps(body))
+        assert third.slot == third.home  # claims are per upstream
+        second.release()
+        third.release()
+        assert not any(kv.claims.values())
+
+    asyncio.run(run())

@@ -11,6 +11,7 @@ Rules it keeps:
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -79,7 +80,8 @@ class Relay:
         self.lease = lease
         self.response = response
         self.on_close: Callable[[], None] | None = None  # e.g. give back the queue slot
-        self.on_release: Callable[[], object] | None = None  # runs while the lease is held
+        # Runs while the lease is held; a future it returns keeps the lease until it is done.
+        self.on_release: Callable[[], asyncio.Future[Any] | None] | None = None
         self._closed = False
         self._untrack = track_relay(self)  # a shutdown past its grace aborts it
         note_opened()  # for /metrics: the next chunk the client gets is the first token
@@ -124,9 +126,11 @@ class Relay:
             self.response.release()
         else:
             self.response.close()
-        if self.on_release is not None:
-            self.on_release()
-        self.engine.release(self.lease)
+        pending = self.on_release() if self.on_release is not None else None
+        if pending is not None and not pending.done():
+            pending.add_done_callback(lambda _: self.engine.release(self.lease))
+        else:
+            self.engine.release(self.lease)
         if self.on_close is not None:
             self.on_close()
 

@@ -2,14 +2,16 @@
 does not prefill the whole conversation again, even after other traffic used its cache.
 
 llama.cpp (a llama-server started with `--slot-save-path`, as the default argv is): each session
-has a home slot (a hash of the session into `--parallel`), sent as `id_slot` with
-`cache_prompt`. Before a turn the session's saved KV is restored into that slot (unless the slot
-still holds it: the front sees every request a backend gets); after a turn that succeeded, the
-slot is saved to a file named after the session. Restore and save take ~15 ms for 2000 tokens of
-the demo model against ~12 s of prefill on two CPU cores; llama-server defers either until the
-slot is idle, and a slot that another request took meanwhile only costs a cache miss (the file
-carries its tokens, so a mismatched prefix is never reused). The files survive the model being
-swapped out, and are deleted when the session is.
+has a home slot (a hash of the session into `--parallel`; another free slot when a turn of
+another session is in flight there), sent as `id_slot` with `cache_prompt`. Before a turn the
+session's saved KV is restored into that slot (unless the slot still holds it: the front sees
+every request a backend gets); after a turn the backend answered, the slot is saved to a file
+named after the session, the lease held until the save is done (an unload cannot cut it short).
+Restore and save take ~15 ms for 2000 tokens of the demo model against ~12 s of prefill on two
+CPU cores; llama-server defers either until the slot is idle, and a slot that another request
+took meanwhile only costs a cache miss (the file carries its tokens, so a mismatched prefix is
+never reused). The files survive the model being swapped out, and are deleted when the session
+is.
 
 transformers: the turn carries `x_modelyard_session`; the engine keeps the session's KV pinned
 apart from its shared prefix cache (engine/backends/transformers).
@@ -20,6 +22,7 @@ Other backends get nothing: they keep their own prompt caches.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import hashlib
 import logging
@@ -28,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import orjson
 
 from modelyard.config import LlamaCppModel, OpenAIServerModel, Settings, TransformersModel
 from modelyard.engine.backends.llamacpp import llama_server_argv
@@ -84,58 +88,83 @@ def _flag_value(argv: list[str], names: tuple[str, ...]) -> str | None:
 
 @dataclass
 class SlotKv:
-    """One session turn's use of a llama-server slot: restore before, save after."""
+    """One session turn's use of a llama-server slot: claim and restore before, save after."""
 
-    slot: int
+    owner: SessionKv
+    home: int  # the session's usual slot
+    slots: int  # how many the server has
     filename: str
-    directory: Path
-    holders: dict[tuple[str, int], str]  # (upstream, slot) -> the file it last held
-    saves: dict[str, asyncio.Future[bool]]  # file -> its save in progress
-    committed: bool = False
+    slot: int = field(init=False)  # where this turn runs (home, unless another turn holds it)
     restored: bool | None = field(default=None, init=False)
     saving: asyncio.Future[bool] | None = field(default=None, init=False)
-    _sent_to: tuple[aiohttp.ClientSession, str] | None = field(default=None, init=False)
+    _claimed: str | None = field(default=None, init=False)  # the upstream whose slot it holds
+
+    def __post_init__(self) -> None:
+        self.slot = self.home
 
     @property
     def path(self) -> Path:
-        return self.directory / self.filename
+        return self.owner.directory / self.filename
 
-    async def before(self, http: aiohttp.ClientSession, upstream: str) -> None:
-        """Put the session's KV back into its slot, unless the slot still holds it."""
-        previous = self.saves.get(self.filename)
+    async def prepare(self, http: aiohttp.ClientSession, upstream: str, payload: bytes) -> bytes:
+        """Claim a slot and put the session's KV back into it; the payload names the slot.
+
+        Another session turn in flight on the home slot would make llama-server queue this
+        one behind it (`id_slot` waits for its slot): any free slot serves as well, since the
+        KV comes from the file."""
+        claims = self.owner.claims.setdefault(upstream, collections.Counter())
+        if claims[self.home]:
+            self.slot = next((s for s in range(self.slots) if not claims[s]), self.home)
+        claims[self.slot] += 1
+        self._claimed = upstream
+        if self.slot != self.home:
+            payload = orjson.dumps({**orjson.loads(payload), "id_slot": self.slot})
+        await self._restore(http, upstream)
+        return payload
+
+    async def _restore(self, http: aiohttp.ClientSession, upstream: str) -> None:
+        """Unless the slot still holds the session's KV (nothing else ran there since)."""
+        previous = self.owner.saves.get(self.filename)
         if previous is not None:  # the last turn's save, still on its way
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(previous), SLOT_TIMEOUT_S)
-        if self.holders.get((upstream, self.slot)) == self.filename or not self.path.is_file():
+        holders = self.owner.holders
+        if holders.get((upstream, self.slot)) == self.filename or not self.path.is_file():
             self.restored = False
             return
-        self.holders.pop((upstream, self.slot), None)
+        holders.pop((upstream, self.slot), None)
         self.restored = await _slot_action(http, upstream, self.slot, "restore", self.filename)
 
-    def after(self, http: aiohttp.ClientSession, upstream: str) -> None:
-        """The request is over (its lease about to go): save the slot if the turn is stored."""
-        self._sent_to = (http, upstream)
-        self._save()
-
-    def commit(self) -> None:
-        """The turn is stored (a whole answer is stored after its request is over)."""
-        self.committed = True
-        self._save()
-
-    def _save(self) -> None:
-        """Fire and forget: llama-server runs it once the slot is idle, i.e. right after the
-        answer. Nothing for a failed turn; once per turn."""
-        if not self.committed or self._sent_to is None or self.saving is not None:
-            return
-        http, upstream = self._sent_to
-        self.holders[(upstream, self.slot)] = self.filename
-        self.saving = asyncio.ensure_future(
+    def after(self, http: aiohttp.ClientSession, upstream: str, ok: bool
+              ) -> asyncio.Future[bool] | None:
+        """The request is over: save the slot (once) if the backend answered it. The caller
+        keeps the lease until the save is done, so the model cannot be unloaded under it."""
+        self.release()
+        if not ok or self.saving is not None:
+            return None
+        self.owner.holders[(upstream, self.slot)] = self.filename
+        saves = self.owner.saves
+        saving = self.saving = asyncio.ensure_future(
             _slot_action(http, upstream, self.slot, "save", self.filename)
         )
-        self.saves[self.filename] = self.saving
-        self.saving.add_done_callback(
-            lambda done: self.saves.pop(self.filename, None) if self.saves.get(
-                self.filename) is done else None)
+        saves[self.filename] = saving
+
+        def forget(done: asyncio.Future[bool]) -> None:
+            if saves.get(self.filename) is done:
+                del saves[self.filename]
+
+        saving.add_done_callback(forget)
+        return saving
+
+    def release(self) -> None:
+        """Give the slot claim back (the request ended, or never went)."""
+        if self._claimed is not None:
+            claims = self.owner.claims.get(self._claimed)
+            if claims is not None:
+                claims[self.slot] -= 1
+                if claims[self.slot] <= 0:
+                    del claims[self.slot]
+            self._claimed = None
 
 
 async def _slot_action(
@@ -165,7 +194,9 @@ class SessionKv:
         # (upstream, slot) -> the session file it holds since the last save. A request without a
         # slot may land in any slot, so it clears its upstream's; a session turn only uses its own.
         self.holders: dict[tuple[str, int], str] = {}
-        self.saves: dict[str, asyncio.Future[bool]] = {}
+        self.saves: dict[str, asyncio.Future[bool]] = {}  # file -> its save in progress
+        # upstream -> slot -> session turns in flight there
+        self.claims: dict[str, collections.Counter[int]] = {}
 
     def plan(
         self, spec: Any, key: str, body: dict[str, Any]
@@ -176,10 +207,8 @@ class SessionKv:
         slots = _slots(spec, self.settings)
         if slots is None:
             return body, None
-        slot = int(key[:8], 16) % slots
-        name = f"{key}-{_model_version(spec)}.bin"
-        kv = SlotKv(slot, name, self.directory, self.holders, self.saves)
-        return {**body, "id_slot": slot, "cache_prompt": True}, kv
+        kv = SlotKv(self, int(key[:8], 16) % slots, slots, f"{key}-{_model_version(spec)}.bin")
+        return {**body, "id_slot": kv.home, "cache_prompt": True}, kv
 
     def sending(self, upstream: str, kv: SlotKv | None) -> None:
         """A request goes to `upstream`; one without a slot may overwrite any slot there."""

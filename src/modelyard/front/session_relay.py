@@ -55,14 +55,17 @@ def store_of(request: Request) -> SessionStore:
     return store
 
 
-def begin_turn(request: Request, session_id: str, model: str, body: dict[str, Any]) -> Turn:
-    """The turn `body` (an OpenAI chat request) starts in the caller's session `session_id`."""
+def begin_turn(request: Request, session_id: str, model: str, body: dict[str, Any], *,
+               kv_hints: bool = True) -> Turn:
+    """The turn `body` (an OpenAI chat request) starts in the caller's session `session_id`;
+    `kv_hints` False: a body for several upstream requests (a tool loop's rounds), which the
+    per-turn slot restore and save do not fit."""
     state = state_of(request)
     entry = state.registry.get(model)
     canonical = entry.name if entry is not None else model  # aliases name one model
     owner = owner_of(principal_of(request))
     turn = store_of(request).begin(owner, session_id, canonical, body)
-    if entry is not None and state.session_kv is not None:
+    if kv_hints and entry is not None and state.session_kv is not None:
         turn.body, turn.kv = state.session_kv.plan(
             entry.spec, session_key(owner, session_id), turn.body)
     return turn

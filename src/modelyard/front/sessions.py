@@ -214,14 +214,18 @@ class Turn:
     def messages(self) -> list[dict[str, Any]]:
         return list(self.body["messages"])
 
+    def with_messages(self, messages: list[dict[str, Any]]) -> Turn:
+        """The conversation the answer follows, when it is more than what was sent (a tool
+        loop's rounds)."""
+        self.body = {**self.body, "messages": list(messages)}
+        return self
+
     def commit(self, answer: Answer) -> bool:
         """Store the turn if the answer succeeded; True when it was stored. Idempotent."""
         if self._committed or not answer.ok:
             return False
         self._committed = True
         self.store.commit(self, answer)
-        if self.kv is not None:
-            self.kv.commit()
         return True
 
 

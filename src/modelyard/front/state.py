@@ -296,19 +296,23 @@ class FrontState:
         if self.session_kv is not None:
             self.session_kv.sending(lease.upstream, kv)
         if response is None:
+            payload = call.payload
             try:
-                if kv is not None:
-                    await kv.before(self.upstream, lease.upstream)
+                if kv is not None:  # claim a slot, restore the session's KV there
+                    payload = await kv.prepare(self.upstream, lease.upstream, payload)
                 response = await send_upstream(
-                    self.upstream, lease.upstream + call.path, call.payload, lease.model,
+                    self.upstream, lease.upstream + call.path, payload, lease.model,
                     call.content_type,
                 )
             except BaseException:
+                if kv is not None:
+                    kv.release()
                 engine.release(lease)
                 raise
         relay = Relay(engine, lease, response)
         if kv is not None:
-            relay.on_release = lambda: kv.after(self.upstream, lease.upstream)
+            relay.on_release = lambda: kv.after(self.upstream, lease.upstream,
+                                                ok=relay.status == 200)
         return relay
 
     async def _lease_while_sending(

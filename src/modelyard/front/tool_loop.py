@@ -11,6 +11,8 @@ so the scheduler serves others while a tool works. The calls of one answer run c
 loop ends at an answer without tool calls, at a call of a client tool (that answer goes back to
 the client as an ordinary tool_calls answer), or when `max_tool_rounds` rounds of tools have run
 and the model still asks for more: then the answer is a note saying so, finish_reason "length".
+In a chat session, the turn stored is the whole exchange: the assistant's tool calls and the tool
+results of every round, then the answer.
 Every round is reported as it happens (`RoundEvent`); a cancelled loop (the client left) cancels
 the tool call in progress, and no lease is held by then.
 """
@@ -21,7 +23,7 @@ import asyncio
 import json
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -29,6 +31,9 @@ from modelyard.config import Settings
 from modelyard.errors import UpstreamError
 from modelyard.front.mcp_client import McpHub, McpUnavailable, ToolResult
 from modelyard.front.proxy import Relay
+
+if TYPE_CHECKING:
+    from modelyard.front.sessions import Turn
 
 SUMMARY_CHARS = 200  # a tool result is shown to the client up to this long
 
@@ -89,11 +94,17 @@ class Final:
 OpenRound = Callable[[bytes], Any]  # payload -> Awaitable[Relay]
 
 
+# Told the whole conversation (rounds included) and the answer, before the client sees the end.
+OnAnswer = Callable[[list[dict[str, Any]], dict[str, Any]], None]
+
+
 class ToolLoop:
     def __init__(self, hub: McpHub, settings: Settings, data: dict[str, Any],
                  servers: list[str]) -> None:  # fmt: skip
         self.hub, self.settings, self.data, self.servers = hub, settings, data, servers
         self.routes: dict[str, tuple[str, str]] = {}  # offered name -> (server, tool name)
+        self.on_answer: OnAnswer | None = None  # a chat session stores the turn
+        self.turn: Turn | None = None  # that session's turn (front/session_relay.py)
 
     async def tools(self) -> list[dict[str, Any]]:
         """The request's tools with the MCP entries replaced by the servers' function tools."""
@@ -134,6 +145,7 @@ class ToolLoop:
             message = choice.get("message") or {}
             calls = message.get("tool_calls") or []
             if not calls or any(_name(c) not in self.routes for c in calls):
+                self._answered(messages, answer)
                 yield Final(200, answer, trace)  # an answer, or a client tool's call
                 return
             if rounds >= self.settings.max_tool_rounds:
@@ -141,6 +153,7 @@ class ToolLoop:
                         f"tool rounds (max_tool_rounds)")  # fmt: skip
                 choice["message"] = {"role": "assistant", "content": note}
                 choice["finish_reason"] = "length"
+                self._answered(messages, answer)
                 yield Final(200, answer, trace)
                 return
             rounds += 1
@@ -157,6 +170,10 @@ class ToolLoop:
                 messages.append(
                     {"role": "tool", "tool_call_id": call.get("id", ""), "content": result.text}
                 )
+
+    def _answered(self, messages: list[dict[str, Any]], answer: dict[str, Any]) -> None:
+        if self.on_answer is not None:
+            self.on_answer(messages, answer)
 
     async def _call(self, event: RoundEvent) -> ToolResult:
         server, tool = self.routes[event.tool]

@@ -20,6 +20,7 @@ from starlette.responses import Response, StreamingResponse
 from modelyard.errors import InvalidRequest, ModelyardError
 from modelyard.front.mcp_client import McpHub
 from modelyard.front.proxy import Relay, sse_event
+from modelyard.front.session_relay import begin_turn, commit_body, session_id_for
 from modelyard.front.state import FrontState, request_priority, state_of, unless_disconnected
 from modelyard.front.tool_loop import Final, RoundEvent, ToolLoop, mcp_servers_of, unknown_servers
 from modelyard.front.translate import now_rfc3339
@@ -36,8 +37,11 @@ def hub_of(request: Request) -> McpHub:
     return hub
 
 
-def tool_loop_for(request: Request, data: dict[str, Any]) -> ToolLoop | None:
-    """The loop a chat request opts into, or None; unknown servers are refused."""
+def tool_loop_for(request: Request, data: dict[str, Any], model: str,
+                  session_fields: dict[str, Any] | None = None) -> ToolLoop | None:
+    """The loop a chat request opts into, or None; unknown servers are refused. In a chat
+    session (named in `session_fields`, else in `data`), the loop runs on the stored history
+    and stores the turn when it answers."""
     settings = state_of(request).settings
     servers = mcp_servers_of(data, settings)
     if servers is None:
@@ -48,7 +52,14 @@ def tool_loop_for(request: Request, data: dict[str, Any]) -> ToolLoop | None:
             f"tools: unknown MCP server(s) {unknown}; declared in mcp_servers: {known}",
             param="tools",
         )
-    return ToolLoop(hub_of(request), settings, data, servers)
+    loop = ToolLoop(hub_of(request), settings, data, servers)
+    sid = session_id_for(request, data if session_fields is None else session_fields)
+    if sid is not None:
+        turn = begin_turn(request, sid, model, data, kv_hints=False)
+        loop.data = turn.body
+        loop.turn = turn
+        loop.on_answer = lambda messages, answer: commit_body(turn.with_messages(messages), answer)
+    return loop
 
 
 def _opener(request: Request, state: FrontState, model: str, path: str) -> Callable[
