@@ -62,7 +62,7 @@ bench-proxy: install llama-server demo-model
 	$(BIN)/python bench/proxy.py
 
 # Turn-10 time to first token of an agent with a chat session vs resending its history.
-bench-session: install llama-server demo-model
+bench-session: install llama-server demo-model demo-safetensors
 	$(BIN)/python bench/session.py
 
 clean:

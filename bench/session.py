@@ -2,7 +2,7 @@
 (`session_id`: the history and its KV stay in modelyard) against the same conversation resent
 whole without one, same model, same modelyard, same run, the two interleaved turn by turn.
 
-    make bench-session                     # about 6 minutes on 2 CPU cores
+    make bench-session                     # about 15 minutes on 2 CPU cores
     .venv/bin/python bench/session.py --quick
 
 Both arms run the demo model through one `modelyard serve` (its own llama-server command line:
@@ -16,6 +16,9 @@ streamed chunk with text. Two scenarios:
 * **swapped**: the model is unloaded and loaded again before every turn (untimed), as when other
   models take the device between an agent's turns. llama-server's caches die with the process;
   the session's KV, saved to disk after each turn, is restored into its slot.
+* **transformers**: the interleaved agents on the same model run by the in-process transformers
+  engine (the demo model as safetensors), whose shared prefix cache (4096 tokens) holds less
+  than all the conversations; a session's KV is pinned apart from it (`session_cache_tokens`).
 
 Reported per scenario: the median TTFT of the last turn in each arm, their ratio (target <= 0.3)
 and the prompt tokens the backend reused. Results go to bench/results/session-<stamp>.json.
@@ -39,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.proxy import (
@@ -51,11 +55,13 @@ from bench.proxy import (
     stop_all,
     wait_until,
 )
-from modelyard.config import DEMO_MODEL_ID
+from modelyard.config import DEMO_MODEL_ID, cache_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = ROOT / "bench" / "results"
 TARGET_RATIO = 0.3
+TF_MODEL = "smollm2-tf"
+DEMO_SAFETENSORS = "smollm2-135m-instruct-safetensors"  # where `make demo-safetensors` puts it
 WORDS = [
     "river", "stone", "cloud", "lantern", "orchard", "meadow", "harbor", "engine", "signal",
     "quartz", "violet", "maple", "thunder", "copper", "falcon", "glacier", "saddle", "ember",
@@ -71,7 +77,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--words", type=int, default=100, help="words per user message")
     p.add_argument("--answer-tokens", type=int, default=16)
     p.add_argument("--ctx-size", type=int, default=4096, help="per slot")
-    p.add_argument("--scenarios", default="interleaved,swapped")
+    p.add_argument("--scenarios", default="interleaved,swapped,transformers")
+    p.add_argument("--safetensors", type=Path, default=cache_dir() / "models" / DEMO_SAFETENSORS,
+                   help="the demo model as a safetensors repo (make demo-safetensors)")
+    p.add_argument("--tf-prefix-cache-tokens", type=int, default=4096,
+                   help="the shared prefix cache: less than the agents' conversations")
+    p.add_argument("--tf-session-cache-tokens", type=int, default=8192)
     p.add_argument("--quick", action="store_true", help="5 turns, 2+1 agents, 60 words")
     p.add_argument("--llama-server", type=Path, help="binary (default: modelyard's resolution)")
     p.add_argument("--model", type=Path, help="GGUF (default: the cached demo model)")
@@ -95,16 +106,16 @@ class Agent:
     prompt: list[int] = field(default_factory=list)
 
     def user_message(self, turn: int, words: int) -> dict[str, Any]:
-        rng = random.Random(self.seed * 1000 + turn)  # twins share their seed: same messages
+        rng = random.Random(self.seed * 1000 + turn)
         text = " ".join(rng.choice(WORDS) for _ in range(words))
         return {"role": "user", "content": f"Turn {turn}. Summarise: {text}"}
 
 
-async def turn(client: httpx.AsyncClient, url: str, agent: Agent, n: int,
+async def turn(client: httpx.AsyncClient, url: str, model: str, agent: Agent, n: int,
                args: argparse.Namespace) -> None:
     message = agent.user_message(n, args.words)
     body: dict[str, Any] = {
-        "model": DEMO_MODEL_ID, "stream": True, "temperature": 0,
+        "model": model, "stream": True, "temperature": 0,
         "max_tokens": args.answer_tokens, "stream_options": {"include_usage": True},
     }
     if agent.session is not None:
@@ -142,8 +153,11 @@ async def swap(client: httpx.AsyncClient, url: str) -> None:
 
 async def scenario(client: httpx.AsyncClient, url: str, name: str, agents: int,
                    args: argparse.Namespace) -> dict[str, Any]:
-    pairs = [(Agent(f"{name}-s{i}", f"{name}-{i}-{time.time_ns()}", i),
-              Agent(f"{name}-r{i}", None, i)) for i in range(agents)]
+    model = TF_MODEL if name == "transformers" else DEMO_MODEL_ID
+    # Each conversation has its own messages (same lengths): a twin sharing its partner's
+    # would find the partner's prompt, computed a moment before, in the backend's cache.
+    pairs = [(Agent(f"{name}-s{i}", f"{name}-{i}-{time.time_ns()}", 2 * i),
+              Agent(f"{name}-r{i}", None, 2 * i + 1)) for i in range(agents)]
     for n in range(1, args.turns + 1):
         for with_session, resent in pairs:
             # Alternate which arm goes first so neither always follows the other.
@@ -151,12 +165,13 @@ async def scenario(client: httpx.AsyncClient, url: str, name: str, agents: int,
             for agent in order:
                 if name == "swapped":
                     await swap(client, url)
-                await turn(client, url, agent, n, args)
+                await turn(client, url, model, agent, n, args)
         print(f"  {name}: turn {n}/{args.turns} done", flush=True)
     last = args.turns - 1
     s_ttft = statistics.median(s.ttft_s[last] for s, _ in pairs)
     r_ttft = statistics.median(r.ttft_s[last] for _, r in pairs)
     return {
+        "model": model,
         "agents": agents,
         "turn": args.turns,
         "ttft_session_s": s_ttft,
@@ -176,12 +191,19 @@ async def measure(args: argparse.Namespace, results: dict[str, Any]) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="bench-session-"))
     inputs = Inputs(find_binary(args), find_model(args), args.ctx_size, workdir)
     home = modelyard_home(inputs, single_process=False)
+    if "transformers" in args.scenarios.split(","):
+        config = yaml.safe_load((home / "config.yaml").read_text())
+        config["models"] = [*config.get("models", []), {
+            "id": TF_MODEL, "backend": "transformers", "path": str(args.safetensors),
+            "max_batch_size": 2, "prefix_cache_tokens": args.tf_prefix_cache_tokens,
+            "session_cache_tokens": args.tf_session_cache_tokens}]
+        (home / "config.yaml").write_text(yaml.safe_dump(config))
     proc, url = spawn_modelyard(inputs, home)
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as client:
         await wait_until(client, url + "/health", proc, is_healthy, timeout_s=120)
         await client.post(url + "/api/generate", json={"model": DEMO_MODEL_ID})  # load
         for name in args.scenarios.split(","):
-            agents = args.agents if name == "interleaved" else args.swap_agents
+            agents = args.swap_agents if name == "swapped" else args.agents
             print(f"{name}: {agents} agents with a session, {agents} resending, "
                   f"{args.turns} turns", flush=True)
             results["scenarios"][name] = await scenario(client, url, name, agents, args)
@@ -191,7 +213,7 @@ async def measure(args: argparse.Namespace, results: dict[str, Any]) -> None:
 def render(results: dict[str, Any]) -> str:
     lines = [
         f"Turn-{results['args']['turns']} time to first token, session vs resending the whole "
-        f"history (demo model, llama-server through modelyard; target ratio <= {TARGET_RATIO})",
+        f"history (demo model through modelyard; target ratio <= {TARGET_RATIO})",
         "",
         "| scenario | agents/arm | prompt tokens | cached: session | cached: resent "
         "| TTFT session | TTFT resent | ratio |",
