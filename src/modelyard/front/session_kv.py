@@ -170,18 +170,25 @@ class SlotKv:
 async def _slot_action(
     http: aiohttp.ClientSession, upstream: str, slot: int, action: str, filename: str
 ) -> bool:
-    """POST /slots/{slot}?action=…; a failure is only a lost cache hit, so it is logged."""
-    try:
-        async with http.post(
-            f"{upstream}/slots/{slot}", params={"action": action}, json={"filename": filename},
-            timeout=aiohttp.ClientTimeout(total=SLOT_TIMEOUT_S),
-        ) as response:
-            if response.status == 200:
-                return True
-            log.info("slot %s %d on %s: HTTP %d %s", action, slot, upstream, response.status,
-                     (await response.text())[:200])
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        log.info("slot %s %d on %s failed: %s", action, slot, upstream, exc)
+    """POST /slots/{slot}?action=…; a failure is only a lost cache hit, so it is logged. A pooled
+    connection the server closed while idle is retried once (both actions are idempotent)."""
+    for attempt in (1, 2):
+        try:
+            async with http.post(
+                f"{upstream}/slots/{slot}", params={"action": action},
+                json={"filename": filename}, timeout=aiohttp.ClientTimeout(total=SLOT_TIMEOUT_S),
+            ) as response:
+                if response.status == 200:
+                    return True
+                log.info("slot %s %d on %s: HTTP %d %s", action, slot, upstream,
+                         response.status, (await response.text())[:200])
+                return False
+        except aiohttp.ServerDisconnectedError as exc:
+            if attempt == 2:
+                log.info("slot %s %d on %s failed: %s", action, slot, upstream, exc)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.info("slot %s %d on %s failed: %s", action, slot, upstream, exc)
+            return False
     return False
 
 
