@@ -171,7 +171,8 @@ async def _slot_action(
     http: aiohttp.ClientSession, upstream: str, slot: int, action: str, filename: str
 ) -> bool:
     """POST /slots/{slot}?action=…; a failure is only a lost cache hit, so it is logged. A pooled
-    connection the server closed while idle is retried once (both actions are idempotent)."""
+    connection the server closed while idle ("Server disconnected", "Can not write request
+    body") is retried once: both actions are idempotent."""
     for attempt in (1, 2):
         try:
             async with http.post(
@@ -183,7 +184,7 @@ async def _slot_action(
                 log.info("slot %s %d on %s: HTTP %d %s", action, slot, upstream,
                          response.status, (await response.text())[:200])
                 return False
-        except aiohttp.ServerDisconnectedError as exc:
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
             if attempt == 2:
                 log.info("slot %s %d on %s failed: %s", action, slot, upstream, exc)
         except (aiohttp.ClientError, TimeoutError) as exc:
