@@ -40,6 +40,7 @@ from modelyard.front.archive import (
     parse_retention,
 )
 from modelyard.front.principal import principal_of
+from modelyard.front.sse import DONE, read_event
 from modelyard.front.state import state_of
 from modelyard.front.translate import Generation, rfc3339
 
@@ -251,17 +252,13 @@ def _parse_openai(chunks: list[bytes], stream: bool) -> tuple[Generation, bool]:
         return gen, True
     done = False
     for line in body.split(b"\n"):
-        if not line.startswith(b"data:"):
-            continue
-        payload = line[5:].strip()
-        if payload == b"[DONE]":
-            done = True
-            continue
         try:
-            event = orjson.loads(payload)
+            event = read_event(line)
         except orjson.JSONDecodeError:
             continue  # a line cut short by a client that left
-        if isinstance(event, dict) and "error" not in event:
+        if event == DONE:
+            done = True
+        elif event is not None and "error" not in event:
             gen.absorb(event)
     return gen, done
 

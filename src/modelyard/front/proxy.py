@@ -23,6 +23,7 @@ from starlette.types import Receive, Scope, Send
 from modelyard.errors import ModelyardError, UpstreamError
 from modelyard.front.drain import track_relay
 from modelyard.front.engines import EngineClient
+from modelyard.front.sse import DONE, read_event
 from modelyard.metrics import note_opened, stream_failed
 from modelyard.request_ids import outgoing_headers
 from modelyard.types import Lease
@@ -180,16 +181,13 @@ async def iter_sse_json(relay: Relay) -> AsyncIterator[dict[str, Any]]:
     """The JSON payloads of an upstream SSE stream, up to `[DONE]`."""
     try:
         async for raw in relay.response.content:
-            if not raw.startswith(b"data:"):
-                continue
-            data = raw[5:].strip()
-            if data == b"[DONE]":
-                return
             try:
-                event = orjson.loads(data)
+                event = read_event(raw)
             except orjson.JSONDecodeError as exc:
-                raise UpstreamError(f"backend sent an unreadable event: {data[:120]!r}") from exc
-            if isinstance(event, dict):
+                raise UpstreamError(f"backend sent an unreadable event: {raw[:120]!r}") from exc
+            if event == DONE:
+                return
+            if event is not None:
                 if "error" in event:
                     err = event["error"]
                     message = err.get("message") if isinstance(err, dict) else str(err)
@@ -221,6 +219,3 @@ async def translated_stream(
     finally:
         relay.close()
 
-
-def sse_event(payload: Any) -> bytes:
-    return b"data: " + orjson.dumps(payload) + b"\n\n"

@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 
+from modelyard.front.sse import DONE, LineSplitter, read_event
 from modelyard.front.translate import Generation
 
 
@@ -123,25 +124,15 @@ class SseAnswer(Answer):
 
     def __init__(self) -> None:
         super().__init__()
-        self._rest = b""
+        self._lines = LineSplitter()
 
     def feed(self, chunk: bytes) -> None:
-        data = self._rest + chunk
-        lines = data.split(b"\n")
-        self._rest = lines.pop()
-        for line in lines:
-            self._line(line)
-
-    def _line(self, line: bytes) -> None:
-        if not line.startswith(b"data:"):
-            return
-        payload = line[5:].strip()
-        if payload == b"[DONE]":
-            self.done = True
-            return
-        try:
-            event = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            return
-        if isinstance(event, dict):
-            self.absorb(event)
+        for line in self._lines.feed(chunk):
+            try:
+                event = read_event(line)
+            except orjson.JSONDecodeError:
+                continue
+            if event == DONE:
+                self.done = True
+            elif event is not None:
+                self.absorb(event)

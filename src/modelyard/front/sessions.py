@@ -8,11 +8,7 @@ After a successful answer the turn is committed: the request's messages and the 
 reply (its content, and its `tool_calls` if any) become the history. A failed answer (an error
 status, an in-band error, a client that left mid-stream) stores nothing of that turn.
 
-Splicing rules (`splice`):
-- the request's messages begin with the stored history (the client resent everything): they are
-  taken as they are, nothing is duplicated;
-- otherwise they are appended to the history, except that leading system messages in the request
-  replace the stored leading system messages.
+Splicing rules: `front/session_splice.py`.
 
 A session is bound to the model of its first turn: a request naming another model is a 409
 `conflict` (param `model`): the history was produced by, and is cached for, that model. Start a
@@ -23,7 +19,8 @@ Bounds (config: `chat_session_*`): at most `chat_session_max_count` sessions and
 `chat_session_max_bytes` loses its oldest turns (system messages stay; a single turn over the
 bound drops the session); a session idle for `chat_session_ttl_s` expires (checked on access and
 by a periodic sweep). With `chat_session_persist` the sessions are written (behind, by one writer
-task; flushed at shutdown) to the SQLite table `chat_sessions` and reloaded at start.
+task; flushed at shutdown) to the SQLite table `chat_sessions` (`front/session_db.py`) and
+reloaded at start.
 
 Ownership: a session belongs to the caller's user (anonymous callers share one owner, `""`);
 another owner's session is "not found" (404 `session_not_found`), never "forbidden". Admins list
@@ -47,12 +44,14 @@ from typing import Any
 import orjson
 import sqlalchemy as sa
 
-from modelyard import db, metrics
+from modelyard import metrics
 from modelyard.config import Settings
 from modelyard.errors import Conflict, InvalidRequest, SessionNotFound
+from modelyard.front import session_db
 from modelyard.front.principal import Principal
 from modelyard.front.session_answer import Answer, TurnStats
 from modelyard.front.session_kv import SlotKv
+from modelyard.front.session_splice import leading_system, splice
 
 log = logging.getLogger("modelyard.sessions")
 
@@ -139,53 +138,6 @@ class ChatSession:
         if with_messages:
             out["messages"] = self.messages
         return out
-
-
-def _norm_content(content: Any) -> Any:
-    return "" if content is None else content
-
-
-def _args(arguments: Any) -> Any:
-    """Tool-call arguments as an object: OpenAI sends a JSON string, Ollama an object."""
-    if isinstance(arguments, str):
-        try:
-            return orjson.loads(arguments)
-        except orjson.JSONDecodeError:
-            return arguments
-    return arguments
-
-
-def _key(message: dict[str, Any]) -> tuple[Any, ...]:
-    """What makes two messages the same one for splicing (clients drop or add nulls and ids,
-    and Ollama's tool calls carry their arguments as objects)."""
-    calls = message.get("tool_calls") or None
-    call_key = None
-    if isinstance(calls, list):
-        fns = [(c.get("function") or {}) if isinstance(c, dict) else c for c in calls]
-        call_key = orjson.dumps(
-            [(f.get("name"), _args(f.get("arguments"))) if isinstance(f, dict) else f
-             for f in fns], option=orjson.OPT_SORT_KEYS)
-    return (message.get("role"), orjson.dumps(_norm_content(message.get("content"))),
-            call_key)
-
-
-def _leading_system(messages: list[dict[str, Any]]) -> int:
-    n = 0
-    while n < len(messages) and messages[n].get("role") == "system":
-        n += 1
-    return n
-
-
-def splice(history: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The conversation to send: the stored `history` with the request's `new` messages."""
-    if len(new) >= len(history) and all(
-        _key(h) == _key(n) for h, n in zip(history, new, strict=False)
-    ):
-        return list(new)  # resent whole (or the history is empty)
-    systems = _leading_system(new)
-    if systems:
-        return [*new[:systems], *history[_leading_system(history):], *new[systems:]]
-    return [*history, *new]
 
 
 def session_body(session: ChatSession, request_body: dict[str, Any]) -> dict[str, Any]:
@@ -455,7 +407,7 @@ class SessionStore:
         if size <= self.max_bytes:
             return True
         messages = session.messages
-        systems = _leading_system(messages)
+        systems = leading_system(messages)
         rest = messages[systems:]
         while rest and size > self.max_bytes:
             # A turn: up to (not including) the next user message after the first one.
@@ -506,21 +458,12 @@ class SessionStore:
 
     def _write(self, batch: list[tuple[tuple[str, str], dict[str, Any] | None]]) -> None:
         assert self.db is not None
-        table = db.chat_sessions
-        with self.db.begin() as conn:
-            for (owner, sid), row in batch:
-                conn.execute(table.delete().where(table.c.owner == owner, table.c.id == sid))
-                if row is not None:
-                    conn.execute(table.insert().values(**row))
+        session_db.write(self.db, batch)
 
     def _load_all(self) -> list[ChatSession]:
         assert self.db is not None
-        table = db.chat_sessions
-        now = self.clock()
-        with self.db.begin() as conn:
-            conn.execute(table.delete().where(table.c.last_used_at < now - self.ttl_s))
-            found = db.rows(conn.execute(sa.select(table)))
-        return [_session(r) for r in found]
+        rows = session_db.load(self.db, expired_before=self.clock() - self.ttl_s)
+        return [_session(r) for r in rows]
 
 
 def _row(session: ChatSession) -> dict[str, Any]:

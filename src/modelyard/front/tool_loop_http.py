@@ -19,8 +19,9 @@ from starlette.responses import Response, StreamingResponse
 
 from modelyard.errors import InvalidRequest, ModelyardError
 from modelyard.front.mcp_client import McpHub
-from modelyard.front.proxy import Relay, sse_event
+from modelyard.front.proxy import Relay
 from modelyard.front.session_relay import begin_turn, commit_body, session_id_for
+from modelyard.front.sse import sse_event
 from modelyard.front.state import FrontState, request_priority, state_of, unless_disconnected
 from modelyard.front.tool_loop import Final, RoundEvent, ToolLoop, mcp_servers_of, unknown_servers
 from modelyard.front.translate import now_rfc3339

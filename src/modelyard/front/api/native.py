@@ -22,7 +22,7 @@ from modelyard.errors import ModelyardError
 from modelyard.front import archive_capture
 from modelyard.front.jobs import ACTIVE
 from modelyard.front.overview import overview
-from modelyard.front.proxy import LeasedStream, Relay, sse_event, translated_stream
+from modelyard.front.proxy import LeasedStream, Relay, translated_stream
 from modelyard.front.session_relay import (
     begin_turn,
     commit_body,
@@ -30,6 +30,7 @@ from modelyard.front.session_relay import (
     tagged,
     tap_translated,
 )
+from modelyard.front.sse import sse_event
 from modelyard.front.state import (
     read_json_object,
     request_priority,

@@ -20,8 +20,9 @@ from starlette.routing import Route
 
 from modelyard.errors import ModelyardError
 from modelyard.front import archive_capture, tool_loop_http
-from modelyard.front.proxy import LeasedStream, Relay, passthrough_error, relay_raw, sse_event
+from modelyard.front.proxy import LeasedStream, Relay, passthrough_error, relay_raw
 from modelyard.front.session_relay import begin_turn, commit_body, session_id_for, tagged, tap_sse
+from modelyard.front.sse import sse_event
 from modelyard.front.state import read_json_object, request_priority, state_of, validate
 from modelyard.front.swap_progress import open_for_stream
 from modelyard.front.tool_loop_http import tool_loop_for
