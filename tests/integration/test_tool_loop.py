@@ -245,3 +245,35 @@ def test_a_tool_loop_turn_in_a_session_stores_its_rounds(server: Server, api: st
     assert "session_id" not in sent
     turns = httpx.get(f"{server.url}/v1/sessions/{sid}", timeout=10).json()["turns"]
     assert turns == 2
+
+
+@pytest.mark.parametrize(("api", "stream"), [("openai", False), ("openai", True),
+                                             ("ollama", True)])
+def test_an_archived_tool_loop_chat_keeps_the_whole_exchange(
+    server: Server, api: str, stream: bool
+) -> None:
+    """Asked to archive (body field), the transcript is the exchange with its tool rounds, the
+    response names the item, and the `archive` field never reaches the backend."""
+    marker = f'call add {{"a": 20, "b": 22}} archived {api} {stream}'
+    body = chat("t1", marker, stream=stream, archive="1d")
+    path = "/v1/chat/completions" if api == "openai" else "/api/chat"
+    r = httpx.post(server.url + path, json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    item_id = r.headers["x-modelyard-archive-id"]
+    assert "archive" not in model_requests(server, "t1")[-1]
+
+    def saved() -> dict[str, Any] | None:
+        got = httpx.get(f"{server.url}/archive/{item_id}", headers=server.admin_headers,
+                        timeout=10)
+        return got.json() if got.status_code == 200 else None
+
+    item = poll(saved, timeout_s=20, what="the archived tool-loop chat")
+    assert item["kind"] == "chat" and item["retention"] == "1d" and item["meta"]["complete"]
+    doc = httpx.get(f"{server.url}/archive/{item_id}/content", headers=server.admin_headers,
+                    timeout=10).json()
+    roles = [m["role"] for m in doc["messages"]]
+    assert roles == ["user", "assistant", "tool", "assistant"]
+    assert doc["messages"][1]["tool_calls"][0]["function"]["name"] == "add"
+    assert doc["messages"][2]["content"] == "42"
+    assert doc["messages"][3] == {"role": "assistant", "content": "tool said: 42"}
+    assert doc["finish_reason"] == "stop" and doc["api"] == api

@@ -164,6 +164,14 @@ class ChatCapture:
     def save_generation(self, gen: Generation) -> None:
         self._save(gen, complete=gen.finish_reason is not None)
 
+    def save_exchange(self, messages: list[dict[str, Any]], answer: dict[str, Any]) -> None:
+        """A tool loop's answer (a chat completion) after `messages`, the conversation with
+        its tool rounds: the transcript shows the whole exchange."""
+        self.request = {**self.request, "messages": messages}
+        gen = Generation.start()
+        gen.absorb(answer)
+        self.save_generation(gen)
+
     # Streams.
 
     def tap_sse(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:

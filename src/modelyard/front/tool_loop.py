@@ -12,7 +12,7 @@ loop ends at an answer without tool calls, at a call of a client tool (that answ
 the client as an ordinary tool_calls answer), or when `max_tool_rounds` rounds of tools have run
 and the model still asks for more: then the answer is a note saying so, finish_reason "length".
 In a chat session, the turn stored is the whole exchange: the assistant's tool calls and the tool
-results of every round, then the answer.
+results of every round, then the answer; an archived chat's transcript is that exchange too.
 Every round is reported as it happens (`RoundEvent`); a cancelled loop (the client left) cancels
 the tool call in progress, and no lease is held by then.
 """
@@ -33,6 +33,7 @@ from modelyard.front.mcp_client import McpHub, McpUnavailable, ToolResult
 from modelyard.front.proxy import Relay
 
 if TYPE_CHECKING:
+    from modelyard.front.archive_capture import ChatCapture
     from modelyard.front.sessions import Turn
 
 SUMMARY_CHARS = 200  # a tool result is shown to the client up to this long
@@ -103,8 +104,9 @@ class ToolLoop:
                  servers: list[str]) -> None:  # fmt: skip
         self.hub, self.settings, self.data, self.servers = hub, settings, data, servers
         self.routes: dict[str, tuple[str, str]] = {}  # offered name -> (server, tool name)
-        self.on_answer: OnAnswer | None = None  # a chat session stores the turn
+        self.on_answer: list[OnAnswer] = []  # a chat session stores the turn, the archive saves
         self.turn: Turn | None = None  # that session's turn (front/session_relay.py)
+        self.capture: ChatCapture | None = None  # the transcript to archive, when asked
 
     async def tools(self) -> list[dict[str, Any]]:
         """The request's tools with the MCP entries replaced by the servers' function tools."""
@@ -172,8 +174,8 @@ class ToolLoop:
                 )
 
     def _answered(self, messages: list[dict[str, Any]], answer: dict[str, Any]) -> None:
-        if self.on_answer is not None:
-            self.on_answer(messages, answer)
+        for listener in self.on_answer:
+            listener(messages, answer)
 
     async def _call(self, event: RoundEvent) -> ToolResult:
         server, tool = self.routes[event.tool]

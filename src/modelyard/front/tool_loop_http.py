@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from modelyard.errors import InvalidRequest, ModelyardError
+from modelyard.front import archive_capture
 from modelyard.front.mcp_client import McpHub
 from modelyard.front.proxy import Relay
 from modelyard.front.session_relay import begin_turn, commit_body, session_id_for
@@ -38,11 +39,12 @@ def hub_of(request: Request) -> McpHub:
     return hub
 
 
-def tool_loop_for(request: Request, data: dict[str, Any], model: str,
-                  session_fields: dict[str, Any] | None = None) -> ToolLoop | None:
+def tool_loop_for(request: Request, data: dict[str, Any], model: str, *, api: str,
+                  stream: bool, fields: dict[str, Any] | None = None) -> ToolLoop | None:
     """The loop a chat request opts into, or None; unknown servers are refused. In a chat
-    session (named in `session_fields`, else in `data`), the loop runs on the stored history
-    and stores the turn when it answers."""
+    session (named in `fields`, the request's own fields, else in `data`), the loop runs on the
+    stored history and stores the turn when it answers; archived when asked (header or
+    `fields`' `archive`), its transcript is the whole exchange."""
     settings = state_of(request).settings
     servers = mcp_servers_of(data, settings)
     if servers is None:
@@ -53,14 +55,30 @@ def tool_loop_for(request: Request, data: dict[str, Any], model: str,
             f"tools: unknown MCP server(s) {unknown}; declared in mcp_servers: {known}",
             param="tools",
         )
+    fields = data if fields is None else fields
+    data = {k: v for k, v in data.items() if k != archive_capture.BODY_FIELD}
     loop = ToolLoop(hub_of(request), settings, data, servers)
-    sid = session_id_for(request, data if session_fields is None else session_fields)
+    sid = session_id_for(request, fields)
     if sid is not None:
         turn = begin_turn(request, sid, model, data, kv_hints=False)
         loop.data = turn.body
         loop.turn = turn
-        loop.on_answer = lambda messages, answer: commit_body(turn.with_messages(messages), answer)
+        loop.on_answer.append(
+            lambda messages, answer: commit_body(turn.with_messages(messages), answer))
+    capture = archive_capture.chat_capture(
+        request, loop.data, asked=fields.get(archive_capture.BODY_FIELD), api=api,
+        endpoint=request.url.path, model=model, stream=stream)
+    if capture is not None:
+        loop.capture = capture
+        loop.on_answer.append(capture.save_exchange)
     return loop
+
+
+def archived(loop: ToolLoop, response: Response) -> Response:
+    """The response naming the archive item its transcript is saved as (if it is saved)."""
+    if loop.capture is None or response.status_code != 200:
+        return response
+    return loop.capture.attach(response)
 
 
 def _opener(request: Request, state: FrontState, model: str, path: str) -> Callable[

@@ -346,9 +346,10 @@ async def chat(request: Request) -> Response:
     params = chat_payload(req)
     check_tools_for(state, req.model, params)
     # The server-side tool loop over MCP servers (front/tool_loop.py), when the chat opts in.
-    if (loop := tool_loop_for(request, params, req.model, req.model_extra or {})) is not None:
-        return tagged(await tool_loop_http.ollama_chat(request, loop, req.model, req.stream),
-                      loop.turn)
+    if (loop := tool_loop_for(request, params, req.model, api="ollama", stream=req.stream,
+                              fields=req.model_extra or {})) is not None:
+        answered = await tool_loop_http.ollama_chat(request, loop, req.model, req.stream)
+        return tagged(tool_loop_http.archived(loop, answered), loop.turn)
     # A server-side session (`session_id` field or X-Session-Id): its history is spliced in.
     sid = session_id_for(request, req.model_extra or {})
     turn = None if sid is None else begin_turn(request, sid, req.model, params)
