@@ -27,6 +27,14 @@ from modelyard.engine.process import kill_process_tree
 ABORT_MARGIN_S = 5.0
 STARTUP_FAILURE = 3
 
+# How long the front pools an idle connection to an engine, and how long an engine keeps one:
+# longer, so the engine never closes a connection the front is about to reuse (with uvicorn's
+# 5 s default, a call landing as the engine closed it failed as 503 engine_unavailable, and a
+# health probe as RemoteProtocolError).
+ENGINE_CLIENT_KEEPALIVE_S = 60.0
+ENGINE_SERVER_KEEPALIVE_S = ENGINE_CLIENT_KEEPALIVE_S + 15.0
+PUBLIC_KEEPALIVE_S = 5.0  # uvicorn's default, for clients we do not know
+
 
 class GracefulServer(uvicorn.Server):
     def __init__(
@@ -62,12 +70,15 @@ def run(
     port: int,
     grace_s: float | None = None,
     on_shutdown: Callable[[], None] | None = None,
+    keep_alive_s: float = PUBLIC_KEEPALIVE_S,
 ) -> None:
     """Serve `app` until a signal; see the module's docstring. `grace_s` None waits for
-    requests in flight without a bound (an engine: its front bounds it)."""
+    requests in flight without a bound (an engine: its front bounds it); `keep_alive_s`: how
+    long an idle client connection stays open."""
     config = uvicorn.Config(
         app, host=host, port=port, log_level="warning", access_log=False,
         timeout_graceful_shutdown=None if grace_s is None else math.ceil(grace_s + ABORT_MARGIN_S),
+        timeout_keep_alive=math.ceil(keep_alive_s),
     )
     server = GracefulServer(config, on_shutdown=on_shutdown)
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the SIGINT it handled

@@ -19,6 +19,7 @@ from modelyard.engine.backends.openai_server import LOOPBACK
 from modelyard.engine.loop import Engine
 from modelyard.errors import EngineUnavailable, ModelyardError, from_native_body
 from modelyard.front.lease_client import LeaseClient
+from modelyard.serving import ENGINE_CLIENT_KEEPALIVE_S
 from modelyard.types import Lease
 
 ENGINE_RETRY_AFTER_S = 2.0
@@ -136,7 +137,7 @@ class HttpEngineClient:
         # engine bounds that wait itself.
         self._session = aiohttp.ClientSession(
             base_url=base_url,
-            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=ENGINE_CLIENT_KEEPALIVE_S),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
         )
 

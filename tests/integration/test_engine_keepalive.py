@@ -1,0 +1,59 @@
+"""The engine keeps an idle connection from the front open longer than the front pools it, so a
+call never lands on a connection the engine is closing (uvicorn's 5 s default made a swap-heavy
+benchmark fail with 503 engine_unavailable and a health probe with RemoteProtocolError)."""
+
+from __future__ import annotations
+
+import re
+import socket
+from collections.abc import Iterator
+
+import pytest
+from tests.integration.harness import config
+from tests.support import Server, fake_model
+
+from modelyard.serving import (
+    ENGINE_CLIENT_KEEPALIVE_S,
+    ENGINE_SERVER_KEEPALIVE_S,
+    PUBLIC_KEEPALIVE_S,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+HEALTH = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    s = Server(tmp_path_factory.mktemp("front"), config(fake_model("idle")))
+    try:
+        s.wait_healthy()
+        yield s
+    finally:
+        s.stop()
+
+
+def ask_health(sock: socket.socket) -> bytes:
+    sock.sendall(HEALTH)
+    answer = sock.recv(65536)
+    assert answer, "the engine closed the connection"
+    return answer
+
+
+def test_the_engine_outlasts_the_fronts_pool() -> None:
+    assert ENGINE_SERVER_KEEPALIVE_S > ENGINE_CLIENT_KEEPALIVE_S
+
+
+def test_an_idle_connection_to_the_engine_stays_open_past_uvicorns_default(
+    server: Server,
+) -> None:
+    found = re.search(r"engine-0 ready at http://127\.0\.0\.1:(\d+)", server.output())
+    assert found, server.output()
+    with socket.create_connection(("127.0.0.1", int(found.group(1))), timeout=5) as sock:
+        assert ask_health(sock).startswith(b"HTTP/1.1 200")
+        # Idle past the public keep-alive: the engine must neither close nor send anything.
+        sock.settimeout(PUBLIC_KEEPALIVE_S + 2)
+        with pytest.raises(TimeoutError):
+            sock.recv(1)
+        sock.settimeout(5)
+        assert ask_health(sock).startswith(b"HTTP/1.1 200")
