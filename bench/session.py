@@ -2,7 +2,7 @@
 (`session_id`: the history and its KV stay in modelyard) against the same conversation resent
 whole without one, same model, same modelyard, same run, the two interleaved turn by turn.
 
-    make bench-session                     # about 15 minutes on 2 CPU cores
+    make bench-session                     # about 5 minutes on 2 CPU cores
     .venv/bin/python bench/session.py --quick
 
 Both arms run the demo model through one `modelyard serve` (its own llama-server command line:
