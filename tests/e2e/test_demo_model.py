@@ -7,6 +7,7 @@ One modelyard server (so one llama-server) is shared by the whole module.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -15,13 +16,14 @@ import httpx
 import ollama
 import openai
 import pytest
-from tests.support import Server, poll, require_e2e_artifact
+from tests.support import ROOT, Server, poll, require_e2e_artifact
 
 from modelyard.config import DEMO_MODEL_FILE, Settings, cache_dir
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 PROMPT = [{"role": "user", "content": "Name one colour of the rainbow."}]
+MCP_SERVER = ROOT / "tests" / "fakes" / "mcp_server.py"  # add, boom, hang over stdio
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +34,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     (home / "models").mkdir()
     (home / "models" / DEMO_MODEL_FILE).symlink_to(gguf)
     # No config models: the demo model must be found and named `smollm2` by itself.
-    srv = Server(home, {"scan_hf_cache": False, "default_ctx_size": 2048})
+    mcp = {"id": "calc", "command": [sys.executable, str(MCP_SERVER)], "tool_timeout_s": 10}
+    srv = Server(home, {"scan_hf_cache": False, "default_ctx_size": 2048, "mcp_servers": [mcp]})
     try:
         srv.wait_healthy(90)
         yield srv
@@ -285,3 +288,30 @@ def test_session_kv_survives_an_unload_in_real_llama_server(server: Server) -> N
     # The whole of turn 1 (its prompt, most of its answer) came back from the file.
     assert reused >= first["prompt_tokens"], (first, second)
     assert second["prompt_tokens"] - reused < 30
+
+
+def test_the_tool_loop_runs_an_mcp_tool_for_the_real_model(server: Server) -> None:
+    """The whole server-side loop with real parts: llama-server's parsed call of the MCP
+    server's `add`, the call run over stdio, its result appended, the model resumed; the
+    archived transcript is that exchange."""
+    r = httpx.post(server.url + "/v1/chat/completions", timeout=120, json={
+        "model": "smollm2", "messages": add_prompt(), "max_tokens": 48, "temperature": 0,
+        "tools": [{"type": "mcp", "server": "calc"}], "archive": "1d"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    [round_1] = body["x_modelyard_tool_rounds"][:1]
+    assert (round_1["round"], round_1["tool"], round_1["is_error"]) == (1, "add", False)
+    arguments = json.loads(round_1["arguments"])
+    assert_adds("add", arguments)
+    assert float(round_1["result"]) == arguments["a"] + arguments["b"]  # the MCP server's sum
+    assert body["choices"][0]["finish_reason"] in ("stop", "length")
+    item_id = r.headers["x-modelyard-archive-id"]
+
+    def transcript() -> Any:
+        got = httpx.get(f"{server.url}/archive/{item_id}/content", headers=server.admin_headers,
+                        timeout=10)
+        return got.json() if got.status_code == 200 else None
+
+    doc = poll(transcript, timeout_s=20, what="the archived transcript")
+    tool_messages = [m for m in doc["messages"] if m["role"] == "tool"]
+    assert tool_messages[0]["content"] == round_1["result"]
