@@ -21,7 +21,7 @@ from modelyard.errors import InvalidRequest, ModelyardError
 from modelyard.front import archive_capture
 from modelyard.front.mcp_client import McpHub
 from modelyard.front.proxy import Relay
-from modelyard.front.session_relay import begin_turn, commit_body, session_id_for
+from modelyard.front.session_relay import begin_turn, commit_body, session_id_for, tagged
 from modelyard.front.sse import sse_event
 from modelyard.front.state import FrontState, request_priority, state_of, unless_disconnected
 from modelyard.front.tool_loop import Final, RoundEvent, ToolLoop, mcp_servers_of, unknown_servers
@@ -74,11 +74,12 @@ def tool_loop_for(request: Request, data: dict[str, Any], model: str, *, api: st
     return loop
 
 
-def archived(loop: ToolLoop, response: Response) -> Response:
-    """The response naming the archive item its transcript is saved as (if it is saved)."""
-    if loop.capture is None or response.status_code != 200:
-        return response
-    return loop.capture.attach(response)
+def finished(loop: ToolLoop, response: Response) -> Response:
+    """The loop's response naming its chat session and the archive item its transcript is
+    saved as (when it answered)."""
+    if loop.capture is not None and response.status_code == 200:
+        response = loop.capture.attach(response)
+    return tagged(response, loop.turn)
 
 
 def _opener(request: Request, state: FrontState, model: str, path: str) -> Callable[

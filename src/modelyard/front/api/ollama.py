@@ -349,7 +349,7 @@ async def chat(request: Request) -> Response:
     if (loop := tool_loop_for(request, params, req.model, api="ollama", stream=req.stream,
                               fields=req.model_extra or {})) is not None:
         answered = await tool_loop_http.ollama_chat(request, loop, req.model, req.stream)
-        return tagged(tool_loop_http.archived(loop, answered), loop.turn)
+        return tool_loop_http.finished(loop, answered)
     # A server-side session (`session_id` field or X-Session-Id): its history is spliced in.
     sid = session_id_for(request, req.model_extra or {})
     turn = None if sid is None else begin_turn(request, sid, req.model, params)

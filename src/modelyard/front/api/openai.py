@@ -80,7 +80,7 @@ async def _relay(request: Request, path: str, schema: type[_Request]) -> Respons
     if "chat" in path and (loop := tool_loop_for(request, data, req.model, api="openai",
                                                  stream=req.stream)) is not None:
         answered = await tool_loop_http.openai_chat(request, loop, req.model, req.stream)
-        return tagged(tool_loop_http.archived(loop, answered), loop.turn)
+        return tool_loop_http.finished(loop, answered)
     # A server-side session (front/sessions.py): its history is spliced in, the body re-encoded.
     sid = session_id_for(request, data, chat="chat" in path)
     turn = None if sid is None else begin_turn(request, sid, req.model, data)
