@@ -34,10 +34,25 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 def ask_health(sock: socket.socket) -> bytes:
+    """One whole response: the head and the body may come in separate segments, and a byte left
+    unread would look like the engine talking while idle."""
     sock.sendall(HEALTH)
-    answer = sock.recv(65536)
-    assert answer, "the engine closed the connection"
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        answer += receive(sock)
+    head, body = answer.split(b"\r\n\r\n", 1)
+    length = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head)
+    assert length, head
+    while len(body) < int(length.group(1)):
+        body += receive(sock)
+    assert len(body) == int(length.group(1)), answer
     return answer
+
+
+def receive(sock: socket.socket) -> bytes:
+    chunk = sock.recv(65536)
+    assert chunk, "the engine closed the connection"
+    return chunk
 
 
 def test_the_engine_outlasts_the_fronts_pool() -> None:
