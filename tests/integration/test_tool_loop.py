@@ -277,3 +277,34 @@ def test_an_archived_tool_loop_chat_keeps_the_whole_exchange(
     assert doc["messages"][2]["content"] == "42"
     assert doc["messages"][3] == {"role": "assistant", "content": "tool said: 42"}
     assert doc["finish_reason"] == "stop" and doc["api"] == api
+
+
+@pytest.mark.parametrize("api", ["openai", "ollama"])
+def test_an_archived_streamed_loop_cut_short_saves_the_exchange_so_far(
+    server: Server, api: str
+) -> None:
+    """The streamed response names its item before the loop ends; a client that leaves
+    mid-loop still finds that item: the conversation up to the tool call, marked incomplete."""
+    text = f"call hang {{}} archived and left {api}"
+    body = chat("t-cancel", text, stream=True, archive="1d")
+    path = "/v1/chat/completions" if api == "openai" else "/api/chat"
+    with httpx.stream("POST", server.url + path, json=body, timeout=30) as r:
+        assert r.status_code == 200
+        item_id = r.headers["x-modelyard-archive-id"]
+        lines = (line for line in r.iter_lines() if line)
+        first = next(sse_events(lines)) if api == "openai" else json.loads(next(lines))
+        assert first["x_modelyard_tool_round"]["tool"] == "hang"
+
+    def saved() -> dict[str, Any] | None:
+        got = httpx.get(f"{server.url}/archive/{item_id}", headers=server.admin_headers,
+                        timeout=10)
+        return got.json() if got.status_code == 200 else None
+
+    item = poll(saved, timeout_s=20, what="the archived, cut-short tool-loop chat")
+    assert item["meta"]["complete"] is False
+    doc = httpx.get(f"{server.url}/archive/{item_id}/content", headers=server.admin_headers,
+                    timeout=10).json()
+    assert doc["complete"] is False
+    assert [m["role"] for m in doc["messages"]][:2] == ["user", "assistant"]
+    assert doc["messages"][0]["content"] == text
+    assert doc["messages"][1]["tool_calls"][0]["function"]["name"] == "hang"

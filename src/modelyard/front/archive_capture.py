@@ -154,6 +154,7 @@ class ChatCapture:
         self.stream = stream
         self.created_at = time.time()
         self._tap: _Tap | None = None
+        self._answered = False  # a tool loop's exchange was saved
 
     # Whole answers.
 
@@ -167,6 +168,7 @@ class ChatCapture:
     def save_exchange(self, messages: list[dict[str, Any]], answer: dict[str, Any]) -> None:
         """A tool loop's answer (a chat completion) after `messages`, the conversation with
         its tool rounds: the transcript shows the whole exchange."""
+        self._answered = True
         self.request = {**self.request, "messages": messages}
         gen = Generation.start()
         gen.absorb(answer)
@@ -187,6 +189,19 @@ class ChatCapture:
         """A translated stream: `gen` (filled by the translator) holds the answer."""
         def end(_kept: list[bytes], finished: bool) -> None:
             self._save(gen, complete=finished and gen.finish_reason is not None)
+
+        self._tap = _Tap(end, keep=False)
+        return self._tap.wrap(chunks)
+
+    def tap_exchange(self, chunks: AsyncIterator[bytes],
+                     so_far: Callable[[], list[dict[str, Any]]]) -> AsyncIterator[bytes]:
+        """A streamed tool loop: the response names its item before the loop ends, so one that
+        ends before `save_exchange` (a round failed in-band, the client left mid-loop) saves
+        the conversation `so_far`, marked incomplete."""
+        def end(_kept: list[bytes], _finished: bool) -> None:
+            if not self._answered:
+                self.request = {**self.request, "messages": list(so_far())}
+                self._save(Generation.start(), complete=False)
 
         self._tap = _Tap(end, keep=False)
         return self._tap.wrap(chunks)

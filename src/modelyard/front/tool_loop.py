@@ -107,6 +107,7 @@ class ToolLoop:
         self.on_answer: list[OnAnswer] = []  # a chat session stores the turn, the archive saves
         self.turn: Turn | None = None  # that session's turn (front/session_relay.py)
         self.capture: ChatCapture | None = None  # the transcript to archive, when asked
+        self.messages: list[dict[str, Any]] = []  # the conversation so far, rounds included
 
     async def tools(self) -> list[dict[str, Any]]:
         """The request's tools with the MCP entries replaced by the servers' function tools."""
@@ -133,7 +134,7 @@ class ToolLoop:
     async def run(self, open_round: OpenRound) -> AsyncGenerator[RoundEvent | Final, None]:
         body = {k: v for k, v in self.data.items() if k not in ("stream", "stream_options")}
         body["tools"] = await self.tools()
-        messages = list(body.get("messages") or [])
+        messages = self.messages = list(body.get("messages") or [])
         trace: list[dict[str, Any]] = []
         rounds = 0
         while True:
@@ -162,9 +163,9 @@ class ToolLoop:
             events = [RoundEvent(rounds, _name(c), _arguments(c)) for c in calls]
             for event in events:
                 yield event
-            results = await asyncio.gather(*(self._call(e) for e in events))
             messages.append({"role": "assistant", "content": message.get("content"),
                              "tool_calls": calls})  # fmt: skip
+            results = await asyncio.gather(*(self._call(e) for e in events))
             for call, event, result in zip(calls, events, results, strict=True):
                 event.result, event.is_error = result.text, result.is_error
                 trace.append(event.to_json())

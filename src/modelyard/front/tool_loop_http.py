@@ -76,10 +76,18 @@ def tool_loop_for(request: Request, data: dict[str, Any], model: str, *, api: st
 
 def finished(loop: ToolLoop, response: Response) -> Response:
     """The loop's response naming its chat session and the archive item its transcript is
-    saved as (when it answered)."""
+    saved as (when it answered, or streamed: see `_archived`)."""
     if loop.capture is not None and response.status_code == 200:
         response = loop.capture.attach(response)
     return tagged(response, loop.turn)
+
+
+def _archived(loop: ToolLoop, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """A streamed loop's body: archived, one that ends before the answer still saves the
+    exchange so far (its response named the item)."""
+    if loop.capture is None:
+        return chunks
+    return loop.capture.tap_exchange(chunks, lambda: loop.messages)
 
 
 def _opener(request: Request, state: FrontState, model: str, path: str) -> Callable[
@@ -102,7 +110,7 @@ async def openai_chat(request: Request, loop: ToolLoop, model: str, stream: bool
             assert isinstance(items.body, bytes)
             return Response(items.body, status_code=items.status, media_type="application/json")
         return StreamingResponse(
-            _sse(items, model), media_type="text/event-stream",
+            _archived(loop, _sse(items, model)), media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
         )
 
@@ -202,7 +210,7 @@ async def ollama_chat(request: Request, loop: ToolLoop, model: str, stream: bool
         if isinstance(items, Final):
             return Response(orjson.dumps({"error": _error_text(items)}), status_code=items.status,
                             media_type="application/json")  # fmt: skip
-        return StreamingResponse(_ndjson_rounds(items, model),
+        return StreamingResponse(_archived(loop, _ndjson_rounds(items, model)),
                                  media_type="application/x-ndjson")  # fmt: skip
     final = await unless_disconnected(request, _whole(loop, open_round), lambda _: None)
     if isinstance(final.body, bytes):
