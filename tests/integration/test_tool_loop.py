@@ -49,6 +49,17 @@ def sse_events(lines: Iterator[str]) -> Iterator[Any]:
             yield data if data == "[DONE]" else json.loads(data)
 
 
+def archived(server: Server, item_id: str) -> dict[str, Any]:
+    """The archive item, once saved (it is saved in the background)."""
+
+    def saved() -> dict[str, Any] | None:
+        got = httpx.get(f"{server.url}/archive/{item_id}", headers=server.admin_headers,
+                        timeout=10)
+        return got.json() if got.status_code == 200 else None
+
+    return poll(saved, timeout_s=20, what=f"archive item {item_id}")
+
+
 def test_one_round_runs_the_tool_and_resumes_the_model(server: Server) -> None:
     r = post(server, chat("t1", 'call add {"a": 2, "b": 3}'))
     assert r.status_code == 200, r.text
@@ -262,12 +273,7 @@ def test_an_archived_tool_loop_chat_keeps_the_whole_exchange(
     item_id = r.headers["x-modelyard-archive-id"]
     assert "archive" not in model_requests(server, "t1")[-1]
 
-    def saved() -> dict[str, Any] | None:
-        got = httpx.get(f"{server.url}/archive/{item_id}", headers=server.admin_headers,
-                        timeout=10)
-        return got.json() if got.status_code == 200 else None
-
-    item = poll(saved, timeout_s=20, what="the archived tool-loop chat")
+    item = archived(server, item_id)
     assert item["kind"] == "chat" and item["retention"] == "1d" and item["meta"]["complete"]
     doc = httpx.get(f"{server.url}/archive/{item_id}/content", headers=server.admin_headers,
                     timeout=10).json()
@@ -295,12 +301,7 @@ def test_an_archived_streamed_loop_cut_short_saves_the_exchange_so_far(
         first = next(sse_events(lines)) if api == "openai" else json.loads(next(lines))
         assert first["x_modelyard_tool_round"]["tool"] == "hang"
 
-    def saved() -> dict[str, Any] | None:
-        got = httpx.get(f"{server.url}/archive/{item_id}", headers=server.admin_headers,
-                        timeout=10)
-        return got.json() if got.status_code == 200 else None
-
-    item = poll(saved, timeout_s=20, what="the archived, cut-short tool-loop chat")
+    item = archived(server, item_id)
     assert item["meta"]["complete"] is False
     doc = httpx.get(f"{server.url}/archive/{item_id}/content", headers=server.admin_headers,
                     timeout=10).json()
