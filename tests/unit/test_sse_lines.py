@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from modelyard.front.sse import DONE, LineSplitter, read_event, sse_event
+from modelyard.front.sse import DONE, LineSplitter, read_event, readable_events, sse_event
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(10)]
 
@@ -41,3 +41,8 @@ def test_lines_cut_across_chunks_come_out_whole() -> None:
         lines = splitter.feed(stream[:cut]) + splitter.feed(stream[cut:])
         events = [e for line in lines if (e := read_event(line)) is not None]
         assert events == [{"n": 1}, {"n": 2}, DONE], cut
+
+
+def test_readable_events_pass_over_other_lines_and_cut_ones() -> None:
+    lines = [b'data: {"a": 1}', b"", b": keepalive", b'data: {"b": 2', b"data: [DONE]"]
+    assert list(readable_events(lines)) == [{"a": 1}, DONE]

@@ -40,7 +40,7 @@ from modelyard.front.archive import (
     parse_retention,
 )
 from modelyard.front.principal import principal_of
-from modelyard.front.sse import DONE, read_event
+from modelyard.front.sse import DONE, readable_events
 from modelyard.front.state import state_of
 from modelyard.front.translate import Generation, rfc3339
 
@@ -274,14 +274,10 @@ def _parse_openai(chunks: list[bytes], stream: bool) -> tuple[Generation, bool]:
             gen.absorb(data)
         return gen, True
     done = False
-    for line in body.split(b"\n"):
-        try:
-            event = read_event(line)
-        except orjson.JSONDecodeError:
-            continue  # a line cut short by a client that left
+    for event in readable_events(body.split(b"\n")):
         if event == DONE:
             done = True
-        elif event is not None and "error" not in event:
+        elif "error" not in event:
             gen.absorb(event)
     return gen, done
 

@@ -9,9 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
-from modelyard.front.sse import DONE, LineSplitter, read_event
+from modelyard.front.sse import DONE, LineSplitter, readable_events
 from modelyard.front.translate import Generation
 
 
@@ -127,12 +125,8 @@ class SseAnswer(Answer):
         self._lines = LineSplitter()
 
     def feed(self, chunk: bytes) -> None:
-        for line in self._lines.feed(chunk):
-            try:
-                event = read_event(line)
-            except orjson.JSONDecodeError:
-                continue
+        for event in readable_events(self._lines.feed(chunk)):
             if event == DONE:
                 self.done = True
-            elif event is not None:
+            else:
                 self.absorb(event)

@@ -5,6 +5,7 @@ all read upstream streams through `read_event`, and write events with `sse_event
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from typing import Any, Literal
 
 import orjson
@@ -30,6 +31,18 @@ def read_event(line: bytes) -> dict[str, Any] | Literal["done"] | None:
         return DONE
     event = orjson.loads(payload)
     return event if isinstance(event, dict) else None
+
+
+def readable_events(lines: Iterable[bytes]) -> Iterator[dict[str, Any] | Literal["done"]]:
+    """The events `lines` carry, passing over `data:` lines that are not JSON (a line cut short
+    by a client that left): for readers that record a stream, not relay it."""
+    for line in lines:
+        try:
+            event = read_event(line)
+        except orjson.JSONDecodeError:
+            continue
+        if event is not None:
+            yield event
 
 
 class LineSplitter:
