@@ -9,7 +9,7 @@ import socket
 from collections.abc import Iterator
 
 import pytest
-from tests.integration.harness import config
+from tests.integration.harness import config, module_server
 from tests.support import Server, fake_model
 
 from modelyard.serving import (
@@ -25,12 +25,8 @@ HEALTH = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    s = Server(tmp_path_factory.mktemp("front"), config(fake_model("idle")))
-    try:
-        s.wait_healthy()
+    with module_server(tmp_path_factory, config(fake_model("idle"))) as s:
         yield s
-    finally:
-        s.stop()
 
 
 def ask_health(sock: socket.socket) -> bytes:
