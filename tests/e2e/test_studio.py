@@ -232,15 +232,21 @@ def pull_with_a_moving_progress_bar(p: Page, server: Server) -> None:
     assert [(j["model_id"], j["status"]) for j in jobs] == [(MODEL, "succeeded")]
 
 
-# Each length the answer's text takes while it streams.
+# What the last answer looks like at each change while it streams: its text's length, whether
+# it is still marked streaming, and whether the Stop button shows. Recorded by an observer, as a
+# short answer streams faster than a test can poll the page.
 RECORD_STREAM = """() => {
-  window.__lengths = [];
+  window.__seen = [];
   new MutationObserver(() => {
     const bubbles = document.querySelectorAll('.msg.assistant .bubble');
     const last = bubbles[bubbles.length - 1];
-    if (last) window.__lengths.push(last.textContent.length);
+    if (!last) return;
+    const stop = document.querySelector('button[data-action=stop]');
+    window.__seen.push({n: last.textContent.length,
+                        streaming: last.closest('.msg').classList.contains('streaming'),
+                        stop: stop !== null && !stop.hidden});
   }).observe(document.querySelector('.transcript'),
-             {subtree: true, childList: true, characterData: true});
+             {subtree: true, childList: true, characterData: true, attributes: true});
 }"""
 
 
@@ -257,13 +263,14 @@ def chat_streams_tokens_and_stops(p: Page, server: Server) -> None:
     p.evaluate(RECORD_STREAM)
     p.fill("textarea[name=prompt]", "Name three colours of the rainbow.")
     p.keyboard.press("Enter")
-    p.wait_for_selector(".msg.assistant.streaming .bubble:not(:empty)", timeout=UI_TIMEOUT_MS)
-    assert p.locator("button[data-action=stop]").is_visible()
-    shot(p, "07-chat-streaming")
     p.wait_for_selector(".msg.assistant:not(.streaming) .msg-meta:not(:empty)",
                         timeout=UI_TIMEOUT_MS)
-    lengths = [n for n in p.evaluate("window.__lengths") if n > 0]
+    seen = p.evaluate("window.__seen")
+    lengths = [s["n"] for s in seen if s["n"] > 0]
     assert len(set(lengths)) >= 3, f"the answer did not arrive piece by piece: {lengths}"
+    streaming = [s for s in seen if s["n"] > 0 and s["streaming"]]
+    assert streaming, f"the answer was never shown while streaming: {seen}"
+    assert all(s["stop"] for s in streaming), f"no Stop button while it streamed: {seen}"
     answer = p.locator(".msg.assistant .bubble").last.inner_text()
     assert answer.strip()
     assert "tokens" in p.locator(".msg.assistant .msg-meta").last.inner_text()
@@ -275,6 +282,7 @@ def chat_streams_tokens_and_stops(p: Page, server: Server) -> None:
     p.fill("textarea[name=prompt]", "Write a very long story about a lighthouse.")
     p.click("button[data-action=send]")
     p.wait_for_selector(".msg.assistant.streaming .bubble:not(:empty)", timeout=UI_TIMEOUT_MS)
+    shot(p, "07-chat-streaming")
     p.click("button[data-action=stop]")
     meta = p.locator(".msg.assistant .msg-meta").last
     meta.wait_for()
