@@ -196,6 +196,8 @@ class Inputs:
             home=self.workdir / "unused", llama_server_path=self.binary,
             default_ctx_size=self.ctx_size, scan_hf_cache=False,
         )
+        # The argv names a --slot-save-path; llama-server refuses to start if it is missing.
+        settings.session_kv_dir.mkdir(parents=True, exist_ok=True)
         spec = LlamaCppModel(id=MODEL, path=self.model, extra_args=list(self.extra_args))
         template, values = llama_server_argv(spec, settings)
         return render_argv(template, {**values, "host": HOST, "port": str(port)})
