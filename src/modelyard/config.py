@@ -93,6 +93,11 @@ class _ModelBase(BaseModel):
         "null: decided from the backend (llama.cpp with --jinja, a transformers chat template "
         "that renders tools, any OpenAI server).",
     )
+    vision: bool | None = Field(
+        None, description="Whether this model reads images (OpenAI `image_url` parts, Ollama "
+        "`images`); null: decided from the backend (llama.cpp with an `mmproj` projector, any "
+        "OpenAI server; not transformers, not services).",
+    )
 
 
 class LlamaCppModel(_ModelBase):

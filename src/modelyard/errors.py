@@ -3,6 +3,7 @@
     ModelyardError                  500 internal_error
     ├── InvalidRequest              400 invalid_request      (names the offending field in `param`)
     ├── ToolsUnsupported            400 tools_unsupported    (`tools` for a model without tools)
+    ├── VisionUnsupported           400 vision_unsupported   (images for a model that reads none)
     ├── ModelNotFound               404 model_not_found
     ├── ModelNotPulled              404 model_not_pulled     (says the pull command)
     ├── JobNotFound                 404 job_not_found
@@ -26,6 +27,7 @@
     ├── QueueTimeout                503 queue_timeout        (waited in a model's queue too long)
     ├── ServerShuttingDown          503 shutting_down        (did not finish within the grace)
     ├── ClientClosedRequest         499 client_closed_request (left while waiting)
+    │   └── ClientDisconnected      499 client_disconnected  (left before its body was sent)
     └── UpstreamError               502 upstream_error       (a backend broke the protocol)
 
 Every leaf has an HTTP status and a string `code`; engines send errors to the front in the native
@@ -324,3 +326,27 @@ def from_native_body(body: dict[str, Any]) -> ModelyardError:
         retry_after_s=body.get("retry_after_s"),
         log_tail=list(body.get("log_tail") or []),
     )
+
+
+class VisionUnsupported(ModelyardError):
+    status = 400
+    code = "vision_unsupported"
+    openai_type = "invalid_request_error"
+
+    @classmethod
+    def for_model(cls, model: str) -> VisionUnsupported:
+        return cls(
+            f"model '{model}' cannot read images; drop the image parts (`image_url`, Ollama's "
+            "`images`), use a vision model (a GGUF with its mmproj projector), or set `vision: "
+            "true` on the model in the config if its backend can",
+            param="messages", model=model)
+
+
+class ClientDisconnected(ClientClosedRequest):
+    """The client closed the connection before its request body had all arrived (starlette's
+    ClientDisconnect): its own doing, so a 499 nobody receives, not a 500 with a traceback."""
+
+    code = "client_disconnected"
+
+
+_BY_CODE.update({cls.code: cls for cls in (VisionUnsupported, ClientDisconnected)})

@@ -17,6 +17,10 @@ bytes of the simulated GPU named by $MODELYARD_SIMULATED_GPU_DIR while the proce
 The generated text is deterministic: see `generated_text`. GET /requests returns the last 64
 completion request bodies it was sent (what a front relayed).
 
+Client mistakes llama-server answers with a 500 (see `chat_fault`): a chat `tools` that is not an
+array; an image part without a projector (`--mmproj FILE`, else "image input is not supported"),
+or with one, an image that does not decode.
+
 Slots and prompt caching, modelled only when `--parallel N` (`-np`) is given, as llama-server's
 fixed slots: a chat's tokens are then its messages' roles and words (also its `prompt_tokens`);
 each slot keeps the last prompt it served plus its answer, and a request reuses the longest
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import json
 import os
@@ -456,12 +461,46 @@ class Generation(Response):
         gone.set()
 
 
-def parse_request(body: Any, chat: bool) -> Plan | JSONResponse:
+# llama-server's answers to what a client got wrong but it reports as its own failure (500):
+# it throws a runtime_error or a JSON type error while parsing the chat.
+NO_PROJECTOR = "image input is not supported - hint: if this is unexpected, you may need to " \
+    "provide the mmproj"
+BAD_IMAGE = "Failed to load image or audio file"
+
+
+def chat_fault(body: dict[str, Any], vision: bool) -> JSONResponse | None:
+    """The 500 llama-server answers a chat with: `tools` that is not an array, an image for a
+    model loaded without `--mmproj`, an image that does not decode."""
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        kind = type(tools).__name__.replace("str", "string")
+        return error(500, f"[json.exception.type_error.302] type must be array, but is {kind}",
+                     "server_error")
+    for message in body.get("messages") or []:
+        content = message.get("content") if isinstance(message, dict) else None
+        for part in content if isinstance(content, list) else []:
+            if not isinstance(part, dict) or part.get("type") != "image_url":
+                continue
+            if not vision:
+                return error(500, NO_PROJECTOR, "server_error")
+            url = str((part.get("image_url") or {}).get("url") or "")
+            _, _, data = url.partition(";base64,")
+            try:
+                if not base64.b64decode(data, validate=True):
+                    raise ValueError(url)
+            except ValueError:
+                return error(500, BAD_IMAGE, "server_error")
+    return None
+
+
+def parse_request(body: Any, chat: bool, vision: bool = False) -> Plan | JSONResponse:
     if not isinstance(body, dict):
         return error(400, "the request body must be a JSON object")
     key = "messages" if chat else "prompt"
     if body.get(key) is None or (chat and not isinstance(body[key], list)):
         return error(400, f"'{key}' is required")
+    if chat and (fault := chat_fault(body, vision)) is not None:
+        return fault
     keys = ("n_predict", "max_completion_tokens", "max_tokens")
     limit = next((body[k] for k in keys if body.get(k) is not None), None)
     if limit is not None and not isinstance(limit, int):
@@ -516,7 +555,8 @@ def build_app(fake: Fake) -> Any:
         except ValueError as exc:
             return error(400, f"[json.exception.parse_error.101] parse error: {exc}")
         fake.received = [*fake.received[-63:], body]
-        plan = parse_request(body, chat=request.url.path.endswith("/chat/completions"))
+        plan = parse_request(body, chat=request.url.path.endswith("/chat/completions"),
+                             vision=fake.opts.mmproj is not None)
         if isinstance(plan, Response):
             return plan
         fake.use_slot(body, plan)
@@ -557,6 +597,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=8080, help="0 picks a free port (it is logged)")
     p.add_argument("--alias", help="the model name (default: the model file name), also -a")
     p.add_argument("--model", default="fake.gguf", help="only logged, also -m")
+    p.add_argument("--mmproj", default=None, help="a projector: chats may carry images")
     p.add_argument("--load-time-s", type=float, default=0.0)
     p.add_argument("--tokens-per-s", type=float, default=0.0, help="0: as fast as possible")
     p.add_argument("--parallel", type=int, default=None, help="slots, also -np")

@@ -1,10 +1,13 @@
 import pytest
 
 from modelyard.errors import (
+    ClientClosedRequest,
+    ClientDisconnected,
     EngineUnavailable,
     InvalidRequest,
     ModelLoadFailed,
     ModelNotFound,
+    VisionUnsupported,
     from_native_body,
 )
 
@@ -42,6 +45,8 @@ def test_retry_after_header_and_log_tail() -> None:
         ModelLoadFailed("failed", model="x", retry_after_s=3, log_tail=["line"]),
         InvalidRequest("bad", param="p"),
         EngineUnavailable("down", retry_after_s=2),
+        VisionUnsupported.for_model("x"),
+        ClientDisconnected("gone"),
     ],
 )
 def test_native_body_round_trips(err: Exception) -> None:
@@ -51,3 +56,13 @@ def test_native_body_round_trips(err: Exception) -> None:
     assert rebuilt.message == err.message
     assert rebuilt.retry_after_s == err.retry_after_s
     assert rebuilt.log_tail == err.log_tail
+
+
+def test_client_mistakes_are_4xx_with_their_codes() -> None:
+    vision = VisionUnsupported.for_model("tiny")
+    assert vision.status == 400 and vision.param == "messages"
+    assert vision.openai_body()["error"]["code"] == "vision_unsupported"
+    assert vision.openai_body()["error"]["type"] == "invalid_request_error"
+    gone = ClientDisconnected("the client left")
+    assert isinstance(gone, ClientClosedRequest)
+    assert gone.status == 499 and gone.native_body()["error"] == "client_disconnected"

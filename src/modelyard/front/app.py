@@ -20,12 +20,12 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from modelyard import db, metrics
 from modelyard.config import Settings
-from modelyard.errors import MethodNotAllowed, ModelyardError, RouteNotFound
+from modelyard.errors import ClientDisconnected, MethodNotAllowed, ModelyardError, RouteNotFound
 from modelyard.front import accounts, auth, tokens
 from modelyard.front import metrics as front_metrics
 from modelyard.front.api import accounts as accounts_api
@@ -67,6 +67,17 @@ async def _on_http_error(request: Request, exc: Exception) -> Response:
     if exc.status_code == 405:
         return render_error(request, MethodNotAllowed(message))
     return render_error(request, ModelyardError(message))
+
+
+async def _on_client_disconnect(request: Request, exc: Exception) -> Response:
+    """A client that closed its connection before its body had all arrived (starlette raises
+    ClientDisconnect from `request.body()`, wherever a handler reads it): its own doing, so a
+    499 that the metrics count as such, and no traceback. Nobody receives the response."""
+    assert isinstance(exc, ClientDisconnect)
+    log.debug("%s %s: the client left before sending its whole body", request.method,
+              request.url.path)
+    return render_error(request, ClientDisconnected(
+        "the client closed the connection before it sent its whole request body"))
 
 
 async def _on_unexpected(request: Request, exc: Exception) -> Response:
@@ -134,6 +145,7 @@ def create_app(
         exception_handlers={
             ModelyardError: _on_modelyard_error,
             HTTPException: _on_http_error,
+            ClientDisconnect: _on_client_disconnect,
             Exception: _on_unexpected,
         },
     )

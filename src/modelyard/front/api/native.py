@@ -20,6 +20,7 @@ from starlette.routing import Route
 from modelyard import __version__
 from modelyard.errors import ModelyardError
 from modelyard.front import archive_capture
+from modelyard.front.chat_shapes import check_openai_chat
 from modelyard.front.jobs import ACTIVE
 from modelyard.front.overview import overview
 from modelyard.front.proxy import LeasedStream, Relay, translated_stream
@@ -41,6 +42,7 @@ from modelyard.front.state import (
 from modelyard.front.swap_progress import open_for_stream
 from modelyard.front.tool_support import check_tools_for
 from modelyard.front.translate import Generation, now_rfc3339
+from modelyard.front.vision_support import check_vision_for
 
 
 class NativeMessage(BaseModel):
@@ -81,7 +83,9 @@ async def chat(request: Request) -> Response:
     state = state_of(request)
     req = validate(NativeChatRequest, await read_json_object(request))
     params = req.model_dump(exclude_none=True)
+    check_openai_chat(params)  # a malformed part or tool: 400 naming it, not the backend's 500
     check_tools_for(state, req.model, params)
+    check_vision_for(state, req.model, params)
     # A server-side session (front/sessions.py): its history is spliced in.
     sid = session_id_for(request, params)
     turn = None if sid is None else begin_turn(request, sid, req.model, params)

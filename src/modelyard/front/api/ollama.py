@@ -23,6 +23,7 @@ from starlette.routing import Route
 from modelyard import __version__
 from modelyard.errors import InvalidRequest
 from modelyard.front import archive_capture, tool_loop_http
+from modelyard.front.chat_shapes import check_ollama_chat, check_ollama_images
 from modelyard.front.proxy import LeasedStream, Relay, translated_stream
 from modelyard.front.session_relay import (
     begin_turn,
@@ -49,6 +50,7 @@ from modelyard.front.translate import (
     ollama_messages_to_openai,
     rfc3339,
 )
+from modelyard.front.vision_support import check_vision_for, supports_vision
 from modelyard.store.estimate import safetensors_params
 from modelyard.store.gguf import GgufError, GgufInfo, read_gguf_info
 from modelyard.store.registry import Entry
@@ -338,13 +340,16 @@ async def _load_or_unload(
 
 async def chat(request: Request) -> Response:
     state = state_of(request)
-    req = validate(ChatRequest, await read_json_object(request))
+    data = await read_json_object(request)
+    req = validate(ChatRequest, data)
+    check_ollama_chat(data)  # a malformed image or tool: 400 naming it, not the backend's 500
     keep_alive_s = keep_alive_seconds(req.keep_alive)
     if not req.messages:
         empty = {"message": {"role": "assistant", "content": ""}}
         return await _load_or_unload(state, req, keep_alive_s, empty)
     params = chat_payload(req)
     check_tools_for(state, req.model, params)
+    check_vision_for(state, req.model, params)
     # The server-side tool loop over MCP servers (front/tool_loop.py), when the chat opts in.
     if (loop := tool_loop_for(request, params, req.model, api="ollama", stream=req.stream,
                               fields=req.model_extra or {})) is not None:
@@ -361,13 +366,16 @@ async def chat(request: Request) -> Response:
 
 async def generate(request: Request) -> Response:
     state = state_of(request)
-    req = validate(GenerateRequest, await read_json_object(request))
+    data = await read_json_object(request)
+    req = validate(GenerateRequest, data)
+    check_ollama_images(data.get("images"), "images")  # 400 naming it, not the backend's 500
     if not req.prompt and not req.images:
         return await _load_or_unload(
             state, req, keep_alive_seconds(req.keep_alive), {"response": ""}
         )
     session_id_for(request, req.model_extra or {}, chat=False)  # sessions are for /api/chat
     path, params = generate_payload(req)
+    check_vision_for(state, req.model, params)
     return await _answer(request, req, path, params, _generate_shape(req.model))
 
 
@@ -472,10 +480,16 @@ async def show(request: Request) -> Response:
         "template": (info.chat_template or "") if info else "",
         "details": _details(entry, info),
         "model_info": info.metadata if info else {},
-        "capabilities": ["completion", *(["tools"] if supports_tools(entry.spec) else [])],
+        "capabilities": capabilities(entry),
         "modified_at": _tag(entry, info)["modified_at"],
     }
     return Response(orjson.dumps(body), media_type="application/json")
+
+
+def capabilities(entry: Entry) -> list[str]:
+    """Ollama's capability names clients gate features on (tools, image input)."""
+    return ["completion", *(["tools"] if supports_tools(entry.spec) else []),
+            *(["vision"] if supports_vision(entry.spec) else [])]
 
 
 def _show_safetensors(entry: Entry) -> Response:
@@ -502,7 +516,7 @@ def _show_safetensors(entry: Entry) -> Response:
     }
     body = {"modelfile": f"FROM {entry.path}\n", "parameters": "", "template": "",
             "details": details, "model_info": config,
-            "capabilities": ["completion", *(["tools"] if supports_tools(entry.spec) else [])],
+            "capabilities": capabilities(entry),
             "modified_at": _tag(entry, None)["modified_at"]}
     return Response(orjson.dumps(body), media_type="application/json")
 

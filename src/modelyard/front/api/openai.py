@@ -20,6 +20,7 @@ from starlette.routing import Route
 
 from modelyard.errors import ModelyardError
 from modelyard.front import archive_capture, tool_loop_http
+from modelyard.front.chat_shapes import check_openai_chat
 from modelyard.front.proxy import LeasedStream, Relay, passthrough_error, relay_raw
 from modelyard.front.session_relay import begin_turn, commit_body, session_id_for, tagged, tap_sse
 from modelyard.front.sse import sse_event
@@ -27,6 +28,7 @@ from modelyard.front.state import read_json_object, request_priority, state_of, 
 from modelyard.front.swap_progress import open_for_stream
 from modelyard.front.tool_loop_http import tool_loop_for
 from modelyard.front.tool_support import check_tools_for
+from modelyard.front.vision_support import check_vision_for
 
 
 class _Request(BaseModel):
@@ -75,7 +77,9 @@ async def _relay(request: Request, path: str, schema: type[_Request]) -> Respons
     data = await read_json_object(request)
     req = validate(schema, data)
     if "chat" in path:
+        check_openai_chat(data)  # a malformed part or tool: 400 naming it, not the backend's 500
         check_tools_for(state, req.model, data)
+        check_vision_for(state, req.model, data)
     # The server-side tool loop over MCP servers (front/tool_loop.py), when the chat opts in.
     if "chat" in path and (loop := tool_loop_for(request, data, req.model, api="openai",
                                                  stream=req.stream)) is not None:

@@ -1,0 +1,47 @@
+"""Whether a registry entry can read images (OpenAI `image_url` parts, Ollama `images`).
+
+llama-server answers an image sent to a model loaded without its projector with a 500 ("image
+input is not supported"), which clients retry; the transformers backend would drop the image
+and answer as if it had seen none. So a chat carrying images for a model that cannot read them is
+refused here, a 400 `vision_unsupported`, before a lease is taken (nothing loads for it).
+Order, as for tools (front/tool_support.py): the model's explicit `vision` setting wins; llama.cpp
+can when it is given a projector (`mmproj`, or `--mmproj` in its own argv); any OpenAI server can
+(the server decides); transformers and services cannot.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from modelyard.config import LlamaCppModel, OpenAIServerModel
+from modelyard.errors import VisionUnsupported
+from modelyard.front.chat_shapes import has_images
+
+_PROJECTOR_FLAGS = ("--mmproj", "-mm", "--mmproj-url", "-mmu")
+
+
+def supports_vision(spec: Any) -> bool:
+    """Whether the model `spec` (a config ModelSpec) can answer a chat that carries images."""
+    explicit = getattr(spec, "vision", None)
+    if explicit is not None:
+        return bool(explicit)
+    if isinstance(spec, LlamaCppModel):
+        args = [*(spec.argv or []), *spec.extra_args]
+        if any(a in _PROJECTOR_FLAGS for a in args):
+            return True
+        return spec.mmproj is not None and spec.argv is None  # the default argv passes it
+    return isinstance(spec, OpenAIServerModel)
+
+
+def check_vision_for(state: Any, model: str, data: dict[str, Any]) -> None:
+    """Raise VisionUnsupported when the OpenAI-shaped chat `data` carries images for a model that
+    cannot read them; a name the registry cannot resolve is left to the relay, which answers
+    model_not_found (or pulls it) as usual."""
+    if not has_images(data.get("messages")):
+        return
+    try:
+        entry = state.registry.resolve(model)
+    except Exception:  # unresolvable names are the relay's to report
+        return
+    if not supports_vision(entry.spec):
+        raise VisionUnsupported.for_model(entry.name)
