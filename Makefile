@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: run install llama-server demo-model demo-safetensors chromium test test-unit test-integration test-e2e check soak bench-proxy bench-sched bench-batch bench-session clean
+.PHONY: run install llama-server demo-model demo-safetensors chromium test test-unit test-integration test-e2e check soak fuzz bench-proxy bench-sched bench-batch bench-session clean
 
 install: $(STAMP)
 
@@ -53,6 +53,10 @@ test-e2e: install llama-server demo-model demo-safetensors chromium
 # Five minutes of mixed load with client disconnects and an engine kill (SOAK_SECONDS=…).
 soak: install
 	$(BIN)/python -m pytest -m soak -s tests/soak
+
+# Generated requests for every operation of /openapi.json against a real front: no 5xx (~3 min).
+fuzz: install
+	$(BIN)/python -m pytest -m fuzz tests/fuzz
 
 check: install
 	$(BIN)/ruff check src tests bench

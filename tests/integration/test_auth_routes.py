@@ -23,6 +23,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 # The documented public routes (docs/security.md): health, the login page and what it loads.
 PUBLIC = {("GET", "/health"), ("GET", "/"), ("GET", "/login"), ("POST", "/auth/login")}
+PUBLIC.add(("GET", "/openapi.json"))  # the API's description: clients read it before a token
 PUBLIC_PREFIX = "/studio/assets/"
 
 

@@ -503,6 +503,16 @@ def test_import_attaches_the_best_projector_is_idempotent_and_survives_a_rescan(
     assert bad.status_code == 400 and bad.json()["error"] == "invalid_request"
 
 
+# A NUL, a name too long (ENAMETOOLONG), a `~user` with no such user: refused by the system, so
+# refused as the client's mistake too (these were 500s, found by the fuzz tier).
+@pytest.mark.parametrize("path", ["/" + "x" * 300 + "/models", "/tmp/a\x00b", "~no-such-user-9/m"])
+def test_import_of_a_path_the_system_refuses_is_400(fast: tuple[Server, Path], path: str) -> None:
+    server, _ = fast
+    r = post(server, "/admin/import", {"path": path})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"] == "invalid_request" and r.json()["param"] == "path"
+
+
 # ---- 3. cancel ------------------------------------------------------------------------------
 
 

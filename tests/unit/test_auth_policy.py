@@ -46,6 +46,7 @@ def session(user: User, csrf: str = "c" * 43) -> Identified:
     ("HEAD", "/health", RouteClass.PUBLIC),
     ("GET", "/", RouteClass.PUBLIC),
     ("POST", "/auth/login", RouteClass.PUBLIC),
+    ("GET", "/openapi.json", RouteClass.PUBLIC),
     ("GET", "/studio/assets/studio.css", RouteClass.PUBLIC),
     ("POST", "/studio/assets/x", RouteClass.ADMIN),
     ("POST", "/v1/chat/completions", RouteClass.INFERENCE),

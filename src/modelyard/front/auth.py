@@ -63,6 +63,7 @@ class RouteClass(StrEnum):
 
 
 _PUBLIC = {("GET", "/health"), ("GET", "/"), ("GET", "/login"), ("POST", "/auth/login")}
+_PUBLIC.add(("GET", "/openapi.json"))  # the API's description: what the source says
 _PUBLIC_PREFIXES = ("/studio/assets/",)
 _INFERENCE_EXACT = {
     ("POST", "/chat"), ("GET", "/models"), ("GET", "/status"), ("GET", "/diag"),

@@ -267,8 +267,14 @@ async def import_models(state: FrontState, directory: Path) -> list[str]:
     """Every GGUF under `directory` becomes a manual model (idempotent: a file already known
     keeps its entry); projectors are attached, never listed as models."""
     def scan() -> list[DiscoveredModel]:
-        where = directory.expanduser().resolve()
-        if not where.is_dir():
+        # A path the system refuses (a NUL, a name too long, no such user's ~, no permission)
+        # is the caller's mistake as much as a missing folder: a 400 naming it, never a 500.
+        try:
+            where = directory.expanduser().resolve()
+            is_dir = where.is_dir()
+        except (OSError, RuntimeError, ValueError) as exc:
+            raise InvalidRequest(f"{str(directory)[:200]!r}: {exc}", param="path") from exc
+        if not is_dir:
             raise InvalidRequest(f"{where} is not a directory", param="path")
         return scan_model_dirs([where])
 

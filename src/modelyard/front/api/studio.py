@@ -54,11 +54,11 @@ def asset_path(relative: str) -> Path | None:
     """The file `relative` names inside the studio folder; None when it names no file there
     (absent, a folder, an unknown type, or a path that climbs out with `..` or a link)."""
     root = STUDIO_DIR.resolve()
-    try:
+    try:  # is_file raises too for a name the file system refuses (ENAMETOOLONG): still no file
         found = (root / relative).resolve()
+        if not found.is_relative_to(root) or not found.is_file():
+            return None
     except (OSError, ValueError):
-        return None
-    if not found.is_relative_to(root) or not found.is_file():
         return None
     return found if found.suffix in MEDIA_TYPES else None
 
