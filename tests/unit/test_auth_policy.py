@@ -59,7 +59,12 @@ def session(user: User, csrf: str = "c" * 43) -> Identified:
     ("DELETE", "/models/m1", RouteClass.ADMIN),
     ("GET", "/status", RouteClass.INFERENCE),
     ("GET", "/auth/me", RouteClass.USER),
-    ("POST", "/tokens", RouteClass.USER),
+    ("POST", "/tokens", RouteClass.ACCOUNT),
+    ("GET", "/tokens", RouteClass.ACCOUNT),
+    ("DELETE", "/tokens/abc", RouteClass.ACCOUNT),
+    ("POST", "/auth/password", RouteClass.ACCOUNT),
+    ("PATCH", "/auth/me", RouteClass.ACCOUNT),
+    ("POST", "/auth/logout", RouteClass.USER),
     ("GET", "/archive/abc/content", RouteClass.USER),
     ("GET", "/studio/events", RouteClass.USER),
     ("GET", "/admin/engines", RouteClass.ADMIN),
@@ -134,7 +139,8 @@ def test_sessions_need_csrf_on_unsafe_methods_and_a_changed_password() -> None:
                    csrf=csrf) == "session:root:admin"
     assert outcome(LOOPBACK, "GET", "/auth/me", session(fresh)) == "session:root:admin"
     # Tokens never need CSRF: a cross-site page cannot read or send them.
-    assert outcome(LOOPBACK, "POST", "/tokens", token(("inference",))) == "token:root:user"
+    assert outcome(LOOPBACK, "POST", "/tokens", token(("inference", "admin"))) == \
+        "token:root:admin"
     assert issubclass(PasswordChangeRequired, Forbidden) and Unauthorized.status == 401
 
 
@@ -159,3 +165,18 @@ def test_none_is_refused_off_loopback_with_the_fix_in_the_message() -> None:
     check_bind(Settings(host="::1", auth="none"))
     with pytest.raises(ValueError, match=r"only on a loopback address.*127\.0\.0\.1"):
         check_bind(Settings(host="0.0.0.0", auth="none"))
+
+
+@pytest.mark.parametrize(("method", "path"), [
+    ("POST", "/tokens"), ("GET", "/tokens"), ("DELETE", "/tokens/t0"),
+    ("POST", "/auth/password"), ("PATCH", "/auth/me"),
+])
+def test_an_inference_token_cannot_manage_its_account(method: str, path: str) -> None:
+    """Issue 15 §2: a leaked inference token must not mint tokens, revoke others or change the
+    password; a login session or an admin token may."""
+    csrf = "c" * 43
+    assert outcome(LOOPBACK, method, path, token(("inference",))) == Forbidden.code
+    assert outcome(REQUIRED, method, path, token(("inference",))) == Forbidden.code
+    assert outcome(LOOPBACK, method, path, token(("inference", "admin"))) == "token:root:admin"
+    assert outcome(LOOPBACK, method, path, session(ALICE), csrf=csrf) == "session:alice:user"
+    assert outcome(LOOPBACK, method, path, None) == Unauthorized.code
