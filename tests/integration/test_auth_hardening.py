@@ -311,3 +311,16 @@ def test_the_admin_still_sees_everything(server: Server) -> None:
     assert local["local_path"] == str(server.home / "local-model.gguf")
     diag = httpx.get(server.url + "/diag", headers=admin(server), timeout=30).json()
     assert diag["home"] == str(server.home)
+
+
+def test_the_studio_feed_of_a_non_admin_user_is_the_client_view(server: Server) -> None:
+    r = httpx.post(server.url + "/v1/chat/completions", timeout=30,
+                   json={"model": "m1", "messages": HELLO, "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    add_user(server, "xena", "xena-pw-1234")
+    xena = login(server, "xena", "xena-pw-1234")
+    with xena.stream("GET", "/studio/events") as feed:
+        data = next(line[5:] for line in feed.iter_lines() if line.startswith("data:"))
+    event = orjson.loads(data)
+    assert leaks(event, server.home) == [] and event["jobs"] == []
+    assert any(m["model"] == "m1" for e in event["status"]["engines"] for m in e["models"])
