@@ -7,7 +7,7 @@ Route classes (the whole policy is `route_class` plus `AuthGate._decide`):
                native /chat /models /status /diag, /metrics): open on loopback with auth
                `auto` (/metrics shows what /status does: a scraper needs no admin token)
     user       /auth/*, /archive*, /studio/events: need a real identity
-    account    /tokens*, POST /auth/password, PATCH /auth/me: the account itself; need a login
+    account    /tokens*, POST /auth/password: the account's keys; need a login
                session or an admin-scope token (an inference token must not mint, list or
                revoke tokens nor change the password of the user it belongs to)
     admin      everything else (/admin/*, pulls and jobs, deleting models): need the admin scope
@@ -85,7 +85,7 @@ _INFERENCE_EXACT = {
     ("GET", "/api/version"), ("GET", "/metrics"),
 }
 _USER_PREFIXES = ("/auth/", "/archive", "/studio/events")
-_ACCOUNT_EXACT = {("POST", "/auth/password"), ("PATCH", "/auth/me")}
+_ACCOUNT_EXACT = {("POST", "/auth/password")}
 # While a session must change its password it may do only this.
 _PASSWORD_CHANGE_ROUTES = {"/auth/me", "/auth/password", "/auth/logout"}
 

@@ -9,7 +9,7 @@
     GET    /tokens            own tokens (an admin: every token)
     POST   /tokens            {"name", "scopes", "expires_in_s", "owner", "archive_retention"}
     DELETE /tokens/{id}       revokes it and the tokens minted from it
-    (/tokens*, POST /auth/password and PATCH /auth/me need a login session or an admin token:
+    (/tokens* and POST /auth/password need a login session or an admin token:
     auth.py's `account` class; a token minted with a token is bounded by it)
     GET    /admin/users       POST /admin/users {"name", "password", "is_admin"}
     DELETE /admin/users/{name}
