@@ -200,6 +200,7 @@ def test_origins(origin: str, host: str, allowed: bool) -> None:
     settings = Settings(host="127.0.0.1", cors_origins=["http://app.example/"],
                         allowed_hosts=["proxy.example"])
     assert origin_allowed(settings, origin, host) is allowed
+    assert origin_allowed(Settings(host="127.0.0.1", cors_origins=["*"]), origin, host)
 
 
 def browser(method: str, path: str, who: Identified | None, **headers: str) -> str:

@@ -358,7 +358,8 @@ def _netloc(host: str) -> str:
 def origin_allowed(settings: Settings, origin: str, host_header: str) -> bool:
     """This server's own origin (the Host the request came to), a configured CORS origin, or
     a name configured in `allowed_hosts` (a reverse proxy that rewrites Host)."""
-    if origin.rstrip("/") in {o.rstrip("/") for o in settings.cors_origins}:
+    configured = {o.rstrip("/") for o in settings.cors_origins}
+    if "*" in configured or origin.rstrip("/") in configured:
         return True
     parts = urlsplit(origin)
     if parts.scheme not in ("http", "https") or not parts.netloc:
