@@ -149,16 +149,23 @@ def _add_new_columns(engine: Engine) -> None:
     missing tables): each is nullable, so an ALTER TABLE ADD COLUMN brings the table up to date."""
     inspector = sa.inspect(engine)
     existing = set(inspector.get_table_names())
-    with engine.begin() as conn:
-        for table in metadata.sorted_tables:
-            if table.name not in existing:
+    for table in metadata.sorted_tables:
+        if table.name not in existing:
+            continue
+        have = {c["name"] for c in inspector.get_columns(table.name)}
+        for column in table.columns:
+            if column.name in have:
                 continue
-            have = {c["name"] for c in inspector.get_columns(table.name)}
-            for column in table.columns:
-                if column.name not in have:
-                    kind = column.type.compile(dialect=engine.dialect)
+            kind = column.type.compile(dialect=engine.dialect)
+            try:
+                with engine.begin() as conn:
                     conn.execute(sa.text(
                         f'ALTER TABLE "{table.name}" ADD COLUMN "{column.name}" {kind}'))
+            except sa.exc.DBAPIError:
+                # Another process (an engine starting beside the front) added it first.
+                fresh = {c["name"] for c in sa.inspect(engine).get_columns(table.name)}
+                if column.name not in fresh:
+                    raise
 
 
 def connect(url: str) -> Engine:
