@@ -90,10 +90,13 @@ def users_passwd(
                                                       "login.")] = False,
     config: ConfigOption = None,
 ) -> None:
-    """Set a user's password (their sessions end)."""
+    """Set a user's password (their sessions end, their tokens are revoked; the CLI's own
+    token is replaced by a new one when it was theirs)."""
     try:
-        accounts.set_password(_database(config), name, _password("New password", password_stdin),
-                              must_change_password=not keep)
+        settings = load_settings(config)
+        accounts.set_password(db.connect(settings.db_url), name,
+                              _password("New password", password_stdin),
+                              must_change_password=not keep, home=settings.home)
     except ModelyardError as exc:
         raise _fail(exc) from exc
     console.print(f"password of {name} set")

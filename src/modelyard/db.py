@@ -100,6 +100,8 @@ tokens = sa.Table(
     sa.Column("created_at", sa.Float, nullable=False),
     sa.Column("expires_at", sa.Float),
     sa.Column("last_used_at", sa.Float),
+    # The token it was minted with (POST /tokens with a token): revoking that one revokes this.
+    sa.Column("parent_id", sa.String(32), index=True),
 )
 
 # Generated files and transcripts; the bytes live under $MODELYARD_HOME/archive/<id>.
@@ -142,6 +144,30 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
+def _add_new_columns(engine: Engine) -> None:
+    """Columns added to an existing table since a database was made (create_all makes only
+    missing tables): each is nullable, so an ALTER TABLE ADD COLUMN brings the table up to date."""
+    inspector = sa.inspect(engine)
+    existing = set(inspector.get_table_names())
+    for table in metadata.sorted_tables:
+        if table.name not in existing:
+            continue
+        have = {c["name"] for c in inspector.get_columns(table.name)}
+        for column in table.columns:
+            if column.name in have:
+                continue
+            kind = column.type.compile(dialect=engine.dialect)
+            try:
+                with engine.begin() as conn:
+                    conn.execute(sa.text(
+                        f'ALTER TABLE "{table.name}" ADD COLUMN "{column.name}" {kind}'))
+            except sa.exc.DBAPIError:
+                # Another process (an engine starting beside the front) added it first.
+                fresh = {c["name"] for c in sa.inspect(engine).get_columns(table.name)}
+                if column.name not in fresh:
+                    raise
+
+
 def connect(url: str) -> Engine:
     """An engine with the schema created (idempotent)."""
     if url.startswith("sqlite:///"):
@@ -151,6 +177,7 @@ def connect(url: str) -> Engine:
     if url.startswith("sqlite"):
         sa.event.listen(engine, "connect", _sqlite_pragmas)
     metadata.create_all(engine)
+    _add_new_columns(engine)
     database_file = Path(url.removeprefix("sqlite:///"))
     if url.startswith("sqlite:///") and database_file.is_file():
         # Password and token hashes live here: the owner only (WAL files inherit the mode).

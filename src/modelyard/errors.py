@@ -14,6 +14,9 @@
     ├── Forbidden                   403 forbidden            (credentials lack the scope/role)
     ├── PasswordChangeRequired      403 password_change_required (first login: change it first)
     ├── CsrfFailed                  403 csrf_failed          (cookie request without X-CSRF-Token)
+    ├── OriginNotAllowed            403 origin_not_allowed   (a browser request from another site)
+    ├── UnsupportedMediaType        415 unsupported_media_type (login/cookie body not JSON)
+    ├── TooManyAttempts             429 too_many_attempts    (failed logins; with Retry-After)
     ├── HostNotAllowed              421 host_not_allowed     (Host header is not the bound name)
     ├── PayloadTooLarge             413 payload_too_large    (body over max_body_bytes)
     ├── Conflict                    409 conflict             (e.g. the user exists already)
@@ -350,3 +353,28 @@ class ClientDisconnected(ClientClosedRequest):
 
 
 _BY_CODE.update({cls.code: cls for cls in (VisionUnsupported, ClientDisconnected)})
+
+
+# ---- added by wave 2 · 1/7 (hardening); kept at the end of the file to ease merging ----------
+
+
+class TooManyAttempts(ModelyardError):
+    """429 too_many_attempts: failed logins for this user or address, with Retry-After."""
+
+    status = 429
+    code = "too_many_attempts"
+    openai_type = "rate_limit_error"
+
+
+class UnsupportedMediaType(ModelyardError):
+    """415 unsupported_media_type: a login or cookie request whose body is not JSON."""
+
+    status = 415
+    code = "unsupported_media_type"
+    openai_type = "invalid_request_error"
+
+
+class OriginNotAllowed(Forbidden):
+    """403 origin_not_allowed: a browser request sent from another site's page."""
+
+    code = "origin_not_allowed"

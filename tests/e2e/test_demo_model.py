@@ -50,7 +50,7 @@ def oai(server: Server) -> openai.OpenAI:
 
 def test_models_lists_the_demo_model(server: Server, oai: openai.OpenAI) -> None:
     assert "smollm2" in [m.id for m in oai.models.list().data]
-    native = httpx.get(server.url + "/models").json()["models"]
+    native = httpx.get(server.url + "/models", headers=server.admin_headers).json()["models"]
     demo = next(m for m in native if m["model"] == "smollm2")
     assert demo["backend"] == "llamacpp" and demo["size_bytes"] > 50_000_000
     assert demo["local_path"].endswith(DEMO_MODEL_FILE)
@@ -130,7 +130,7 @@ def test_native_chat_raw_http(server: Server) -> None:
 
 
 def _upstream(server: Server) -> str:
-    status = httpx.get(server.url + "/status").json()
+    status = httpx.get(server.url + "/status", headers=server.admin_headers).json()
     model = next(m for m in status["engines"][0]["models"] if m["model"] == "smollm2")
     return str(model["upstream"])
 

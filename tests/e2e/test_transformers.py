@@ -153,7 +153,8 @@ def test_concurrent_streams_interleave_and_answer_as_alone(
     # Served one after another there would be 3 switches; batched, many.
     assert switches >= 8, order
     assert texts == alone
-    stats = next(m for e in httpx.get(server.url + "/status", timeout=10).json()["engines"]
+    stats = next(m for e in httpx.get(server.url + "/status", headers=server.admin_headers,
+                                       timeout=10).json()["engines"]
                  for m in e["models"] if m["model"] == "smol-tf")["backend_stats"]
     assert stats["batch_size_avg"] > 1 and stats["tokens_generated"] > 0
 

@@ -74,7 +74,8 @@ def starts(log: Path) -> list[int]:
 
 
 def status(server: Server) -> dict[str, Any]:
-    r = httpx.get(server.url + "/status", timeout=10)
+    """The full /status (pids, upstream URLs, errors): an admin's view, as the CLI gets it."""
+    r = httpx.get(server.url + "/status", headers=server.admin_headers, timeout=10)
     assert r.status_code == 200, r.text
     return dict(r.json())
 

@@ -69,7 +69,7 @@ def rss_mib(pid: int) -> float:
 
 
 def engine_pid(server: Server) -> int:
-    status = httpx.get(server.url + "/status", timeout=30).json()
+    status = httpx.get(server.url + "/status", headers=server.admin_headers, timeout=30).json()
     return int(status["engines"][0]["pid"])
 
 

@@ -127,3 +127,83 @@ def test_removing_a_user_removes_sessions_and_tokens(database: sa.Engine) -> Non
     assert tokens.find_token(database, secret) is None
     with pytest.raises(accounts.UserNotFound):
         accounts.remove_user(database, "frank")
+
+
+def test_a_blank_or_huge_password_is_refused(database: sa.Engine) -> None:
+    """Issue 15 §11: eight spaces were a valid password."""
+    accounts.add_user(database, "gina", "long enough")
+    for bad in (" " * 8, " " * 20, "\t" * 9, " abc    ", "x" * 1025):
+        with pytest.raises(InvalidRequest, match="at least 8"):
+            accounts.set_password(database, "gina", bad, must_change_password=False)
+        with pytest.raises(InvalidRequest):
+            accounts.add_user(database, "hank", bad)
+    accounts.set_password(database, "gina", " spaces inside ok ", must_change_password=False)
+
+
+def test_a_token_minted_with_a_token_is_bounded_by_it(database: sa.Engine) -> None:
+    """Issue 15 §2: a child never outlives nor out-scopes its parent, and dies with it."""
+    accounts.add_user(database, "root", "long enough", is_admin=True)
+    parent, _ = tokens.create_token(database, "root", "p", ["inference", "admin"],
+                                    expires_in_s=60)
+    assert parent.expires_at is not None
+    child, child_secret = tokens.create_token(database, "root", "c", ["inference"],
+                                              parent=parent)
+    assert child.expires_at == parent.expires_at and child.parent_id == parent.id
+    longer, _ = tokens.create_token(database, "root", "l", ["inference"], expires_in_s=3600,
+                                    parent=parent)
+    assert longer.expires_at == parent.expires_at
+    shorter, _ = tokens.create_token(database, "root", "s", ["inference"], expires_in_s=5,
+                                     parent=parent)
+    assert shorter.expires_at is not None and shorter.expires_at < parent.expires_at
+    grandchild, grand_secret = tokens.create_token(database, "root", "g", ["inference"],
+                                                   parent=child)
+    with pytest.raises(Forbidden, match="admin"):
+        tokens.create_token(database, "root", "x", ["inference", "admin"], parent=child)
+    tokens.revoke_token(database, parent.id)
+    assert tokens.find_token(database, child_secret) is None
+    assert tokens.find_token(database, grand_secret) is None
+    assert tokens.list_tokens(database) == []
+    assert grandchild.parent_id == child.id
+
+
+def test_a_password_change_revokes_the_users_tokens(database: sa.Engine, tmp_path: Path) -> None:
+    """Issue 15 §2: tokens survived a reset of their owner's password. The CLI's token is
+    replaced (a fresh secret in the same 0600 file), not lost."""
+    accounts.add_user(database, "admin", "long enough", is_admin=True)
+    accounts.add_user(database, "ivy", "long enough")
+    cli_file = tokens.ensure_cli_token(database, tmp_path, "admin")
+    old_cli = cli_file.read_text().strip()
+    _, ivy_secret = tokens.create_token(database, "ivy", "t", ["inference"])
+    _, admin_secret = tokens.create_token(database, "admin", "t", ["inference"])
+    accounts.set_password(database, "ivy", "another pass", must_change_password=True,
+                          home=tmp_path)
+    assert tokens.find_token(database, ivy_secret) is None
+    assert tokens.find_token(database, admin_secret) is not None
+    assert cli_file.read_text().strip() == old_cli  # not ivy's: untouched
+    accounts.set_password(database, "admin", "another pass", must_change_password=False,
+                          home=tmp_path)
+    assert tokens.find_token(database, admin_secret) is None
+    assert tokens.find_token(database, old_cli) is None
+    new_cli = cli_file.read_text().strip()
+    assert new_cli != old_cli and tokens.find_token(database, new_cli) is not None
+    assert stat.S_IMODE(cli_file.stat().st_mode) == 0o600
+
+
+def test_an_older_database_gets_the_new_token_column(tmp_path: Path) -> None:
+    """A tokens table made before `parent_id` existed is brought up to date on connect."""
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    old = sa.create_engine(url)
+    with old.begin() as conn:
+        conn.execute(sa.text(
+            "CREATE TABLE tokens (id VARCHAR(32) PRIMARY KEY, name VARCHAR(64) NOT NULL, "
+            "owner VARCHAR(64) NOT NULL, token_hash VARCHAR(64) NOT NULL UNIQUE, "
+            "prefix VARCHAR(16) NOT NULL, scopes JSON NOT NULL, archive_retention VARCHAR(8), "
+            "created_at FLOAT NOT NULL, expires_at FLOAT, last_used_at FLOAT)"))
+    old.dispose()
+    database = db.connect(url)
+    assert "parent_id" in {c["name"] for c in sa.inspect(database).get_columns("tokens")}
+    accounts.add_user(database, "root", "long enough", is_admin=True)
+    parent, _ = tokens.create_token(database, "root", "p", ["inference", "admin"])
+    child, _ = tokens.create_token(database, "root", "c", ["inference"], parent=parent)
+    listed = {t.id: t for t in tokens.list_tokens(database)}
+    assert listed[child.id].parent_id == parent.id

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from starlette.datastructures import Headers
 
 from modelyard.config import Settings
 from modelyard.errors import (
@@ -18,8 +19,10 @@ from modelyard.front.auth import (
     RouteClass,
     allowed_host_names,
     check_bind,
+    check_browser_request,
     decide,
     host_name,
+    origin_allowed,
     route_class,
     session_principal,
     token_principal,
@@ -60,7 +63,12 @@ def session(user: User, csrf: str = "c" * 43) -> Identified:
     ("DELETE", "/models/m1", RouteClass.ADMIN),
     ("GET", "/status", RouteClass.INFERENCE),
     ("GET", "/auth/me", RouteClass.USER),
-    ("POST", "/tokens", RouteClass.USER),
+    ("POST", "/tokens", RouteClass.ACCOUNT),
+    ("GET", "/tokens", RouteClass.ACCOUNT),
+    ("DELETE", "/tokens/abc", RouteClass.ACCOUNT),
+    ("POST", "/auth/password", RouteClass.ACCOUNT),
+    ("PATCH", "/auth/me", RouteClass.USER),
+    ("POST", "/auth/logout", RouteClass.USER),
     ("GET", "/archive/abc/content", RouteClass.USER),
     ("GET", "/studio/events", RouteClass.USER),
     ("GET", "/admin/engines", RouteClass.ADMIN),
@@ -135,7 +143,8 @@ def test_sessions_need_csrf_on_unsafe_methods_and_a_changed_password() -> None:
                    csrf=csrf) == "session:root:admin"
     assert outcome(LOOPBACK, "GET", "/auth/me", session(fresh)) == "session:root:admin"
     # Tokens never need CSRF: a cross-site page cannot read or send them.
-    assert outcome(LOOPBACK, "POST", "/tokens", token(("inference",))) == "token:root:user"
+    assert outcome(LOOPBACK, "POST", "/tokens", token(("inference", "admin"))) == \
+        "token:root:admin"
     assert issubclass(PasswordChangeRequired, Forbidden) and Unauthorized.status == 401
 
 
@@ -160,3 +169,68 @@ def test_none_is_refused_off_loopback_with_the_fix_in_the_message() -> None:
     check_bind(Settings(host="::1", auth="none"))
     with pytest.raises(ValueError, match=r"only on a loopback address.*127\.0\.0\.1"):
         check_bind(Settings(host="0.0.0.0", auth="none"))
+
+
+@pytest.mark.parametrize(("method", "path"), [
+    ("POST", "/tokens"), ("GET", "/tokens"), ("DELETE", "/tokens/t0"),
+    ("POST", "/auth/password"),
+])
+def test_an_inference_token_cannot_manage_its_account(method: str, path: str) -> None:
+    """Issue 15 §2: a leaked inference token must not mint tokens, revoke others or change the
+    password; a login session or an admin token may."""
+    csrf = "c" * 43
+    assert outcome(LOOPBACK, method, path, token(("inference",))) == Forbidden.code
+    assert outcome(REQUIRED, method, path, token(("inference",))) == Forbidden.code
+    assert outcome(LOOPBACK, method, path, token(("inference", "admin"))) == "token:root:admin"
+    assert outcome(LOOPBACK, method, path, session(ALICE), csrf=csrf) == "session:alice:user"
+    assert outcome(LOOPBACK, method, path, None) == Unauthorized.code
+
+
+@pytest.mark.parametrize(("origin", "host", "allowed"), [
+    ("http://127.0.0.1:8770", "127.0.0.1:8770", True),
+    ("http://LOCALHOST:8770", "localhost:8770", True),
+    ("https://box.example", "box.example:443", True),  # default ports are dropped
+    ("http://127.0.0.1:8771", "127.0.0.1:8770", False),  # another local server
+    ("http://evil.example", "127.0.0.1:8770", False),
+    ("null", "127.0.0.1:8770", False),
+    ("file://", "127.0.0.1:8770", False),
+    ("http://app.example", "127.0.0.1:8770", True),  # cors_origins
+    ("https://proxy.example", "127.0.0.1:8770", True),  # allowed_hosts (a rewriting proxy)
+])
+def test_origins(origin: str, host: str, allowed: bool) -> None:
+    settings = Settings(host="127.0.0.1", cors_origins=["http://app.example/"],
+                        allowed_hosts=["proxy.example"])
+    assert origin_allowed(settings, origin, host) is allowed
+    assert origin_allowed(Settings(host="127.0.0.1", cors_origins=["*"]), origin, host)
+
+
+def browser(method: str, path: str, who: Identified | None, **headers: str) -> str:
+    try:
+        check_browser_request(LOOPBACK, method, path,
+                              Headers({"host": "127.0.0.1:8770", **headers}), who)
+    except ModelyardError as exc:
+        return exc.code
+    return "ok"
+
+
+def test_cross_site_requests_are_refused_where_the_browser_carries_the_authority() -> None:
+    """Issue 15 §11: the login and cookie routes refuse text/plain and foreign origins."""
+    evil = {"origin": "http://evil.example"}
+    text = {"content-type": "text/plain", "content-length": "10"}
+    json_body = {"content-type": "application/json; charset=utf-8", "content-length": "10"}
+    assert browser("POST", "/auth/login", None, **text) == "unsupported_media_type"
+    assert browser("POST", "/auth/login", None, **json_body) == "ok"
+    assert browser("POST", "/auth/login", None, **json_body, **evil) == "origin_not_allowed"
+    cookie = session(ROOT)
+    assert browser("POST", "/tokens", cookie, **text) == "unsupported_media_type"
+    assert browser("POST", "/tokens", cookie, **json_body, **evil) == "origin_not_allowed"
+    assert browser("POST", "/auth/logout", cookie) == "ok"  # no body, no type needed
+    assert browser("GET", "/tokens", cookie, **evil) == "ok"  # reads change nothing
+    # Anonymous (open loopback): a foreign page is refused, curl's form type is not.
+    assert browser("POST", "/v1/chat/completions", None, **evil) == "origin_not_allowed"
+    assert browser("POST", "/api/generate", None, **{
+        "content-type": "application/x-www-form-urlencoded", "content-length": "10"}) == "ok"
+    # A bearer token cannot come from a page without a CORS preflight: not checked.
+    admin_token = token(("inference", "admin"))
+    assert browser("POST", "/tokens", admin_token, authorization="Bearer my-x", **text,
+                   **evil) == "ok"

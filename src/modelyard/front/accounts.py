@@ -11,6 +11,7 @@ import re
 import secrets
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -19,9 +20,11 @@ from argon2.exceptions import InvalidHashError, VerificationError
 
 from modelyard import db
 from modelyard.errors import Conflict, InvalidRequest, ModelyardError
+from modelyard.front import tokens
 
 ADMIN = "admin"
 MIN_PASSWORD_LENGTH = 8
+MAX_PASSWORD_LENGTH = 1024  # argon2 hashes any length; this bounds the work a request asks for
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _hasher = PasswordHasher()
 # Verified against when the user does not exist, so a wrong name costs what a wrong password does.
@@ -76,9 +79,12 @@ def check_name(name: str) -> str:
 
 
 def check_password(password: str) -> str:
-    if len(password) < MIN_PASSWORD_LENGTH:
-        raise InvalidRequest(f"a password needs at least {MIN_PASSWORD_LENGTH} characters",
-                             param="password")
+    """A new password: 8-1024 characters not counting spaces around it (eight spaces is no
+    password)."""
+    if len(password.strip()) < MIN_PASSWORD_LENGTH or len(password) > MAX_PASSWORD_LENGTH:
+        raise InvalidRequest(
+            f"a password needs at least {MIN_PASSWORD_LENGTH} characters, not counting spaces "
+            f"at either end, and at most {MAX_PASSWORD_LENGTH}", param="password")
     return password
 
 
@@ -116,13 +122,19 @@ def remove_user(engine: sa.Engine, name: str) -> None:
         if not gone:
             raise UserNotFound(name)
         conn.execute(db.sessions.delete().where(db.sessions.c.user == name))
-        conn.execute(db.tokens.delete().where(db.tokens.c.owner == name))
+        tokens.delete_with_descendants(conn, db.tokens.c.owner == name)
 
 
 def set_password(engine: sa.Engine, name: str, password: str, *,
-                 must_change_password: bool) -> None:
-    """Sets the password and ends every session of the user (a stolen cookie dies with it)."""
+                 must_change_password: bool, home: Path | None = None) -> None:
+    """Sets the password and ends every session and revokes every token of the user (with the
+    tokens minted from them): whatever was done with a stolen password or cookie dies with it.
+
+    The CLI's token (`$MODELYARD_HOME/cli-token`, given as `home`) is revoked too when it is the
+    user's, and a fresh one is written in its place: `modelyard` commands keep working for
+    whoever can read that file, while a copy taken earlier stops working."""
     check_password(password)
+    cli_owner = tokens.cli_token_owner(engine, home) if home is not None else None
     with engine.begin() as conn:
         updated = conn.execute(
             db.users.update().where(db.users.c.name == name).values(
@@ -131,6 +143,9 @@ def set_password(engine: sa.Engine, name: str, password: str, *,
         if not updated:
             raise UserNotFound(name)
         conn.execute(db.sessions.delete().where(db.sessions.c.user == name))
+        tokens.delete_with_descendants(conn, db.tokens.c.owner == name)
+    if home is not None and cli_owner == name:
+        tokens.ensure_cli_token(engine, home, name)
 
 
 def set_archive_retention(engine: sa.Engine, name: str, retention: str | None) -> None:

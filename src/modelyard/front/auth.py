@@ -6,13 +6,22 @@ Route classes (the whole policy is `route_class` plus `AuthGate._decide`):
     inference  the generating and listing APIs (/v1/*, Ollama's chat/generate/embed/tags/ps/show,
                native /chat /models /status /diag, /metrics): open on loopback with auth
                `auto` (/metrics shows what /status does: a scraper needs no admin token)
-    user       /auth/*, /tokens*, /archive*, /studio/events: need a real identity
+    user       /auth/*, /archive*, /studio/events: need a real identity
+    account    /tokens*, POST /auth/password: the account's keys; need a login
+               session or an admin-scope token (an inference token must not mint, list or
+               revoke tokens nor change the password of the user it belongs to)
     admin      everything else (/admin/*, pulls and jobs, deleting models): need the admin scope
 
 Identity comes from `Authorization: Bearer my-…` (an API token) or the signed session cookie of
 the Web Studio; state-changing requests made with the cookie must carry `X-CSRF-Token`. The gate
 also refuses a `Host` that is not the bound name (DNS rebinding) and bodies over
 `max_body_bytes`. It is plain ASGI so streamed responses pass through untouched.
+
+Requests a web page could make with the browser's ambient authority (the cookie, or nothing on
+an open loopback server) are refused when they change state from another site: an `Origin` that
+is not this server's (nor in `cors_origins` or `allowed_hosts`) is 403 `origin_not_allowed`; the
+login and cookie requests must send JSON (415 otherwise: `text/plain` needs no CORS preflight).
+Bearer-token requests are not checked: a page can only send a token after a CORS preflight.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import sqlalchemy as sa
 from itsdangerous import BadSignature, URLSafeTimedSerializer
@@ -40,11 +50,14 @@ from modelyard.errors import (
     Forbidden,
     HostNotAllowed,
     ModelyardError,
+    OriginNotAllowed,
     PasswordChangeRequired,
     PayloadTooLarge,
     Unauthorized,
+    UnsupportedMediaType,
 )
 from modelyard.front import accounts, tokens
+from modelyard.front.login_throttle import LoginThrottle
 from modelyard.front.principal import ANONYMOUS_ADMIN, ANONYMOUS_INFERENCE, Principal
 from modelyard.front.render import error_response
 
@@ -59,6 +72,7 @@ class RouteClass(StrEnum):
     PUBLIC = "public"
     INFERENCE = "inference"
     USER = "user"
+    ACCOUNT = "account"
     ADMIN = "admin"
 
 
@@ -71,7 +85,8 @@ _INFERENCE_EXACT = {
     ("POST", "/api/embeddings"), ("GET", "/api/tags"), ("GET", "/api/ps"), ("POST", "/api/show"),
     ("GET", "/api/version"), ("GET", "/metrics"),
 }
-_USER_PREFIXES = ("/auth/", "/tokens", "/archive", "/studio/events")
+_USER_PREFIXES = ("/auth/", "/archive", "/studio/events")
+_ACCOUNT_EXACT = {("POST", "/auth/password")}
 # While a session must change its password it may do only this.
 _PASSWORD_CHANGE_ROUTES = {"/auth/me", "/auth/password", "/auth/logout"}
 
@@ -82,6 +97,8 @@ def route_class(method: str, path: str) -> RouteClass:
         return RouteClass.PUBLIC
     if path.startswith("/v1/") or (method, path) in _INFERENCE_EXACT:
         return RouteClass.INFERENCE
+    if path == "/tokens" or path.startswith("/tokens/") or (method, path) in _ACCOUNT_EXACT:
+        return RouteClass.ACCOUNT
     if path.startswith(_USER_PREFIXES):
         return RouteClass.USER
     return RouteClass.ADMIN
@@ -151,10 +168,14 @@ class Auth:
         self.db = database
         self.cookies = URLSafeTimedSerializer(secret_key, salt="modelyard-session")
         self._tokens: dict[str, tuple[float, tokens.Token | None]] = {}
+        self.logins = LoginThrottle()
 
     def forget_tokens(self) -> None:
         """After a revocation here: it takes effect on the next request."""
         self._tokens.clear()
+
+    async def by_token_id(self, token_id: str) -> tokens.Token | None:
+        return await asyncio.to_thread(tokens.get_token, self.db, token_id)
 
     def cookie_value(self, session: accounts.Session) -> str:
         return self.cookies.dumps(session.id)
@@ -249,6 +270,9 @@ def decide(settings: Settings, cls: RouteClass, method: str, path: str,
         return replace(principal, is_admin=True, scopes=ANONYMOUS_ADMIN.scopes)
     if cls is RouteClass.ADMIN and not principal.can("admin"):
         raise Forbidden("this route needs the admin scope (an admin's login or admin token)")
+    if cls is RouteClass.ACCOUNT and who.session is None and not principal.can("admin"):
+        raise Forbidden("managing tokens and the password needs a login (the Web Studio) or an "
+                        "admin token; an inference token cannot")
     if cls is RouteClass.INFERENCE and not principal.can("inference"):
         raise Forbidden("this token lacks the inference scope")
     return principal
@@ -277,6 +301,7 @@ class AuthGate:
             if cls is not RouteClass.PUBLIC or headers.get("cookie") or headers.get(
                     "authorization"):
                 who, bad_token = await auth.identify(headers)
+            check_browser_request(self.settings, scope["method"], path, headers, who)
             try:
                 principal = decide(self.settings, cls, scope["method"], path, who, bad_token,
                                    headers.get(CSRF_HEADER))
@@ -320,6 +345,60 @@ class AuthGate:
             return message
 
         return counted
+
+
+def _netloc(host: str) -> str:
+    """`Example.org:80` → `example.org`: default ports dropped, as browsers drop them."""
+    host = host.lower()
+    for default in (":80", ":443"):
+        if host.endswith(default):
+            return host.removesuffix(default)
+    return host
+
+
+def origin_allowed(settings: Settings, origin: str, host_header: str) -> bool:
+    """This server's own origin (the Host the request came to), a configured CORS origin, or
+    a name configured in `allowed_hosts` (a reverse proxy that rewrites Host)."""
+    configured = {o.rstrip("/") for o in settings.cors_origins}
+    if "*" in configured or origin.rstrip("/") in configured:
+        return True
+    parts = urlsplit(origin)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        return False  # `null` (sandboxed frames, file: pages) and anything odd
+    if _netloc(parts.netloc) == _netloc(host_header):
+        return True
+    return (parts.hostname or "") in {h.lower() for h in settings.allowed_hosts}
+
+
+def _json_media(content_type: str) -> bool:
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/")
+                                           and media.endswith("+json"))
+
+
+def check_browser_request(settings: Settings, method: str, path: str, headers: Headers,
+                          who: Identified | None) -> None:
+    """Cross-site request forgery, beyond the CSRF header: a state change a web page could make
+    with the browser's ambient authority (its cookie, or none on an open loopback server) must
+    come from this server's own pages, and the login and cookie requests must send JSON (a page
+    sends `text/plain` without a CORS preflight). A request with an Authorization header is
+    not checked: a page could send one only after a preflight our CORS settings allowed."""
+    method = "GET" if method == "HEAD" else method
+    is_login = (method, path) == ("POST", "/auth/login")
+    if method in _SAFE_METHODS or (headers.get("authorization") and not is_login):
+        return
+    origin = headers.get("origin")
+    if origin is not None and not origin_allowed(settings, origin, headers.get("host", "")):
+        raise OriginNotAllowed(
+            f"a request from the page of another site ({origin}) may not change anything here; "
+            "list that origin in `cors_origins` if it is yours")
+    with_cookie = who is not None and who.session is not None
+    has_body = headers.get("content-length", "0") != "0" or "transfer-encoding" in headers
+    if (is_login or (with_cookie and has_body)) and not _json_media(
+            headers.get("content-type", "")):
+        raise UnsupportedMediaType(
+            f"this request must send `Content-Type: application/json`, not "
+            f"{headers.get('content-type') or 'none'!r}")
 
 
 def _routed(scope: Scope) -> bool:

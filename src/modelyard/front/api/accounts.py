@@ -1,13 +1,16 @@
 """Logins, API tokens and users.
 
     POST   /auth/login        {"username", "password"} → session cookie + {"user", "csrf_token"}
+                              (failures throttled per user and address: 429 + Retry-After)
     GET    /auth/me           who is calling (+ the CSRF token of a session)
     PATCH  /auth/me           {"archive_retention": "1d"}: the caller's default retention
     POST   /auth/logout       ends the session
     POST   /auth/password     {"current_password", "new_password"}
     GET    /tokens            own tokens (an admin: every token)
     POST   /tokens            {"name", "scopes", "expires_in_s", "owner", "archive_retention"}
-    DELETE /tokens/{id}
+    DELETE /tokens/{id}       revokes it and the tokens minted from it
+    (/tokens* and POST /auth/password need a login session or an admin token:
+    auth.py's `account` class; a token minted with a token is bounded by it)
     GET    /admin/users       POST /admin/users {"name", "password", "is_admin"}
     DELETE /admin/users/{name}
     POST   /admin/users/{name}/password   {"password"}: the user must change it at next login
@@ -69,9 +72,12 @@ async def _start_session(request: Request, auth: Auth, user: accounts.User,
 async def login(request: Request) -> Response:
     auth = _auth(request)
     req = validate(Login, await read_json_object(request))
+    address = request.client.host if request.client else None
+    auth.logins.attempt(req.username, address)  # 429 while this user or address is blocked
     user = await asyncio.to_thread(accounts.verify_password, auth.db, req.username, req.password)
     if user is None:
         raise Unauthorized("wrong user name or password")
+    auth.logins.succeeded(req.username, address)
     return await _start_session(request, auth, user)
 
 
@@ -138,7 +144,8 @@ async def change_password(request: Request) -> Response:
         raise InvalidRequest("the new password must differ from the current one",
                              param="new_password")
     await asyncio.to_thread(accounts.set_password, auth.db, name, req.new_password,
-                            must_change_password=False)
+                            must_change_password=False, home=auth.settings.home)
+    auth.forget_tokens()  # the user's tokens were revoked with the old password
     user = await asyncio.to_thread(accounts.get_user, auth.db, name)
     assert user is not None
     if session_of(request.scope) is None:
@@ -168,15 +175,21 @@ async def list_tokens(request: Request) -> Response:
 
 async def create_token(request: Request) -> Response:
     principal = principal_of(request)
+    auth = _auth(request)
     req = validate(NewToken, await read_json_object(request))
     owner = req.owner or _user_name(principal)
     if owner != principal.user and not principal.is_admin:
         raise Forbidden("only an admin creates tokens for someone else", param="owner")
     if "admin" in req.scopes and not principal.can("admin"):
         raise Forbidden("a token cannot grant more than its creator has", param="scopes")
+    parent = None
+    if principal.token_id is not None:  # minted with a token: bounded by it, revoked with it
+        parent = await auth.by_token_id(principal.token_id)
+        if parent is None:
+            raise Unauthorized("the bearer token is not valid (unknown, revoked or expired)")
     token, secret = await asyncio.to_thread(
-        tokens.create_token, _auth(request).db, owner, req.name, req.scopes,
-        expires_in_s=req.expires_in_s, archive_retention=req.archive_retention)
+        tokens.create_token, auth.db, owner, req.name, req.scopes,
+        expires_in_s=req.expires_in_s, archive_retention=req.archive_retention, parent=parent)
     return _json({**token.public(), "token": secret}, 201)
 
 
@@ -233,9 +246,12 @@ async def remove_user(request: Request) -> Response:
 
 
 async def reset_password(request: Request) -> Response:
+    """The user's sessions end and their tokens are revoked (accounts.set_password)."""
+    auth = _auth(request)
     req = validate(PasswordReset, await read_json_object(request))
-    await asyncio.to_thread(accounts.set_password, _auth(request).db,
-                            request.path_params["name"], req.password, must_change_password=True)
+    await asyncio.to_thread(accounts.set_password, auth.db, request.path_params["name"],
+                            req.password, must_change_password=True, home=auth.settings.home)
+    auth.forget_tokens()
     return _json({"status": "reset", "name": request.path_params["name"]})
 
 

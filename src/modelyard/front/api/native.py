@@ -23,7 +23,9 @@ from modelyard.front import archive_capture
 from modelyard.front.chat_shapes import check_openai_chat
 from modelyard.front.jobs import ACTIVE
 from modelyard.front.overview import overview
+from modelyard.front.principal import principal_of
 from modelyard.front.proxy import LeasedStream, Relay, translated_stream
+from modelyard.front.redact import client_diag, client_models, client_overview, client_status
 from modelyard.front.session_relay import (
     begin_turn,
     commit_body,
@@ -154,6 +156,11 @@ async def chat(request: Request) -> Response:
     return tagged(response if capture is None else capture.attach(response), turn)
 
 
+def _is_admin(request: Request) -> bool:
+    """Admins see the full reports; clients what front/redact.py keeps."""
+    return principal_of(request).can("admin")
+
+
 async def models(request: Request) -> Response:
     state = state_of(request)
     running = await state.engine_models()
@@ -177,7 +184,7 @@ async def models(request: Request) -> Response:
                 "engine": m.get("engine"),
             }
         )
-    return _json({"models": out})
+    return _json({"models": out if _is_admin(request) else client_models(out)})
 
 
 async def health(request: Request) -> Response:
@@ -209,12 +216,15 @@ async def health(request: Request) -> Response:
 
 
 async def status(request: Request) -> Response:
-    return _json(await state_of(request).status_view())
+    view = await state_of(request).status_view()
+    return _json(view if _is_admin(request) else client_status(view))
 
 
 async def overview_status(request: Request) -> Response:
     """GET /v1/status: devices, engines, services, scheduler, queues and pulls in one JSON."""
     state = state_of(request)
+    if not _is_admin(request):
+        return _json(client_overview(await state.status_view()))
     pulls = [j for j in await state.jobs.list() if j["status"] in ACTIVE] if state.jobs else []
     return _json(overview(await state.status_view(), pulls))
 
@@ -227,6 +237,8 @@ async def diag(request: Request) -> Response:
             engines.append({"name": engine.name, "up": True, **await engine.diag()})
         except ModelyardError as exc:
             engines.append({"name": engine.name, "up": False, "error": exc.message})
+    if not _is_admin(request):
+        return _json(client_diag({"engines": engines}))
     llama = state.settings.resolve_llama_server()
     return _json(
         {

@@ -24,6 +24,7 @@ from starlette.routing import Route
 from modelyard.errors import RouteNotFound
 from modelyard.front.jobs import ACTIVE
 from modelyard.front.principal import principal_of
+from modelyard.front.redact import client_status
 from modelyard.front.state import FrontState, state_of
 
 STUDIO_DIR = Path(__file__).resolve().parent.parent / "studio"
@@ -85,14 +86,17 @@ def sse(event: str, payload: Any) -> bytes:
 
 async def events(request: Request) -> Response:
     state = state_of(request)
-    # Pulls are admin business (/jobs is an admin route): others get an empty list.
-    with_jobs = principal_of(request).can("admin")
+    # Pulls are admin business (/jobs is an admin route): others get an empty list, and the
+    # status a client sees on GET /status (front/redact.py: no pids, URLs, paths, errors).
+    is_admin = principal_of(request).can("admin")
 
     async def feed() -> AsyncIterator[bytes]:
         yield b"retry: 2000\n\n"  # EventSource reconnects after 2 s if the server goes away
         while not await request.is_disconnected():
-            jobs = await pull_jobs(state) if with_jobs else []
-            yield sse("status", {"status": await state.status_view(), "jobs": jobs})
+            jobs = await pull_jobs(state) if is_admin else []
+            view = await state.status_view()
+            yield sse("status", {"status": view if is_admin else client_status(view),
+                                 "jobs": jobs})
             await asyncio.sleep(EVENT_INTERVAL_S)
 
     return StreamingResponse(feed(), media_type="text/event-stream",

@@ -1,0 +1,88 @@
+"""Failed logins, counted per user name and per client address, in memory.
+
+Each key (a user name, an address) has a streak of failures. The first few are free; from then
+on every failure blocks the key for twice as long as the one before (30 s, 60 s, … up to 15 min),
+and a blocked key is refused (429 with Retry-After) before its password is even checked. A streak
+is forgotten after 15 quiet minutes; a successful login clears its user's streak.
+
+An attempt is charged *before* the password is checked and refunded when it was right, so a
+burst of parallel guesses cannot all slip in before the first failure is counted. Addresses get
+a larger allowance than users: one address may be a NAT, or every local browser (loopback).
+The clock is injected so the policy is tested without sleeping.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from modelyard.errors import TooManyAttempts
+
+USER_FREE_FAILURES = 5
+ADDRESS_FREE_FAILURES = 20
+FIRST_BLOCK_S = 30.0
+MAX_BLOCK_S = 900.0
+FORGET_AFTER_S = 900.0
+_MAX_KEYS = 100_000  # a flood of made-up names cannot grow the table without bound
+
+
+@dataclass
+class _Streak:
+    failures: int = 0
+    last_at: float = 0.0
+    blocked_until: float = 0.0
+
+
+class LoginThrottle:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._streaks: dict[tuple[str, str], _Streak] = {}
+
+    def _keys(self, user: str, address: str | None) -> list[tuple[tuple[str, str], int]]:
+        keys = [(("user", user.lower()), USER_FREE_FAILURES)]
+        if address:
+            keys.append((("address", address), ADDRESS_FREE_FAILURES))
+        return keys
+
+    def _streak(self, key: tuple[str, str], now: float) -> _Streak:
+        streak = self._streaks.get(key)
+        if streak is not None and now - max(streak.last_at, streak.blocked_until) > FORGET_AFTER_S:
+            streak = None
+        if streak is None:
+            if len(self._streaks) >= _MAX_KEYS:
+                self._forget_quiet(now)
+            streak = self._streaks[key] = _Streak()
+        return streak
+
+    def _forget_quiet(self, now: float) -> None:
+        self._streaks = {k: s for k, s in self._streaks.items()
+                         if now - max(s.last_at, s.blocked_until) <= FORGET_AFTER_S}
+
+    def attempt(self, user: str, address: str | None) -> None:
+        """Charges one failure to the user and the address, or raises TooManyAttempts (and
+        charges nothing) while either is blocked."""
+        now = self.clock()
+        keys = self._keys(user, address)
+        wait = max(self._streak(key, now).blocked_until - now for key, _ in keys)
+        if wait > 0:
+            raise TooManyAttempts(
+                f"too many failed logins for this user or from this address; try again in "
+                f"{math.ceil(wait)} s", retry_after_s=math.ceil(wait))
+        for key, free in keys:
+            streak = self._streak(key, now)
+            streak.failures += 1
+            streak.last_at = now
+            if streak.failures >= free:
+                block = FIRST_BLOCK_S * 2 ** (streak.failures - free)
+                streak.blocked_until = now + min(MAX_BLOCK_S, block)
+
+    def succeeded(self, user: str, address: str | None) -> None:
+        """The password was right: the user's streak ends, the address gets its charge back."""
+        self._streaks.pop(("user", user.lower()), None)
+        streak = self._streaks.get(("address", address)) if address else None
+        if streak is not None:
+            streak.failures = max(0, streak.failures - 1)
+            if streak.failures < ADDRESS_FREE_FAILURES:
+                streak.blocked_until = 0.0
