@@ -22,7 +22,7 @@ from modelyard.errors import ModelyardError
 from modelyard.front import archive_capture
 from modelyard.front.jobs import ACTIVE
 from modelyard.front.overview import overview
-from modelyard.front.proxy import LeasedStream, Relay, translated_stream
+from modelyard.front.proxy import ClientWatch, LeasedStream, Relay, translated_stream, watched
 from modelyard.front.session_relay import (
     begin_turn,
     commit_body,
@@ -95,11 +95,14 @@ async def chat(request: Request) -> Response:
         params["stream_options"] = {"include_usage": True}
     gen = Generation.start()
 
+    # A non-streamed answer is awaited watching the client: one that leaves stops it.
+    watch = None if req.stream else ClientWatch(request.receive)
+
     def open_relay(say: Callable[[str], None] | None) -> Awaitable[Relay]:
         return state.open_relay(
             req.model, "/v1/chat/completions", orjson.dumps(params),
-            priority=request_priority(request), client=request, on_progress=say,
-            session_kv=None if turn is None else turn.kv,
+            priority=request_priority(request), client=None if watch else request,
+            on_progress=say, session_kv=None if turn is None else turn.kv,
         )
 
     def stream(relay: Relay) -> AsyncIterator[bytes]:
@@ -118,7 +121,7 @@ async def chat(request: Request) -> Response:
         )
         return chunks if capture is None else capture.tap_generation(chunks, gen)
 
-    opened = await open_for_stream(
+    opened = await watched(watch, open_for_stream(
         open_relay,
         enabled=req.stream and state.settings.notify_model_swap,
         render_progress=lambda text: sse_event(
@@ -127,7 +130,7 @@ async def chat(request: Request) -> Response:
         render_error=lambda exc: sse_event(exc.native_body()),
         body=stream,
         media_type="text/event-stream",
-    )
+    ))
     if not isinstance(opened, Relay):
         return tagged(opened if capture is None else capture.attach(opened), turn)
     relay = opened
