@@ -523,28 +523,29 @@ def waiting_for_memory(server: Server, model: str) -> bool:
 
 
 def test_a_load_whose_client_left_evicts_nothing(tmp_path: Path, files: Path) -> None:
-    a = sim_model("a", 1, files, "--tokens-per-s", "20")
-    cfg = sim_config(a, sim_model("b", 1, files), max_loaded_models=1)
+    # (model ids of its own: the start logs in `files` are shared by the module)
+    a = sim_model("held", 1, files, "--tokens-per-s", "20")
+    cfg = sim_config(a, sim_model("left", 1, files), max_loaded_models=1)
     with serving(tmp_path, cfg) as server:
         engine_log = server.home / "logs" / "engine-0.log"
 
         async def run() -> None:
             async with httpx.AsyncClient(base_url=server.url, timeout=60) as client, \
-                    busy(client, server, "a"):
+                    busy(client, server, "held"):
                 with pytest.raises(httpx.ReadTimeout):  # it waits for `a`: gives up after 1 s
                     await client.post("/v1/chat/completions", timeout=1,
-                                      json={"model": "b", "messages": HELLO})
+                                      json={"model": "left", "messages": HELLO})
                 await asyncio.to_thread(
-                    poll, lambda: "nobody waits for b any more" in engine_log.read_text(),
-                    10, "b's load to be dropped")
-            # a's request has ended (busy waits for its lease): nothing may be evicted for b.
+                    poll, lambda: "nobody waits for left any more" in engine_log.read_text(),
+                    10, "left's load to be dropped")
+            # held's request has ended (busy waits for its lease): nothing may go for `left`.
 
         asyncio.run(run())
-        assert starts(files / "b.starts") == []
-        assert model_status(server, "a")["state"] == "ready"
-        assert len(starts(files / "a.starts")) == 1
+        assert starts(files / "left.starts") == []
+        assert model_status(server, "held")["state"] == "ready"
+        assert len(starts(files / "held.starts")) == 1
         assert scheduler_stats(server)["evictions"] == 0
-        assert chat(server.url, "b").status_code == 200  # asked again, it loads
+        assert chat(server.url, "left").status_code == 200  # asked again, it loads
 
 
 def test_loads_waiting_for_memory_are_placed_in_arrival_order(tmp_path: Path, files: Path) -> None:
