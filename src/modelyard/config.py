@@ -425,6 +425,11 @@ class Settings(BaseSettings):
     request_timeout_s: float = Field(
         600.0, gt=0, description="Upper bound on one upstream request (read timeout)."
     )
+    default_max_tokens: int | None = Field(
+        16, ge=1, description="`max_tokens` of a `/v1/completions` request that sets no limit "
+        "(OpenAI's and vLLM's default; llama-server would run to the end of the context); a "
+        "preset's limit comes first; null: no cap.",
+    )
     simulate_gpus: str | None = Field(
         None, description="Simulated GPUs instead of real ones, e.g. `2x24GiB` or `24GiB,8GiB`: "
         "free memory is the total less what live processes claim.",

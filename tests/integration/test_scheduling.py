@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -503,3 +503,66 @@ def test_engine_specs_decide_which_engine_may_run_a_model(tmp_path: Path, files:
         r = chat(server.url, "plain")
         assert r.status_code == 503
         assert "engine-0" in r.json()["error"]["message"]
+
+
+@contextlib.asynccontextmanager
+async def busy(client: httpx.AsyncClient, server: Server, model: str) -> AsyncIterator[None]:
+    """A stream on `model` that holds its lease until the block ends (then the client leaves)."""
+    body = {"model": model, "messages": HELLO, "stream": True, "max_tokens": 100_000}
+    async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200
+        lines = r.aiter_lines()
+        await anext(lines)  # the first chunk: the lease is held
+        yield
+    await asyncio.to_thread(
+        poll, lambda: model_status(server, model)["leases"] == 0, 10, f"{model}'s lease back")
+
+
+def waiting_for_memory(server: Server, model: str) -> bool:
+    return (model_status(server, model) or {}).get("waiting_for_memory_s") is not None
+
+
+def test_a_load_whose_client_left_evicts_nothing(tmp_path: Path, files: Path) -> None:
+    # (model ids of its own: the start logs in `files` are shared by the module)
+    a = sim_model("held", 1, files, "--tokens-per-s", "20")
+    cfg = sim_config(a, sim_model("left", 1, files), max_loaded_models=1)
+    with serving(tmp_path, cfg) as server:
+        engine_log = server.home / "logs" / "engine-0.log"
+
+        async def run() -> None:
+            async with httpx.AsyncClient(base_url=server.url, timeout=60) as client, \
+                    busy(client, server, "held"):
+                with pytest.raises(httpx.ReadTimeout):  # it waits for `a`: gives up after 1 s
+                    await client.post("/v1/chat/completions", timeout=1,
+                                      json={"model": "left", "messages": HELLO})
+                await asyncio.to_thread(
+                    poll, lambda: "nobody waits for left any more" in engine_log.read_text(),
+                    10, "left's load to be dropped")
+            # held's request has ended (busy waits for its lease): nothing may go for `left`.
+
+        asyncio.run(run())
+        assert starts(files / "left.starts") == []
+        assert model_status(server, "held")["state"] == "ready"
+        assert len(starts(files / "held.starts")) == 1
+        assert scheduler_stats(server)["evictions"] == 0
+        assert chat(server.url, "left").status_code == 200  # asked again, it loads
+
+
+def test_loads_waiting_for_memory_are_placed_in_arrival_order(tmp_path: Path, files: Path) -> None:
+    models = [sim_model(m, 1, files, "--tokens-per-s", "20") for m in ("a", "b", "c")]
+    with serving(tmp_path, sim_config(*models, max_loaded_models=1)) as server:
+
+        async def run() -> tuple[str, str]:
+            async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+                async with busy(client, server, "a"):
+                    for_b = asyncio.create_task(stream_text(client, "b"))
+                    await asyncio.to_thread(poll, lambda: waiting_for_memory(server, "b"), 10,
+                                            "b to wait for a")
+                    for_c = asyncio.create_task(stream_text(client, "c"))
+                    await asyncio.to_thread(poll, lambda: waiting_for_memory(server, "c"), 10,
+                                            "c to wait")
+                return await for_b, await for_c
+
+        assert asyncio.run(run()) == (TEXT_16, TEXT_16)
+        swaps = [(s["unloaded"], s["reason"]) for s in scheduler_stats(server)["recent_swaps"]]
+        assert swaps == [("a", "for b"), ("b", "for c")]  # b first: it came first

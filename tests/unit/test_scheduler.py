@@ -233,8 +233,43 @@ def test_wait_when_busy_names_only_what_is_needed() -> None:
         (R("a", 1, last_used=0, keep_alive_s=None), 1e9, False),
         (R("a", 1, last_used=0, keep_alive_s=0, leases=1), 10, False),
         (R("a", 1, last_used=0, keep_alive_s=0, pinned=True), 10, False),
+        # A request waits to lease it (its load just finished): keep-alive 0 is "after it".
+        (R("a", 1, last_used=0, keep_alive_s=0, waiters=1), 10, False),
     ],
-    ids=["before-ttl", "at-ttl", "keep-alive-0", "forever", "leased", "pinned"],
+    ids=["before-ttl", "at-ttl", "keep-alive-0", "forever", "leased", "pinned", "awaited"],
 )
 def test_expired(resident: Resident, now: float, gone: bool) -> None:
     assert expired([resident], now) == (("a",) if gone else ())
+
+
+def test_a_model_requests_wait_to_lease_is_never_a_victim() -> None:
+    residents = [R("awaited", 4, last_used=1, waiters=1), R("idle", 4, last_used=2)]
+    assert plan(W("c", 4), residents, 0, TOTAL) == Evict(("idle",), "c")
+    got = plan(W("c", 4), [R("awaited", 4, waiters=2)], 4 * GiB, TOTAL, max_loaded_models=1)
+    assert isinstance(got, Wait) and got.blocked_by == ("awaited",)
+
+
+# Loads waiting for memory are placed in arrival order: `ahead` are the earlier ones.
+AHEAD: list[tuple[str, Want, list[Resident], float, list[str], type]] = [
+    ("fits-but-behind", W("c", 1), [R("a", 4, leases=1)], 4, ["b"], Wait),
+    ("evictable-but-behind", W("c", 4), [R("a", 4)], 0, ["b"], Wait),
+    ("head-loads", W("b", 1), [R("a", 4, leases=1)], 4, [], Load),
+    ("resident-needs-no-place", W("a", 4), [R("a", 4)], 4, ["b"], Ready),
+    ("never-fits-says-so-at-once", W("huge", 9), [], 8, ["b"], NoFit),
+    ("pinned-group-says-so-at-once", W("g", 1, group="x"), [R("p", 1, pinned=True, group="y")],
+     7, ["b"], NoFit),
+]
+
+
+@pytest.mark.parametrize(
+    ("want", "residents", "free_gib", "ahead", "kind"),
+    [c[1:] for c in AHEAD],
+    ids=[c[0] for c in AHEAD],
+)
+def test_loads_are_placed_in_arrival_order(
+    want: Want, residents: list[Resident], free_gib: float, ahead: list[str], kind: type
+) -> None:
+    got = plan(want, residents, int(free_gib * GiB), TOTAL, ahead=ahead)
+    assert isinstance(got, kind), got
+    if isinstance(got, Wait):
+        assert got.blocked_by == tuple(ahead) and "earlier loads" in got.reason

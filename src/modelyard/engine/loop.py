@@ -8,9 +8,11 @@ policy in engine/scheduler.py; this module applies its decisions:
 * placement decisions are taken one at a time (``_placing``), and a model being loaded holds its
   estimated bytes in the ledger from the decision on, so two loads never promise the same memory;
   the loads themselves then run side by side;
-* a model is busy exactly while it has leases (§3.3) and is never evicted then (§3.4): a load
-  that only busy models could make room for waits, bounded, and re-plans whenever a lease is
-  released or a model unloads;
+* a model is busy while it has leases (§3.3) or requests waiting to lease it, and is never
+  evicted or expired then (§3.4): a load that only busy models could make room for waits,
+  bounded, and re-plans whenever a lease is released or a model unloads;
+* loads that wait for memory are placed in arrival order (``_arrivals``), and a load nobody
+  waits for any more (every client left) is dropped before it evicts anything;
 * after an unload the engine waits until the device reports the memory back (§3.7);
 * a failed load puts the model in a cooldown, so clients get a fast, explained 503;
 * idle models unload after their keep-alive; pinned ones never do.
@@ -22,6 +24,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import itertools
 import logging
 import math
 import os
@@ -91,6 +94,7 @@ class _Runtime:
     known_bytes: int | None = None  # measured while ready: the next load's estimate
     keep_alive_s: float | None = None  # the last request's keep_alive; None: the configured one
     waiting_since: float | None = None  # a load waiting for busy models to make room
+    waiters: int = 0  # requests in acquire() that have no lease yet: the load is for them
     listeners: set[Callable[[str], None]] = field(default_factory=set)  # swap progress
     # A reload changed or removed its spec: it stops once idle, then takes `retire_to` (None:
     # it is forgotten); meanwhile requests wait instead of leasing the old server.
@@ -124,6 +128,7 @@ class Engine:
         self._changed = asyncio.Event()  # replaced on every change; waiters re-plan
         self._waiters = 0  # loads and unloads waiting for a change
         self._estimates: dict[str, MemoryEstimate | None] = {}  # read ahead of cold loads
+        self._arrivals: dict[str, None] = {}  # loads not placed yet, in the order they began
         self._reaper_wakes_at = math.inf  # when the keep-alive reaper looks next
         self._cool = asyncio.Event()
         self._cool.set()
@@ -178,6 +183,20 @@ class Engine:
             listener(text)
 
     async def _acquire(self, rt: _Runtime, keep_alive_s: float | None) -> Lease:
+        # While it waits it counts among the model's waiters: the model is not idle (no
+        # keep-alive expiry, no eviction) and its load is wanted. One that leaves without a
+        # lease wakes the placer and the reaper, which may then drop the load or expire it.
+        rt.waiters += 1
+        try:
+            lease = await self._lease(rt, keep_alive_s)
+        except BaseException:
+            rt.waiters -= 1
+            self._notify()
+            raise
+        rt.waiters -= 1
+        return lease
+
+    async def _lease(self, rt: _Runtime, keep_alive_s: float | None) -> Lease:
         started = self.clock()
         rt.keep_alive_s = keep_alive_s
         self._ensure_reaper()
@@ -193,6 +212,7 @@ class Engine:
                 raise ModelNotFound(rt.entry.id)  # a reload removed it
             if rt.load is None:
                 self._check_cooldown(rt)
+                self._arrivals[rt.entry.id] = None
                 rt.load = self._spawn(self._load(rt), f"load:{rt.entry.id}")
             await asyncio.shield(rt.load)
         assert rt.server is not None
@@ -315,6 +335,7 @@ class Engine:
             coexist_with=frozenset(spec.can_coexist_with),
             reload_cost_s=rt.load_duration_s or 0.0,
             keep_alive_s=self._keep_alive(rt),
+            waiters=rt.waiters,
         )
 
     def _residents(self, exclude: _Runtime | None = None) -> list[scheduler.Resident]:
@@ -347,47 +368,65 @@ class Engine:
             coexist_with=frozenset(spec.can_coexist_with),
             priority=spec.priority,
         )
+        ahead = list(itertools.takewhile(lambda m: m != rt.entry.id, self._arrivals))
         return scheduler.plan(
             want, self._residents(exclude=rt), free, info.total_bytes,
-            max_loaded_models=self._max_loaded(),
+            max_loaded_models=self._max_loaded(), ahead=ahead,
         )
 
-    async def _place(self, rt: _Runtime) -> None:
-        """Make room for `rt` and reserve it; returns with rt LOADING, or raises."""
+    async def _place(self, rt: _Runtime) -> bool:
+        """Make room for `rt` and reserve it: True with rt LOADING; False when nobody waits for
+        it any more (every client left), before anything was evicted for it; or raises.
+
+        An eviction and the load it made room for are one decision under `_placing`: a later
+        load cannot take the room in between. Loads that must wait keep their place in
+        `_arrivals`, so they are placed in the order they began."""
         deadline = self.clock() + self.settings.memory_wait_timeout_s
-        while True:
-            async with self._placing:
-                decision = self._decide(rt)
-                if isinstance(decision, scheduler.Load):
-                    rt.reserved_bytes = self._want_bytes(rt)
-                    rt.measured_bytes = None
-                    rt.state = ModelState.LOADING
+        try:
+            while True:
+                async with self._placing:
+                    while True:
+                        if not rt.waiters:
+                            log.info("nobody waits for %s any more: its load is dropped",
+                                     rt.entry.id)
+                            rt.waiting_since = None
+                            return False
+                        decision = self._decide(rt)
+                        if not isinstance(decision, scheduler.Evict):
+                            break
+                        await self._evict(decision.victims, for_model=rt.entry.id)
+                    if isinstance(decision, scheduler.Load):
+                        rt.reserved_bytes = self._want_bytes(rt)
+                        rt.measured_bytes = None
+                        rt.state = ModelState.LOADING
+                        rt.waiting_since = None
+                        return True
+                    if isinstance(decision, scheduler.NoFit):
+                        self.stats["no_fit"] += 1
+                        raise InsufficientMemory(decision.reason, model=rt.entry.id)
+                    assert isinstance(decision, scheduler.Wait), decision
+                    changed = self._changed  # taken under the lock: no change can be missed
+                if rt.waiting_since is None:
+                    rt.waiting_since = self.clock()
+                    self.stats["waits"] += 1
+                    log.info("%s", decision.reason)
+                    self._say(rt, decision.reason)
+                remaining = deadline - self.clock()
+                if remaining <= 0:
                     rt.waiting_since = None
-                    return
-                if isinstance(decision, scheduler.NoFit):
-                    self.stats["no_fit"] += 1
-                    raise InsufficientMemory(decision.reason, model=rt.entry.id)
-                if isinstance(decision, scheduler.Evict):
-                    await self._evict(decision.victims, for_model=rt.entry.id)
-                    continue
-                assert isinstance(decision, scheduler.Wait), decision
-                changed = self._changed  # taken under the lock: no change can be missed
-            if rt.waiting_since is None:
-                rt.waiting_since = self.clock()
-                self.stats["waits"] += 1
-                log.info("%s", decision.reason)
-                self._say(rt, decision.reason)
-            remaining = deadline - self.clock()
-            if remaining <= 0:
-                rt.waiting_since = None
-                raise InsufficientMemory(
-                    f"{decision.reason}; gave up after memory_wait_timeout_s "
-                    f"({self.settings.memory_wait_timeout_s:.0f} s)",
-                    model=rt.entry.id,
-                    retry_after_s=5.0,
-                )
-            with contextlib.suppress(TimeoutError):
-                await self._wait_for(changed, remaining)
+                    raise InsufficientMemory(
+                        f"{decision.reason}; gave up after memory_wait_timeout_s "
+                        f"({self.settings.memory_wait_timeout_s:.0f} s)",
+                        model=rt.entry.id,
+                        retry_after_s=5.0,
+                    )
+                with contextlib.suppress(TimeoutError):
+                    await self._wait_for(changed, remaining)
+        finally:
+            # Placed, dropped or failed: the loads behind it may go now.
+            if rt.entry.id in self._arrivals:
+                del self._arrivals[rt.entry.id]
+                self._notify()
 
     async def _evict(
         self, victims: tuple[str, ...], *, for_model: str | None, reason: str = "unload"
@@ -446,7 +485,7 @@ class Engine:
             async with self._placing:
                 if rt.state is not ModelState.READY:
                     return False
-                if not rt.leases:
+                if not rt.leases and not rt.waiters:  # those waiting take theirs first
                     await self._evict((rt.entry.id,), for_model=None, reason="unload")
                     return True
                 changed = self._changed
@@ -562,7 +601,7 @@ class Engine:
         while True:
             changed = self._changed  # before reading state: a later change wakes us
             now = self.clock()
-            idle = [r for r in self._residents() if r.leases == 0]
+            idle = [r for r in self._residents() if not r.busy]
             if scheduler.expired(idle, now):
                 async with self._placing:
                     due = scheduler.expired(self._residents(), self.clock())  # still due?
@@ -587,7 +626,9 @@ class Engine:
             spec = rt.spec
             # Before placing: a model that cannot run here must not evict anything.
             server = make_backend(spec, self.settings, env=self.env)
-            await self._place(rt)
+            if not await self._place(rt):
+                metrics.model_loaded(rt.entry.id, self.index, "cancelled")
+                return
             log.info("loading %s (%d MiB reserved)", spec.id, rt.reserved_bytes // MIB)
             self._say(rt, f"loading {spec.id} ({rt.reserved_bytes / 2**30:.1f} GiB)")
             await server.start(on_spawn=lambda pid: self._spawned(rt, pid))
@@ -607,6 +648,7 @@ class Engine:
             raise
         finally:
             rt.load = None
+            self._arrivals.pop(rt.entry.id, None)  # e.g. make_backend refused it
             if rt.state is not ModelState.LOADING:  # it failed, and its child is gone
                 rt.pid = rt.measured_bytes = None
             self._notify()

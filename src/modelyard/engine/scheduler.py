@@ -14,8 +14,14 @@ Rules, and why:
   non-``None`` ``group`` (they cohabit, llama-router style).
 * Groups swap exclusively: when either side has a group and the groups differ, the resident
   *must* go even if memory suffices (unless it is allowed to coexist or is pinned → NoFit).
-* Never evict a model with leases in flight (§3.4). If only busy models could make room, the
-  request :class:`Wait` s, naming them; the engine re-plans when a lease is released.
+* Never evict a model with leases in flight (§3.4), nor one that requests are waiting to lease
+  (``waiters``: a load just finished, its requests have not taken their leases yet). If only
+  busy models could make room, the request :class:`Wait` s, naming them; the engine re-plans
+  when a lease is released.
+* Loads that wait for memory are served in arrival order: while an earlier load (``ahead``)
+  still waits, a later one waits behind it even if it could be placed now, so a stream of
+  small loads cannot starve a big one and a later request cannot take the room an earlier one
+  waited for. (Requests for models already resident are not loads: they are served at once.)
 * Victims are taken in order of priority (lower first), then least recently used, then the
   cheapest to reload: a prefix of that order until the want fits (memory and
   ``max_loaded_models``), then any victim whose room turned out unnecessary is spared, so two
@@ -55,6 +61,11 @@ class Resident:
     coexist_with: frozenset[str] = field(default_factory=frozenset)
     reload_cost_s: float = 0.0
     keep_alive_s: float | None = None  # None: keep forever; 0: unload once idle
+    waiters: int = 0  # requests waiting to lease it (not leased yet): it is not idle
+
+    @property
+    def busy(self) -> bool:
+        return self.leases > 0 or self.waiters > 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,14 +174,28 @@ def plan(
     total_bytes: int,
     *,
     max_loaded_models: int | None = None,
+    ahead: Sequence[str] = (),
 ) -> Decision:
-    """Decide how to get ``want`` onto the device (see the module docstring for the rules)."""
+    """Decide how to get ``want`` onto the device (see the module docstring for the rules);
+    ``ahead``: loads that arrived before this one and still wait for memory, in order."""
     if any(r.model == want.model for r in residents):
         return Ready(want.model)
     if want.bytes > total_bytes:
         return NoFit(
             f"{want.model} needs {_gib(want.bytes)}, the device has {_gib(total_bytes)} in all"
         )
+    decision = _plan(want, residents, free_bytes, max_loaded_models)
+    if ahead and not isinstance(decision, NoFit):
+        return Wait(
+            f"{want.model} waits for earlier loads to be placed first: {', '.join(ahead)}",
+            blocked_by=tuple(ahead),
+        )
+    return decision
+
+
+def _plan(
+    want: Want, residents: Sequence[Resident], free_bytes: int, max_loaded_models: int | None
+) -> Decision:
     protected = [r for r in residents if r.pinned or _coexists(want, r) or _same_group(want, r)]
     evictable = [r for r in residents if r not in protected]
     forced = [r for r in evictable if _exclusive(want, r)]
@@ -182,10 +207,10 @@ def plan(
         return NoFit(
             f"{want.model} (group {want.group}) may not share the device with pinned {names}"
         )
-    idle = sorted((r for r in evictable if r.leases == 0 and r not in forced), key=_order)
-    busy = sorted((r for r in evictable if r.leases > 0 and r not in forced), key=_order)
+    idle = sorted((r for r in evictable if not r.busy and r not in forced), key=_order)
+    busy = sorted((r for r in evictable if r.busy and r not in forced), key=_order)
     n = len(residents)
-    forced_busy = [r for r in forced if r.leases > 0]
+    forced_busy = [r for r in forced if r.busy]
     if not forced_busy:
         victims = _choose(want, forced, idle, n, free_bytes, max_loaded_models)
         if victims is not None:
@@ -194,7 +219,7 @@ def plan(
             return Evict(tuple(v.model for v in victims), then_load=want.model)
     victims = _choose(want, forced, idle + busy, n, free_bytes, max_loaded_models)
     if victims is not None:
-        blocked = tuple(v.model for v in victims if v.leases > 0)
+        blocked = tuple(v.model for v in victims if v.busy)
         return Wait(
             f"{want.model} needs {_gib(want.bytes)}; waiting for busy {', '.join(blocked)} "
             "to finish their requests",
@@ -214,12 +239,15 @@ def plan(
 
 
 def expired(residents: Sequence[Resident], now: float) -> tuple[str, ...]:
-    """Idle, unpinned residents whose ``keep_alive_s`` ran out at ``now`` (lifecycle TTL)."""
+    """Idle, unpinned residents whose ``keep_alive_s`` ran out at ``now`` (lifecycle TTL).
+
+    A model that requests wait to lease is not idle: keep-alive counts from the last lease's
+    release, so ``keep_alive_s`` 0 unloads after the request, never before it is served."""
     return tuple(
         r.model
         for r in residents
         if not r.pinned
-        and r.leases == 0
+        and not r.busy
         and r.keep_alive_s is not None
         and now >= r.last_used + r.keep_alive_s
     )

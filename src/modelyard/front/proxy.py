@@ -4,7 +4,8 @@ Rules it keeps:
 - the lease is released exactly once, after the upstream response is closed, whether the stream
   ends, breaks, or the client goes away before or after the first byte;
 - closing the upstream response closes its connection, which is how llama-server learns to stop
-  generating when the client disconnects;
+  generating when the client disconnects; a non-streamed request is opened and read under a
+  ClientWatch, so a client that gives up stops its generation as a stream's does;
 - before the first byte an error is a real HTTP status (upstream 4xx/5xx pass through
   unchanged); after it, an in-band error event in the API's own framing, then the stream closes.
 """
@@ -12,21 +13,24 @@ Rules it keeps:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any, TypeVar
 
 import aiohttp
 import orjson
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from modelyard.errors import ModelyardError, UpstreamError
+from modelyard.errors import ClientClosedRequest, ModelyardError, UpstreamError
 from modelyard.front.drain import track_relay
 from modelyard.front.engines import EngineClient
 from modelyard.front.sse import DONE, read_event
 from modelyard.metrics import note_opened, stream_failed
 from modelyard.request_ids import outgoing_headers
 from modelyard.types import Lease
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 # aiohttp rather than httpx on this path: per request it costs about a third of httpx's CPU,
 # which is most of what a relay adds over talking to the backend directly.
@@ -83,6 +87,7 @@ class Relay:
         self.on_close: Callable[[], None] | None = None  # e.g. give back the queue slot
         # Runs while the lease is held; a future it returns keeps the lease until it is done.
         self.on_release: Callable[[], asyncio.Future[Any] | None] | None = None
+        self.watch: ClientWatch | None = None  # a non-streamed request's client, watched
         self._closed = False
         self._untrack = track_relay(self)  # a shutdown past its grace aborts it
         note_opened()  # for /metrics: the next chunk the client gets is the first token
@@ -96,9 +101,13 @@ class Relay:
         return self.response.headers.get("content-type", "application/json")
 
     async def read(self) -> bytes:
-        """The whole body; closes the relay."""
+        """The whole body; closes the relay. Under a ClientWatch, a client that disconnects
+        before the body is complete ends the wait: the upstream connection is closed (the
+        backend stops generating), the lease given back, and ClientClosedRequest raised."""
         try:
-            return await self.response.read()
+            if self.watch is None:
+                return await self.response.read()
+            return await self.watch.wait(self.response.read())
         except RELAY_ERRORS as exc:
             raise broken_stream(self.lease, exc) from exc
         finally:
@@ -123,6 +132,8 @@ class Relay:
             return
         self._closed = True
         self._untrack()
+        if self.watch is not None:
+            self.watch.stop()
         if self.response.content.at_eof():
             self.response.release()
         else:
@@ -134,6 +145,71 @@ class Relay:
             self.engine.release(self.lease)
         if self.on_close is not None:
             self.on_close()
+
+
+class ClientWatch:
+    """Watches the client of a non-streamed request while its answer is prepared (the queue, a
+    load, the backend generating): the body must have been read already. One task listens for
+    `http.disconnect`; if the client leaves during `wait(work)`, `work` is cancelled there —
+    the upstream connection closes, which stops the backend's generation — and
+    ClientClosedRequest is raised, counted in the metrics as a stream cut by its client is.
+    `stop()` (Relay.close calls it) ends the watch."""
+
+    __slots__ = ("_gone", "_task", "_waiting", "_watcher")
+
+    def __init__(self, receive: Receive) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._task = task
+        self._gone = False
+        self._waiting = False
+        self._watcher = asyncio.create_task(self._watch(receive))
+
+    async def _watch(self, receive: Receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self._gone = True
+        if self._waiting:  # else the next wait() sees it: no cancel lands outside a wait
+            self._task.cancel()
+
+    def stop(self) -> None:
+        self._watcher.cancel()
+
+    async def wait(self, work: Coroutine[Any, Any, T]) -> T:
+        if self._gone:
+            work.close()
+            raise self._left()
+        self._waiting = True
+        try:
+            return await work
+        except asyncio.CancelledError:
+            if self._gone and self._task.uncancel() == 0:  # ours, not a shutdown's
+                raise self._left() from None
+            raise
+        finally:
+            self._waiting = False
+
+    @staticmethod
+    def _left() -> ClientClosedRequest:
+        return stream_failed(ClientClosedRequest(
+            "the client closed the connection before the answer was complete"))
+
+
+async def watched(watch: ClientWatch | None, opening: Coroutine[Any, Any, R]) -> R:
+    """`await opening` (a handler opening its relay) under `watch`, which then goes with the
+    relay opened (its `read()` waits under it, its `close()` stops it); without a watch, as is."""
+    if watch is None:
+        return await opening
+    try:
+        opened = await watch.wait(opening)
+    except BaseException:
+        watch.stop()
+        raise
+    if isinstance(opened, Relay):
+        opened.watch = watch
+    else:
+        watch.stop()
+    return opened
 
 
 class LeasedStream(StreamingResponse):

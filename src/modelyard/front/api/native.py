@@ -24,7 +24,7 @@ from modelyard.front.chat_shapes import check_openai_chat
 from modelyard.front.jobs import ACTIVE
 from modelyard.front.overview import overview
 from modelyard.front.principal import principal_of
-from modelyard.front.proxy import LeasedStream, Relay, translated_stream
+from modelyard.front.proxy import ClientWatch, LeasedStream, Relay, translated_stream, watched
 from modelyard.front.redact import client_diag, client_models, client_overview, client_status
 from modelyard.front.session_relay import (
     begin_turn,
@@ -101,11 +101,14 @@ async def chat(request: Request) -> Response:
         params["stream_options"] = {"include_usage": True}
     gen = Generation.start()
 
+    # A non-streamed answer is awaited watching the client: one that leaves stops it.
+    watch = None if req.stream else ClientWatch(request.receive)
+
     def open_relay(say: Callable[[str], None] | None) -> Awaitable[Relay]:
         return state.open_relay(
             req.model, "/v1/chat/completions", orjson.dumps(params),
-            priority=request_priority(request), client=request, on_progress=say,
-            session_kv=None if turn is None else turn.kv,
+            priority=request_priority(request), client=None if watch else request,
+            on_progress=say, session_kv=None if turn is None else turn.kv,
         )
 
     def stream(relay: Relay) -> AsyncIterator[bytes]:
@@ -124,7 +127,7 @@ async def chat(request: Request) -> Response:
         )
         return chunks if capture is None else capture.tap_generation(chunks, gen)
 
-    opened = await open_for_stream(
+    opened = await watched(watch, open_for_stream(
         open_relay,
         enabled=req.stream and state.settings.notify_model_swap,
         render_progress=lambda text: sse_event(
@@ -133,7 +136,7 @@ async def chat(request: Request) -> Response:
         render_error=lambda exc: sse_event(exc.native_body()),
         body=stream,
         media_type="text/event-stream",
-    )
+    ))
     if not isinstance(opened, Relay):
         return tagged(opened if capture is None else capture.attach(opened), turn)
     relay = opened

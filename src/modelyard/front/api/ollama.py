@@ -24,7 +24,7 @@ from modelyard import __version__
 from modelyard.errors import InvalidRequest
 from modelyard.front import archive_capture, tool_loop_http
 from modelyard.front.chat_shapes import check_ollama_chat, check_ollama_images
-from modelyard.front.proxy import LeasedStream, Relay, translated_stream
+from modelyard.front.proxy import ClientWatch, LeasedStream, Relay, translated_stream, watched
 from modelyard.front.session_relay import (
     begin_turn,
     commit_body,
@@ -181,11 +181,15 @@ async def _answer(
         request, params, asked=(req.model_extra or {}).get(archive_capture.BODY_FIELD),
         api="ollama", endpoint=request.url.path, model=req.model, stream=req.stream)
 
+    # A non-streamed answer is awaited watching the client: one that leaves stops it.
+    watch = None if req.stream else ClientWatch(request.receive)
+
     def open_relay(say: Callable[[str], None] | None) -> Awaitable[Relay]:
         return state.open_relay(
             req.model, path, orjson.dumps(params),
             keep_alive_s=keep_alive_seconds(req.keep_alive), priority=request_priority(request),
-            client=request, on_progress=say, session_kv=None if turn is None else turn.kv,
+            client=None if watch else request, on_progress=say,
+            session_kv=None if turn is None else turn.kv,
         )
 
     def stream(relay: Relay) -> AsyncIterator[bytes]:
@@ -209,14 +213,14 @@ async def _answer(
         out.get("message", out)["thinking"] = text + "\n"
         return _ndjson(out)
 
-    opened = await open_for_stream(
+    opened = await watched(watch, open_for_stream(
         open_relay,
         enabled=req.stream and state.settings.notify_model_swap,
         render_progress=progress,
         render_error=lambda exc: _ndjson(exc.ollama_body()),
         body=stream,
         media_type="application/x-ndjson",
-    )
+    ))
     if not isinstance(opened, Relay):
         return tagged(opened if capture is None else capture.attach(opened), turn)
     relay = opened

@@ -21,10 +21,23 @@ from starlette.routing import Route
 from modelyard.errors import ModelyardError
 from modelyard.front import archive_capture, tool_loop_http
 from modelyard.front.chat_shapes import check_openai_chat
-from modelyard.front.proxy import LeasedStream, Relay, passthrough_error, relay_raw
+from modelyard.front.proxy import (
+    ClientWatch,
+    LeasedStream,
+    Relay,
+    passthrough_error,
+    relay_raw,
+    watched,
+)
 from modelyard.front.session_relay import begin_turn, commit_body, session_id_for, tagged, tap_sse
 from modelyard.front.sse import sse_event
-from modelyard.front.state import read_json_object, request_priority, state_of, validate
+from modelyard.front.state import (
+    FrontState,
+    read_json_object,
+    request_priority,
+    state_of,
+    validate,
+)
 from modelyard.front.swap_progress import open_for_stream
 from modelyard.front.tool_loop_http import tool_loop_for
 from modelyard.front.tool_support import check_tools_for
@@ -71,11 +84,16 @@ def swap_progress_chunk(model: str, text: str) -> bytes:
     )
 
 
-async def _relay(request: Request, path: str, schema: type[_Request]) -> Response:
+async def _relay(
+    request: Request, path: str, schema: type[_Request], *, cap_tokens: bool = False
+) -> Response:
     state = state_of(request)
     body = await request.body()
     data = await read_json_object(request)
     req = validate(schema, data)
+    if cap_tokens and (cap := default_max_tokens(state, req.model, data)) is not None:
+        data = {**data, "max_tokens": cap}
+        body = orjson.dumps(data)
     if "chat" in path:
         check_openai_chat(data)  # a malformed part or tool: 400 naming it, not the backend's 500
         check_tools_for(state, req.model, data)
@@ -97,10 +115,14 @@ async def _relay(request: Request, path: str, schema: type[_Request]) -> Respons
     if archive_capture.BODY_FIELD in data or turn is not None:
         body = orjson.dumps({k: v for k, v in data.items() if k != archive_capture.BODY_FIELD})
 
+    # A non-streamed answer is awaited watching the client: one that leaves stops it.
+    watch = None if req.stream else ClientWatch(request.receive)
+
     def open_relay(say: Callable[[str], None] | None) -> Awaitable[Relay]:
         return state.open_relay(
-            req.model, path, body, priority=request_priority(request), client=request,
-            on_progress=say, session_kv=None if turn is None else turn.kv,
+            req.model, path, body, priority=request_priority(request),
+            client=None if watch else request, on_progress=say,
+            session_kv=None if turn is None else turn.kv,
         )
 
     def stream_body(relay: Relay) -> AsyncIterator[bytes]:
@@ -109,7 +131,7 @@ async def _relay(request: Request, path: str, schema: type[_Request]) -> Respons
             chunks = tap_sse(turn, chunks)
         return chunks if capture is None else capture.tap_sse(chunks)
 
-    opened = await open_for_stream(
+    opened = await watched(watch, open_for_stream(
         open_relay,
         # Text completions have no place for reasoning: progress is for chats only.
         enabled=req.stream and state.settings.notify_model_swap and "chat" in path,
@@ -117,7 +139,7 @@ async def _relay(request: Request, path: str, schema: type[_Request]) -> Respons
         render_error=openai_error_event,
         body=stream_body,
         media_type="text/event-stream",
-    )
+    ))
     if not isinstance(opened, Relay):
         return tagged(opened if capture is None else capture.attach(opened), turn)
     relay = opened
@@ -140,7 +162,24 @@ async def chat_completions(request: Request) -> Response:
 
 
 async def completions(request: Request) -> Response:
-    return await _relay(request, "/v1/completions", CompletionRequest)
+    return await _relay(request, "/v1/completions", CompletionRequest, cap_tokens=True)
+
+
+# The fields llama-server reads as a generation limit.
+LIMIT_FIELDS = ("max_tokens", "max_completion_tokens", "n_predict")
+
+
+def default_max_tokens(state: FrontState, model: str, data: dict[str, Any]) -> int | None:
+    """The `max_tokens` a text completion gets when neither it nor its preset sets a limit:
+    `default_max_tokens` (llama-server alone would generate until the context is full)."""
+    cap = state.settings.default_max_tokens
+    if cap is None or any(data.get(k) is not None for k in LIMIT_FIELDS):
+        return None
+    entry = state.registry.get(model)
+    preset = None if entry is None else entry.preset
+    if preset is not None and any(preset.parameters.get(k) is not None for k in LIMIT_FIELDS):
+        return None
+    return cap
 
 
 async def list_models(request: Request) -> Response:
