@@ -324,3 +324,27 @@ def from_native_body(body: dict[str, Any]) -> ModelyardError:
         retry_after_s=body.get("retry_after_s"),
         log_tail=list(body.get("log_tail") or []),
     )
+
+
+class HeaderFieldsTooLarge(ModelyardError):
+    """431: the request head is over `max_header_bytes` or has over `max_header_count` fields."""
+
+    status = 431
+    code = "header_fields_too_large"
+    openai_type = "invalid_request_error"
+
+
+class RequestTimeout(ModelyardError):
+    """408: the client sent its request head or body too slowly (`header_read_timeout_s`,
+    `body_read_timeout_s`)."""
+
+    status = 408
+    code = "request_timeout"
+    openai_type = "invalid_request_error"
+
+
+class InsufficientStorage(ModelyardError):
+    """507: the disk holding the database (or the data directory) is full."""
+
+    status = 507
+    code = "insufficient_storage"
