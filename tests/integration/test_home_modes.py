@@ -1,8 +1,8 @@
 """Everything under MODELYARD_HOME is the owner's only (src/modelyard/home.py): a real
 `modelyard serve` started with a permissive umask (022) on a fresh home, with its engine process
-and a fake llama-server that saves a chat session's KV, writes its database (and -wal/-shm),
-(and its -wal/-shm while they exist), logs, secret key, CLI token and session KV file with no group/other access, makes the home 0700,
-and takes group/other access off a file an older version left readable."""
+and a fake llama-server that saves a chat session's KV, writes its database (and -wal/-shm while
+they exist), logs, secret key, CLI token and session KV file with no group/other access, makes
+the home 0700, and takes group/other access off a file an older version left readable."""
 
 from __future__ import annotations
 
