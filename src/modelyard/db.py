@@ -170,7 +170,8 @@ def sqlite_file(url: str) -> Path | None:
 def check(url: str) -> None:
     """Raise DatabaseDamaged when the SQLite file is there but unusable. SQLite takes a 0-byte
     file for a new database and create_all would then make a fresh first boot (users, tokens and
-    jobs silently gone); a truncated one fails deep in a query. No file: a first boot."""
+    jobs silently gone); a truncated one fails deep in a query. No file: a first boot. Call it
+    before this process opens the database (see `connect`)."""
     path = sqlite_file(url)
     if path is None or not path.exists():
         return
@@ -281,10 +282,11 @@ def _storage_full(context: sa.engine.ExceptionContext) -> None:
 
 
 def connect(url: str) -> Engine:
-    """An engine with the schema created (idempotent). A damaged SQLite file raises
-    DatabaseDamaged; before the schema changes, the database is backed up beside itself."""
+    """An engine with the schema created (idempotent); before the schema changes, the database
+    is backed up beside itself. `check` is for a process's start, not here: it reads the file's
+    header with a plain open/close, and closing any descriptor of a file drops every POSIX lock
+    the process holds on it, SQLite's included (a pull's rescan then failed with I/O errors)."""
     path = sqlite_file(url)
-    check(url)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     engine = sa.create_engine(url, connect_args={"check_same_thread": False}
