@@ -60,6 +60,24 @@ def read_answer(sock: socket.socket) -> bytes:
         data += chunk
 
 
+def read_response(sock: socket.socket) -> bytes:
+    """One whole response on a kept-alive connection (its head, then Content-Length bytes)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"closed after {data[:200]!r}"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, f"closed after {data[:200]!r}"
+        body += chunk
+    assert len(body) == length, "more than one response"
+    return head + b"\r\n\r\n" + body
+
+
 def status_and_body(answer: bytes) -> tuple[int, dict[str, object]]:
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 "), answer[:200]
@@ -171,7 +189,7 @@ def test_ordinary_keep_alive_traffic_passes(server: Server) -> None:
     with connect(server.port) as sock:
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nCookie: c="
                      + b"x" * 32768 + b"\r\n\r\n")
-        first = sock.recv(65536)
+        first = read_response(sock)
         assert first.startswith(b"HTTP/1.1 200"), first[:200]
         body = b'{"model": "nothing", "messages": []}'
         sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
@@ -179,8 +197,8 @@ def test_ordinary_keep_alive_traffic_passes(server: Server) -> None:
                      + body[:10])
         time.sleep(BODY_TIMEOUT_S / 2)  # a slow client's pause, within the timeout
         sock.sendall(body[10:])
-        second = sock.recv(65536)
+        second = read_response(sock)
         assert second.startswith(b"HTTP/1.1 4"), second[:200]  # the app's answer, not ours
         assert b"request_timeout" not in second
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        assert read_response(sock).startswith(b"HTTP/1.1 200")
