@@ -93,8 +93,9 @@ def serve(
 
     SIGTERM or Ctrl-C stops it gracefully (requests in flight get `shutdown_grace_s`); a second
     one stops it at once, killing every child process."""
-    from modelyard import serving
+    from modelyard import home, serving
 
+    home.private_umask()  # before the first byte: engines and llama-server inherit it
     if log_format is not None:  # through the environment, so engine processes follow it
         os.environ["MODELYARD_LOG_FORMAT"] = log_format
     try:
@@ -112,7 +113,7 @@ def serve(
     except ValueError as exc:
         err_console.print(f"[red]refusing to start:[/red] {exc}")
         raise typer.Exit(2) from exc
-    settings.home.mkdir(parents=True, exist_ok=True)
+    home.secure(settings.home, skip=(settings.models_dir,))
     settings.models_dir.mkdir(parents=True, exist_ok=True)
 
     if engine_only:
@@ -127,15 +128,21 @@ def serve(
         engine = Engine(settings, ModelRegistry.build(settings), index=engine_index)
         engine_app = create_engine_app(engine, watch_parent=True)
         serving.run(engine_app, host="127.0.0.1", port=internal_port,
-                    keep_alive_s=serving.ENGINE_SERVER_KEEPALIVE_S)
+                    keep_alive_s=serving.ENGINE_SERVER_KEEPALIVE_S,
+                    limits=serving.http_limits(settings))
         return
 
-    from modelyard import metrics
+    from modelyard import db, metrics
     from modelyard.front.app import create_app
     from modelyard.front.drain import Drain
     from modelyard.store.registry import ModelRegistry
 
     metrics.setup_multiprocess(settings.home)  # before anything records; engines inherit it
+    try:  # before any migration, and before a damaged file could pass for a first boot
+        db.check(settings.db_url)
+    except db.DatabaseDamaged as exc:
+        print(f"modelyard: refusing to start: {exc}", file=sys.stderr)
+        raise typer.Exit(1) from None
     _setup_logging(settings, "modelyard.log", log_level, "front")
     registry = ModelRegistry.build(settings)
     names = ", ".join(e.id for e in registry.entries()) or "none yet"
@@ -149,7 +156,7 @@ def serve(
     drain = Drain(front)  # requests in flight when a shutdown begins: their grace, then an error
     grace_s = settings.shutdown_grace_s
     serving.run(drain, host=settings.host, port=settings.port, grace_s=grace_s,
-                on_shutdown=lambda: drain.begin(grace_s))
+                on_shutdown=lambda: drain.begin(grace_s), limits=serving.http_limits(settings))
 
 
 def _home() -> Path:
@@ -469,9 +476,11 @@ def version() -> None:
 
 def _register_account_commands() -> None:
     from modelyard.cli_accounts import tokens_app, users_app
+    from modelyard.cli_db import db_app
 
     app.add_typer(users_app, name="users")
     app.add_typer(tokens_app, name="tokens")
+    app.add_typer(db_app, name="db")
 
 
 _register_account_commands()

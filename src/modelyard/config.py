@@ -338,6 +338,20 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(
         16 * 1024 * 1024, gt=0, description="Largest request body accepted (413 beyond)."
     )
+    max_header_bytes: int = Field(
+        64 * 1024, gt=0, description="Largest request head (request line and headers) accepted "
+        "(431 beyond); the engines' loopback port uses the same.",
+    )
+    max_header_count: int = Field(
+        100, gt=0, description="Most header fields a request may have (431 beyond)."
+    )
+    header_read_timeout_s: float = Field(
+        20.0, gt=0, description="Time a client has to send a whole request head from its first "
+        "byte, or from connecting (408 and close beyond: slow clients hold no connection).",
+    )
+    body_read_timeout_s: float = Field(
+        60.0, gt=0, description="Longest pause in a request body being uploaded (408 beyond)."
+    )
     model_dirs: list[UserPath] = Field(
         default_factory=list,
         description="Extra directories scanned for GGUF files ($home/models is always scanned).",

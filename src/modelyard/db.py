@@ -8,11 +8,19 @@ Calls are blocking and short; async callers run them with `asyncio.to_thread`.
 
 from __future__ import annotations
 
+import logging
+import os
+import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
+
+from modelyard.errors import InsufficientStorage
+
+log = logging.getLogger(__name__)
 
 metadata = sa.MetaData()
 
@@ -168,20 +176,160 @@ def _add_new_columns(engine: Engine) -> None:
                     raise
 
 
+class DatabaseDamaged(Exception):
+    """The database file cannot be used as it is; the message says what and how to fix it."""
+
+
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+_SQLITE_FULL = 13
+_PG_DISK_FULL = "53100"
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The database file of a SQLite URL; None for other databases and in-memory ones."""
+    if not url.startswith("sqlite:///"):
+        return None
+    name = url.removeprefix("sqlite:///")
+    return Path(name) if name and name != ":memory:" else None
+
+
+def check(url: str) -> None:
+    """Raise DatabaseDamaged when the SQLite file is there but unusable. SQLite takes a 0-byte
+    file for a new database and create_all would then make a fresh first boot (users, tokens and
+    jobs silently gone); a truncated one fails deep in a query. No file: a first boot. Call it
+    before this process opens the database (see `connect`)."""
+    path = sqlite_file(url)
+    if path is None or not path.exists():
+        return
+    problem = _problem(path)
+    if problem is not None:
+        raise DatabaseDamaged(
+            f"the database {path} {problem}: restore it from a backup, or run "
+            "`modelyard db reset` to move it aside and start with an empty one"
+        )
+
+
+def _problem(path: Path) -> str | None:
+    size = path.stat().st_size
+    if size == 0:
+        return "is empty (0 bytes)"
+    with path.open("rb") as f:
+        header = f.read(100)
+    if not header.startswith(_SQLITE_MAGIC):
+        return "is not a SQLite database"
+    if len(header) < 100:
+        return f"is truncated ({size} bytes)"
+    page_size = int.from_bytes(header[16:18], "big") or 1
+    page_size = 65536 if page_size == 1 else page_size
+    pages = int.from_bytes(header[28:32], "big")
+    # The page count is valid when its "valid-for" counter matches the change counter.
+    if header[92:96] == header[24:28] and pages * page_size > size:
+        return f"is truncated ({size} of {pages * page_size} bytes)"
+    try:
+        conn = sqlite3.connect(path)
+        try:
+            result = conn.execute("PRAGMA quick_check").fetchall()
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as exc:
+        return f"is damaged ({exc})"
+    if result != [("ok",)]:
+        return f"is damaged ({result[0][0]})"
+    return None
+
+
+def _stamped(path: Path, label: str) -> Path:
+    """`<name>.<label>-<UTC time>` beside `path`, with a counter if that is taken."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    candidate = path.with_name(f"{path.name}.{label}-{stamp}")
+    n = 1
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.name}.{label}-{stamp}-{n}")
+    return candidate
+
+
+def backup(path: Path) -> Path:
+    """A consistent copy of the database (SQLite's online backup, WAL included), owner-only."""
+    dest = _stamped(path, "backup")
+    os.close(os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    source, target = sqlite3.connect(path), sqlite3.connect(dest)
+    try:
+        source.backup(target)
+    finally:
+        target.close()
+        source.close()
+    return dest
+
+
+def move_aside(url: str) -> Path | None:
+    """`modelyard db reset`: rename the database (and its -wal/-shm) to `<name>.reset-<time>`,
+    so the next start is a first boot and nothing is lost. None when there is no file."""
+    path = sqlite_file(url)
+    if path is None:
+        raise ValueError("`db reset` works on a SQLite database; drop a PostgreSQL one yourself")
+    if not path.exists():
+        return None
+    dest = _stamped(path, "reset")
+    for suffix in ("-wal", "-shm", ""):  # the main file last: sqlite finds the others by it
+        part = path.with_name(path.name + suffix)
+        if part.exists():
+            part.rename(dest.with_name(dest.name + suffix))
+    return dest
+
+
+def schema_changes(engine: Engine) -> list[str]:
+    """Tables and columns the code has that an existing database lacks (empty: none, or a new
+    database with nothing to keep)."""
+    inspector = sa.inspect(engine)
+    existing = set(inspector.get_table_names())
+    if not existing:
+        return []
+    changes: list[str] = []
+    for table in metadata.sorted_tables:
+        if table.name not in existing:
+            changes.append(table.name)
+            continue
+        columns = {c["name"] for c in inspector.get_columns(table.name)}
+        changes += [f"{table.name}.{c.name}" for c in table.columns if c.name not in columns]
+    return changes
+
+
+def _storage_full(context: sa.engine.ExceptionContext) -> None:
+    """A full disk is the operator's to fix, not a server bug: 507 with what to do, instead of a
+    500 carrying the driver's text."""
+    orig = context.original_exception
+    if (getattr(orig, "sqlite_errorcode", None) == _SQLITE_FULL
+            or getattr(orig, "sqlstate", None) == _PG_DISK_FULL
+            or getattr(orig, "pgcode", None) == _PG_DISK_FULL):
+        raise InsufficientStorage(
+            "the disk holding the database is full; nothing was written (free some space)"
+        ) from orig
+
+
 def connect(url: str) -> Engine:
-    """An engine with the schema created (idempotent)."""
-    if url.startswith("sqlite:///"):
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    """An engine with the schema created (idempotent); before the schema changes, the database
+    is backed up beside itself. `check` is for a process's start, not here: it reads the file's
+    header with a plain open/close, and closing any descriptor of a file drops every POSIX lock
+    the process holds on it, SQLite's included (a pull's rescan then failed with I/O errors)."""
+    path = sqlite_file(url)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     engine = sa.create_engine(url, connect_args={"check_same_thread": False}
                               if url.startswith("sqlite") else {})
     if url.startswith("sqlite"):
         sa.event.listen(engine, "connect", _sqlite_pragmas)
+    sa.event.listen(engine, "handle_error", _storage_full)
+    changes = schema_changes(engine)
+    if changes and path is not None:
+        saved = backup(path)
+        log.info("database schema changes (%s): backed up to %s", ", ".join(changes), saved)
     metadata.create_all(engine)
     _add_new_columns(engine)
-    database_file = Path(url.removeprefix("sqlite:///"))
-    if url.startswith("sqlite:///") and database_file.is_file():
-        # Password and token hashes live here: the owner only (WAL files inherit the mode).
-        database_file.chmod(0o600)
+    if path is not None and path.is_file():
+        # Password and token hashes live here: the owner only (new -wal/-shm follow the umask
+        # `serve` sets; files older versions left are tightened by home.secure).
+        path.chmod(0o600)
     return engine
 
 

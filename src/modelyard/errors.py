@@ -378,3 +378,27 @@ class OriginNotAllowed(Forbidden):
     """403 origin_not_allowed: a browser request sent from another site's page."""
 
     code = "origin_not_allowed"
+
+
+class HeaderFieldsTooLarge(ModelyardError):
+    """431: the request head is over `max_header_bytes` or has over `max_header_count` fields."""
+
+    status = 431
+    code = "header_fields_too_large"
+    openai_type = "invalid_request_error"
+
+
+class RequestTimeout(ModelyardError):
+    """408: the client sent its request head or body too slowly (`header_read_timeout_s`,
+    `body_read_timeout_s`)."""
+
+    status = 408
+    code = "request_timeout"
+    openai_type = "invalid_request_error"
+
+
+class InsufficientStorage(ModelyardError):
+    """507: the disk holding the database (or the data directory) is full."""
+
+    status = 507
+    code = "insufficient_storage"

@@ -21,7 +21,9 @@ from types import FrameType
 import uvicorn
 from starlette.types import ASGIApp
 
+from modelyard.config import Settings
 from modelyard.engine.process import kill_process_tree
+from modelyard.http_limits import HttpLimits, protocol_class
 
 # After the grace, what streams the drain ended may take to send their last event and close.
 ABORT_MARGIN_S = 5.0
@@ -63,6 +65,16 @@ def force_exit(sig: int) -> None:
     os._exit(128 + sig)
 
 
+def http_limits(settings: Settings) -> HttpLimits:
+    """The limits every port of this server applies (front and engines alike)."""
+    return HttpLimits(
+        max_header_bytes=settings.max_header_bytes,
+        max_header_count=settings.max_header_count,
+        header_read_timeout_s=settings.header_read_timeout_s,
+        body_read_timeout_s=settings.body_read_timeout_s,
+    )
+
+
 def run(
     app: ASGIApp,
     *,
@@ -71,12 +83,15 @@ def run(
     grace_s: float | None = None,
     on_shutdown: Callable[[], None] | None = None,
     keep_alive_s: float = PUBLIC_KEEPALIVE_S,
+    limits: HttpLimits | None = None,
 ) -> None:
     """Serve `app` until a signal; see the module's docstring. `grace_s` None waits for
     requests in flight without a bound (an engine: its front bounds it); `keep_alive_s`: how
-    long an idle client connection stays open."""
+    long an idle client connection stays open; `limits`: head size and read timeouts
+    (http_limits.py)."""
     config = uvicorn.Config(
         app, host=host, port=port, log_level="warning", access_log=False,
+        http=protocol_class(limits or HttpLimits()),
         timeout_graceful_shutdown=None if grace_s is None else math.ceil(grace_s + ABORT_MARGIN_S),
         timeout_keep_alive=math.ceil(keep_alive_s),
     )

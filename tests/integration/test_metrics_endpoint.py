@@ -21,6 +21,9 @@ from tests.integration.pull_support import hub_env, quant_repo, running_server, 
 from tests.integration.test_scheduling import GIB, sim_config, sim_model
 from tests.support import Server, poll
 
+from modelyard import metrics
+from modelyard.front.metrics import family_name
+
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -194,3 +197,20 @@ def test_a_pull_counts_its_bytes_and_its_job(tmp_path: Path) -> None:
         assert value(s, "modelyard_pull_bytes_total") == size
         assert value(s, "modelyard_pull_jobs_total", status="succeeded") == 1
         assert value(s, "modelyard_pull_jobs_active", status="running") == 0
+
+
+def test_a_fresh_server_exposes_every_metric_family(start_server: Any) -> None:
+    """Before anything was loaded, evicted, pulled or requested, every family metrics.py
+    defines is described (an unlabelled one at 0), so a rate over it reads 0, not "no data"."""
+    server = start_server(config())
+    r = httpx.get(server.url + "/metrics", headers=server.admin_headers, timeout=10)
+    assert r.status_code == 200, r.text
+    families = {f.name: f for f in text_string_to_metric_families(r.text)}
+    missing = [spec.name for spec in metrics.SPECS if family_name(spec) not in families]
+    assert missing == []
+    for spec in metrics.SPECS:
+        family = families[family_name(spec)]
+        assert family.type == spec.kind, spec.name
+        if not spec.labels and spec.recorded:
+            assert [s.value for s in family.samples if s.name == spec.name] == [0.0]
+    assert "modelyard_model_evictions" in families  # the one the probe found missing

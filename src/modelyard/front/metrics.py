@@ -128,7 +128,7 @@ def readings(
 
 
 class _Readings:
-    """A collector of gauges computed before the scrape."""
+    """A collector of families computed before the scrape."""
 
     def __init__(self, families: list[Any]) -> None:
         self.families = families
@@ -137,24 +137,56 @@ class _Readings:
         return self.families
 
 
+def family_name(spec: m.Spec) -> str:
+    """The name a family is exposed and parsed under (prometheus_client drops a counter's
+    `_total`, which its samples carry)."""
+    return spec.name.removesuffix("_total") if spec.kind == "counter" else spec.name
+
+
+def placeholders(present: set[str]) -> Iterator[Any]:
+    """Every family of `metrics.SPECS` not in `present`, described and without samples (a
+    labelled family has no series before its first label set) or at 0 (an unlabelled one): a
+    fresh server exposes the whole catalogue, so dashboards and alerts on a rate see 0, not
+    "no data"."""
+    from prometheus_client.core import (
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        HistogramMetricFamily,
+    )
+
+    for spec in m.SPECS:
+        if family_name(spec) in present:
+            continue
+        labels = list(spec.labels)
+        if spec.kind == "counter":
+            yield CounterMetricFamily(spec.name, spec.help, None if labels else 0.0,
+                                      labels=labels or None)
+        elif spec.kind == "gauge":
+            yield GaugeMetricFamily(spec.name, spec.help, None if labels else 0.0,
+                                    labels=labels or None)
+        else:
+            yield HistogramMetricFamily(spec.name, spec.help, labels=labels or None)
+
+
 def exposition(families: list[Any]) -> bytes:
-    """The text format of every recorded metric (all processes') and of `families`."""
+    """The text format of every recorded metric (all processes'), of `families`, and of every
+    other family metrics.py defines (see `placeholders`)."""
     from prometheus_client import REGISTRY, CollectorRegistry, ProcessCollector, generate_latest
 
     m.family("modelyard_requests_total")  # every recorded family exists, so each is described
-    registry = CollectorRegistry(auto_describe=False)
+    source = REGISTRY
     if m.multiprocess_on():
         from prometheus_client import multiprocess
 
+        source = CollectorRegistry(auto_describe=False)
         multiprocess.MultiProcessCollector(  # type: ignore[no-untyped-call]
-            registry, os.environ[m.MULTIPROC_ENV])
-        ProcessCollector(registry=registry)  # the front's own CPU and memory
-        recorded = generate_latest(registry)
-    else:
-        recorded = generate_latest(REGISTRY)
-    readings_registry = CollectorRegistry(auto_describe=False)
-    readings_registry.register(_Readings(families))
-    return recorded + generate_latest(readings_registry)
+            source, os.environ[m.MULTIPROC_ENV])
+        ProcessCollector(registry=source)  # the front's own CPU and memory
+    collected = [*source.collect(), *families]
+    collected += placeholders({family.name for family in collected})
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Readings(collected))
+    return generate_latest(registry)
 
 
 async def metrics(request: Request) -> Response:
