@@ -15,6 +15,7 @@
     ├── CsrfFailed                  403 csrf_failed          (cookie request without X-CSRF-Token)
     ├── HostNotAllowed              421 host_not_allowed     (Host header is not the bound name)
     ├── PayloadTooLarge             413 payload_too_large    (body over max_body_bytes)
+    ├── UnsupportedMediaType        415 unsupported_media_type (a body that is not JSON)
     ├── Conflict                    409 conflict             (e.g. the user exists already)
     ├── MethodNotAllowed            405 method_not_allowed
     ├── BackendUnavailable          503 backend_unavailable  (e.g. no llama-server binary)
@@ -211,6 +212,12 @@ class HostNotAllowed(ModelyardError):
 class PayloadTooLarge(ModelyardError):
     status = 413
     code = "payload_too_large"
+    openai_type = "invalid_request_error"
+
+
+class UnsupportedMediaType(ModelyardError):
+    status = 415
+    code = "unsupported_media_type"
     openai_type = "invalid_request_error"
 
 

@@ -85,6 +85,7 @@ class Relay:
         self.on_release: Callable[[], asyncio.Future[Any] | None] | None = None
         self._closed = False
         self._untrack = track_relay(self)  # a shutdown past its grace aborts it
+        self._unwatch = engine.watch(self)  # so does its engine falling silent
         note_opened()  # for /metrics: the next chunk the client gets is the first token
 
     @property
@@ -109,7 +110,8 @@ class Relay:
 
     def abort(self, exc: ModelyardError) -> None:
         """Make the upstream read in progress (or the next one) raise `exc`: the stream ends
-        with it as its in-band error, a whole-body read with it as its status."""
+        with it as its in-band error, a whole-body read with it as its status (a shutdown past
+        its grace, an engine that fell silent)."""
         if not self._closed:
             self.response.content.set_exception(exc)
 
@@ -123,6 +125,7 @@ class Relay:
             return
         self._closed = True
         self._untrack()
+        self._unwatch()
         if self.response.content.at_eof():
             self.response.release()
         else:
