@@ -585,8 +585,10 @@ class Engine:
             self._estimates.setdefault(rt.entry.id, found)
         try:
             spec = rt.spec
-            # Before placing: a model that cannot run here must not evict anything.
-            server = make_backend(spec, self.settings, env=self.env)
+            # Before placing: a model that cannot run here must not evict anything. In a thread:
+            # a transformers model imports torch here (seconds), and the loop must keep
+            # answering the front's heartbeat (front/lease_client.py).
+            server = await asyncio.to_thread(make_backend, spec, self.settings, env=self.env)
             await self._place(rt)
             log.info("loading %s (%d MiB reserved)", spec.id, rt.reserved_bytes // MIB)
             self._say(rt, f"loading {spec.id} ({rt.reserved_bytes / 2**30:.1f} GiB)")
