@@ -121,12 +121,22 @@ def serve(
             err_console.print("--engine-only needs --internal-port")
             raise typer.Exit(2)
         from modelyard.engine.app import create_engine_app
+        from modelyard.engine.lease_channel import SECRET_ENV
         from modelyard.engine.loop import Engine
         from modelyard.store.registry import ModelRegistry
 
+        # Taken out of the environment before anything is spawned: a model's server must not
+        # inherit the key to the engine that runs it.
+        secret = os.environ.pop(SECRET_ENV, "")
+        if not secret:
+            err_console.print(
+                f"--engine-only needs the secret its front calls it with in ${SECRET_ENV} (the "
+                "front sets it for the engines it starts); refusing to serve without one"
+            )
+            raise typer.Exit(2)
         _setup_logging(settings, None, log_level, f"engine-{engine_index}")
         engine = Engine(settings, ModelRegistry.build(settings), index=engine_index)
-        engine_app = create_engine_app(engine, watch_parent=True)
+        engine_app = create_engine_app(engine, secret=secret, watch_parent=True)
         serving.run(engine_app, host="127.0.0.1", port=internal_port,
                     keep_alive_s=serving.ENGINE_SERVER_KEEPALIVE_S,
                     limits=serving.http_limits(settings))

@@ -425,6 +425,11 @@ class Settings(BaseSettings):
         3, ge=1, description="Failed probes in a row after which the engine's processes are "
         "killed (SIGKILL) and it is restarted with the crash backoff.",
     )
+    engine_heartbeat_timeout_s: float = Field(
+        3.0, ge=0, description="The front pings each engine process on its lease channel; one "
+        "silent this long is down at once: requests waiting for it get 503 engine_unavailable "
+        "and its streams end in-band, until it answers again (0: no heartbeat).",
+    )
     shutdown_grace_s: float = Field(
         30.0, ge=0, description="On SIGTERM/SIGINT, how long requests in flight may take to "
         "finish; then each ends with a `shutting_down` error (in-band in a stream). A second "

@@ -19,6 +19,7 @@
     ├── TooManyAttempts             429 too_many_attempts    (failed logins; with Retry-After)
     ├── HostNotAllowed              421 host_not_allowed     (Host header is not the bound name)
     ├── PayloadTooLarge             413 payload_too_large    (body over max_body_bytes)
+    ├── UnsupportedMediaType        415 unsupported_media_type (a body that is not JSON)
     ├── Conflict                    409 conflict             (e.g. the user exists already)
     ├── MethodNotAllowed            405 method_not_allowed
     ├── BackendUnavailable          503 backend_unavailable  (e.g. no llama-server binary)
@@ -219,6 +220,15 @@ class PayloadTooLarge(ModelyardError):
     openai_type = "invalid_request_error"
 
 
+class UnsupportedMediaType(ModelyardError):
+    """415: a body that is not JSON where only JSON is taken (the login, cookie requests, an
+    engine's internal API): a web page can post text/plain or a form without a preflight."""
+
+    status = 415
+    code = "unsupported_media_type"
+    openai_type = "invalid_request_error"
+
+
 class Conflict(ModelyardError):
     status = 409
     code = "conflict"
@@ -364,14 +374,6 @@ class TooManyAttempts(ModelyardError):
     status = 429
     code = "too_many_attempts"
     openai_type = "rate_limit_error"
-
-
-class UnsupportedMediaType(ModelyardError):
-    """415 unsupported_media_type: a login or cookie request whose body is not JSON."""
-
-    status = 415
-    code = "unsupported_media_type"
-    openai_type = "invalid_request_error"
 
 
 class OriginNotAllowed(Forbidden):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -135,3 +136,18 @@ def answer_text(api: str, body: dict[str, Any]) -> str:
     if api == "openai":
         return str(body["choices"][0]["message"]["content"])
     return str(body["message"]["content"])
+
+
+def engine_access(server: Server, index: int = 0) -> tuple[int, str, int]:
+    """Engine `index`'s loopback port, secret and pid, found as any process of the server's user
+    could: the port in the front's log, the secret in the engine's environment."""
+    ports = re.findall(rf"engine-{index} ready at http://127\.0\.0\.1:(\d+)", server.output())
+    assert ports, server.output()
+    pid = int(status(server)["engines"][index]["pid"])
+    return int(ports[-1]), process_env(pid).get("MODELYARD_ENGINE_SECRET", ""), pid
+
+
+def process_env(pid: int) -> dict[str, str]:
+    """The environment `pid` started with (readable only by its own user)."""
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(v.decode().split("=", 1) for v in raw if b"=" in v)

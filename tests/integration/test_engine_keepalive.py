@@ -9,7 +9,7 @@ import socket
 from collections.abc import Iterator
 
 import pytest
-from tests.integration.harness import config, module_server
+from tests.integration.harness import config, engine_access, module_server
 from tests.support import Server, fake_model
 
 from modelyard.serving import (
@@ -20,8 +20,6 @@ from modelyard.serving import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
-HEALTH = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
-
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
@@ -29,10 +27,15 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         yield s
 
 
-def ask_health(sock: socket.socket) -> bytes:
+def health_request(port: int, secret: str) -> bytes:
+    return (f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            f"Authorization: Bearer {secret}\r\n\r\n").encode()
+
+
+def ask_health(sock: socket.socket, request: bytes) -> bytes:
     """One whole response: the head and the body may come in separate segments, and a byte left
     unread would look like the engine talking while idle."""
-    sock.sendall(HEALTH)
+    sock.sendall(request)
     answer = b""
     while b"\r\n\r\n" not in answer:
         answer += receive(sock)
@@ -58,13 +61,13 @@ def test_the_engine_outlasts_the_fronts_pool() -> None:
 def test_an_idle_connection_to_the_engine_stays_open_past_uvicorns_default(
     server: Server,
 ) -> None:
-    found = re.search(r"engine-0 ready at http://127\.0\.0\.1:(\d+)", server.output())
-    assert found, server.output()
-    with socket.create_connection(("127.0.0.1", int(found.group(1))), timeout=5) as sock:
-        assert ask_health(sock).startswith(b"HTTP/1.1 200")
+    port, secret, _ = engine_access(server)
+    health = health_request(port, secret)
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        assert ask_health(sock, health).startswith(b"HTTP/1.1 200")
         # Idle past the public keep-alive: the engine must neither close nor send anything.
         sock.settimeout(PUBLIC_KEEPALIVE_S + 2)
         with pytest.raises(TimeoutError):
             sock.recv(1)
         sock.settimeout(5)
-        assert ask_health(sock).startswith(b"HTTP/1.1 200")
+        assert ask_health(sock, health).startswith(b"HTTP/1.1 200")

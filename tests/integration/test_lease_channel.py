@@ -1,4 +1,6 @@
-"""The lease channel over real loopback sockets, with an engine whose model is a fake process."""
+"""The lease channel over real loopback sockets, with an engine whose model is a fake process:
+leases, their release when a connection closes, the hello that only the secret's holder passes,
+and the heartbeat that finds an engine which stopped answering."""
 
 from __future__ import annotations
 
@@ -12,11 +14,13 @@ from tests.support import fake_model
 from modelyard.config import OpenAIServerModel, Settings
 from modelyard.engine.lease_channel import serve_lease_channel
 from modelyard.engine.loop import Engine
-from modelyard.errors import ModelNotFound
-from modelyard.front.lease_client import LeaseClient
+from modelyard.errors import EngineUnavailable, ModelNotFound
+from modelyard.front.lease_client import LeaseChannelRefused, LeaseClient
 from modelyard.store.registry import ModelRegistry
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+SECRET = "s3cret-for-this-test"
 
 
 async def _until(condition: object, timeout_s: float = 10.0) -> None:
@@ -42,7 +46,7 @@ async def engine(tmp_path: Path) -> AsyncIterator[Engine]:
 
 @pytest.fixture
 async def channel(engine: Engine) -> AsyncIterator[tuple[Engine, int]]:
-    server = await serve_lease_channel(engine)
+    server = await serve_lease_channel(engine, SECRET)
     yield engine, int(server.sockets[0].getsockname()[1])
     server.close()
 
@@ -54,12 +58,12 @@ async def _flush(client: LeaseClient) -> None:
 
 
 def _leases(engine: Engine, model: str) -> int:
-    return next(m["leases"] for m in engine.model_status() if m["model"] == model)
+    return next((m["leases"] for m in engine.model_status() if m["model"] == model), 0)
 
 
 async def test_acquire_and_release(channel: tuple[Engine, int]) -> None:
     engine, port = channel
-    client = await LeaseClient.connect("127.0.0.1", port)
+    client = await LeaseClient.connect("127.0.0.1", port, SECRET)
     lease = await client.acquire("fast")
     assert lease.model == "fast" and lease.upstream.startswith("http://127.0.0.1:")
     assert _leases(engine, "fast") == 1
@@ -70,7 +74,7 @@ async def test_acquire_and_release(channel: tuple[Engine, int]) -> None:
 
 async def test_errors_come_back_as_the_same_class(channel: tuple[Engine, int]) -> None:
     _, port = channel
-    client = await LeaseClient.connect("127.0.0.1", port)
+    client = await LeaseClient.connect("127.0.0.1", port, SECRET)
     with pytest.raises(ModelNotFound):
         await client.acquire("ghost")
     await client.close()
@@ -78,7 +82,7 @@ async def test_errors_come_back_as_the_same_class(channel: tuple[Engine, int]) -
 
 async def test_a_closed_connection_gives_its_leases_back(channel: tuple[Engine, int]) -> None:
     engine, port = channel
-    client = await LeaseClient.connect("127.0.0.1", port)
+    client = await LeaseClient.connect("127.0.0.1", port, SECRET)
     await client.acquire("fast")
     await client.acquire("fast")
     assert _leases(engine, "fast") == 2
@@ -88,7 +92,7 @@ async def test_a_closed_connection_gives_its_leases_back(channel: tuple[Engine, 
 
 async def test_a_cancelled_wait_leaks_no_lease(channel: tuple[Engine, int]) -> None:
     engine, port = channel
-    client = await LeaseClient.connect("127.0.0.1", port)
+    client = await LeaseClient.connect("127.0.0.1", port, SECRET)
     waiting = asyncio.create_task(client.acquire("slow"))
     await _until(lambda: any(m["state"] == "loading" for m in engine.model_status()))
     waiting.cancel()
@@ -102,3 +106,74 @@ async def test_a_cancelled_wait_leaks_no_lease(channel: tuple[Engine, int]) -> N
     assert _leases(engine, "slow") == 1
     client.release(lease.id)
     await client.close()
+
+
+@pytest.mark.parametrize(
+    "first_line",
+    [
+        b'{"op": "acquire", "id": 1, "model": "fast"}\n',  # no hello at all
+        b'{"op": "hello", "secret": "guess", "protocol": 1}\n',
+        b'{"op": "hello", "protocol": 1}\n',
+        b'{"op": "hello", "secret": ["s3cret-for-this-test"], "protocol": 1}\n',
+        b'not json\n',
+    ],
+)
+async def test_a_connection_without_the_secret_gets_no_lease(
+    channel: tuple[Engine, int], first_line: bytes
+) -> None:
+    engine, port = channel
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(first_line + b'{"op": "acquire", "id": 2, "model": "fast"}\n')
+    await writer.drain()
+    async with asyncio.timeout(10):
+        assert await reader.read() == b""  # closed, with no grant and no answer at all
+    writer.close()
+    assert _leases(engine, "fast") == 0
+    assert all(m["state"] != "loading" for m in engine.model_status())
+    with pytest.raises(LeaseChannelRefused):
+        await LeaseClient.connect("127.0.0.1", port, "not-the-secret")
+
+
+async def test_the_raw_hello_with_the_secret_is_answered(channel: tuple[Engine, int]) -> None:
+    engine, port = channel
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b'{"op": "hello", "secret": "%s", "protocol": 1}\n' % SECRET.encode())
+    writer.write(b'{"op": "ping"}\n{"op": "acquire", "id": 1, "model": "fast"}\n')
+    async with asyncio.timeout(10):
+        lines = [await reader.readline() for _ in range(3)]
+    assert lines[0] == b'{"op":"hello","protocol":1}\n' and lines[1] == b'{"op":"pong"}\n'
+    assert b'"lease"' in lines[2] and _leases(engine, "fast") == 1
+    writer.close()  # gives the lease back
+    await _until(lambda: _leases(engine, "fast") == 0)
+
+
+async def test_a_silent_engine_fails_the_waits_at_once_and_answers_again() -> None:
+    """An engine that stops answering (here: a listener that takes the hello, then says nothing
+    until told to) fails a waiting acquire and new ones within the heartbeat timeout; the first
+    line it sends again makes it answer again."""
+    speak = asyncio.Event()
+    silenced: list[bool] = []
+
+    async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readline()
+        writer.write(b'{"op": "hello", "protocol": 1}\n')
+        await speak.wait()
+        writer.write(b'{"op": "pong"}\n')
+        await reader.read()
+
+    stub = await asyncio.start_server(on_connect, "127.0.0.1", 0)
+    port = int(stub.sockets[0].getsockname()[1])
+    client = await LeaseClient.connect("127.0.0.1", port, SECRET, heartbeat_timeout_s=0.4)
+    client.on_silent = lambda: silenced.append(True)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    with pytest.raises(EngineUnavailable):
+        async with asyncio.timeout(5):
+            await client.acquire("fast")
+    assert 0.4 <= loop.time() - t0 < 2.0 and client.silent and silenced == [True]
+    with pytest.raises(EngineUnavailable):
+        await client.acquire("fast")  # refused at once while it is silent
+    speak.set()
+    await _until(lambda: not client.silent)
+    await client.close()
+    stub.close()

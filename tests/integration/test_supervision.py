@@ -116,8 +116,10 @@ def test_health_stays_fast_while_an_engine_loads_and_while_one_is_killed(
 def test_wedged_engine_is_killed_and_restarted_while_health_stays_fast(
     start_server: Any,
 ) -> None:
+    # The heartbeat is off: this is the probes' kill, which the heartbeat would race (the
+    # heartbeat's own path is test_engine_heartbeat.py).
     probe = {"engine_health_interval_s": 1.0, "engine_health_timeout_s": 0.25,
-             "engine_health_failures": 3}
+             "engine_health_failures": 3, "engine_heartbeat_timeout_s": 0}
     server = start_server(config(fake_model("m1"), fake_model("slow", "--tokens-per-s", "5"),
                                  engine_restart_backoff_s=0.5, **probe))
     assert httpx.post(server.url + "/v1/chat/completions",

@@ -11,12 +11,20 @@
 Leases are not taken here but over the lease channel (engine/lease_channel.py): it is cheaper,
 and it releases the leases of a front whose connection drops. Errors use the native shape so the
 front can rebuild the same ModelyardError.
+
+Only the front may call it (DESIGN.md §3.12): any local process can reach a loopback port, and a
+web page in a browser on this machine can POST to one. Every request must therefore carry
+`Authorization: Bearer <the engine's secret>` (401 unauthorized), name a loopback host with this
+engine's port in Host (421 host_not_allowed: a DNS-rebound page names its own host), and a POST
+must say `Content-Type: application/json` (415 unsupported_media_type: the one body type a page
+cannot send without a CORS preflight, which this API never answers).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import os
 from collections.abc import AsyncIterator
 
@@ -26,19 +34,65 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from modelyard import __version__
 from modelyard.config import Settings
 from modelyard.engine.lease_channel import serve_lease_channel
 from modelyard.engine.loop import Engine
-from modelyard.errors import InvalidRequest, ModelyardError
+from modelyard.errors import (
+    HostNotAllowed,
+    InvalidRequest,
+    ModelyardError,
+    Unauthorized,
+    UnsupportedMediaType,
+)
 
 
 def _error(exc: ModelyardError) -> Response:
     return JSONResponse(exc.native_body(), status_code=exc.status, headers=exc.headers())
 
 
-def create_engine_app(engine: Engine, *, watch_parent: bool = False) -> Starlette:
+class RequireFront:
+    """Refuses every request that is not the front's: see the module's docstring. One header
+    scan per request; the hot path (leases) does not come through here."""
+
+    def __init__(self, app: ASGIApp, secret: str) -> None:
+        if not secret:
+            raise ValueError("the engine's HTTP API needs a secret")
+        self.app = app
+        self._authorization = f"Bearer {secret}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        refused = self._refusal(scope) if scope["type"] == "http" else None
+        if refused is None:
+            await self.app(scope, receive, send)
+        else:
+            await _error(refused)(scope, receive, send)
+
+    def _refusal(self, scope: Scope) -> ModelyardError | None:
+        headers = dict(scope["headers"])
+        server = scope.get("server")
+        port = server[1] if server else None
+        host = headers.get(b"host", b"").decode("latin-1").lower()
+        if port is None or host not in (f"127.0.0.1:{port}", f"localhost:{port}",
+                                        f"[::1]:{port}"):
+            return HostNotAllowed(f"Host {host!r} is not this engine's loopback address")
+        if not hmac.compare_digest(headers.get(b"authorization", b""), self._authorization):
+            return Unauthorized("the engine's API takes only its front's secret")
+        if scope["method"] == "POST":
+            media = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
+            if media != b"application/json":
+                return UnsupportedMediaType(
+                    f"the engine takes application/json, not {media.decode('latin-1')!r}"
+                )
+        return None
+
+
+def create_engine_app(
+    engine: Engine, *, secret: str, watch_parent: bool = False
+) -> ASGIApp:
+    """The engine's API, for callers that know `secret` (see the module's docstring)."""
     lease_port: int | None = None
 
     async def health(_: Request) -> Response:
@@ -90,7 +144,7 @@ def create_engine_app(engine: Engine, *, watch_parent: bool = False) -> Starlett
         nonlocal lease_port
         watcher = asyncio.create_task(_exit_with_parent()) if watch_parent else None
         engine.start()
-        channel = await serve_lease_channel(engine)
+        channel = await serve_lease_channel(engine, secret)
         lease_port = int(channel.sockets[0].getsockname()[1])
         try:
             yield
@@ -109,7 +163,7 @@ def create_engine_app(engine: Engine, *, watch_parent: bool = False) -> Starlett
         Route("/rescan", rescan, methods=["POST"]),
         Route("/reload", reload, methods=["POST"]),
     ]
-    return Starlette(routes=routes, lifespan=lifespan)
+    return RequireFront(Starlette(routes=routes, lifespan=lifespan), secret)
 
 
 async def _exit_with_parent() -> None:

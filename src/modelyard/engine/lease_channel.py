@@ -6,6 +6,16 @@ each way. It also makes leases airtight across processes (DESIGN.md §3.3): the 
 connection holds are released when it closes, so a front that crashes or restarts cannot leave
 a model busy forever.
 
+Only the front may use it (DESIGN.md §3.12): the first line of a connection must be a hello that
+carries the engine's secret (handed to the engine in $MODELYARD_ENGINE_SECRET, never on its
+command line). A connection whose first line is anything else, or that says nothing within
+HELLO_TIMEOUT_S, is closed without an answer, so it never gets a lease.
+
+    front → engine  {"op": "hello", "secret": "…", "protocol": 1}
+    engine → front  {"op": "hello", "protocol": 1}   (then the lines below, in any order)
+    front → engine  {"op": "ping"}   (the front's heartbeat, about four times per
+    engine → front  {"op": "pong"}    engine_heartbeat_timeout_s: an engine silent for that long
+                                      is down for the front; see front/lease_client.py)
     front → engine  {"op": "acquire", "id": 7, "model": "smollm2", "keep_alive_s": 300}
     engine → front  {"id": 7, "progress": "loading smollm2"}   (only if asked: "progress": true)
     engine → front  {"id": 7, "lease": {...}}   or   {"id": 7, "error": {native error body}}
@@ -18,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import hmac
 import logging
 from typing import Any
 
@@ -30,6 +41,11 @@ from modelyard.request_ids import REQUEST_ID
 log = logging.getLogger("modelyard.engine.leases")
 
 MAX_LINE_BYTES = 1 << 20
+PROTOCOL = 1
+HELLO_TIMEOUT_S = 5.0
+# How the front hands an engine process its secret: the environment is readable only by the same
+# user (/proc/PID/environ), while the command line is readable by everyone (/proc/PID/cmdline).
+SECRET_ENV = "MODELYARD_ENGINE_SECRET"
 
 
 class _Connection:
@@ -83,6 +99,8 @@ class _Connection:
                 context=context,
             )
             self.pending[request_id] = task
+        elif op == "ping":
+            self._send({"op": "pong"})
         elif op == "release":
             lease_id = str(message["lease"])
             self.held.discard(lease_id)
@@ -105,10 +123,39 @@ class _Connection:
         self.writer.close()
 
 
-async def serve_lease_channel(engine: Engine, host: str = "127.0.0.1") -> asyncio.Server:
-    """Listen on a free loopback port (see `server.sockets[0].getsockname()`)."""
+def said_hello(line: bytes, secret: str) -> bool:
+    """Whether `line` is a hello carrying `secret`, in this protocol."""
+    try:
+        hello = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return False
+    if not isinstance(hello, dict) or hello.get("op") != "hello":
+        return False
+    given = hello.get("secret")
+    return (hello.get("protocol") == PROTOCOL and isinstance(given, str)
+            and hmac.compare_digest(given.encode(), secret.encode()))
+
+
+async def serve_lease_channel(
+    engine: Engine, secret: str, host: str = "127.0.0.1"
+) -> asyncio.Server:
+    """Listen on a free loopback port (see `server.sockets[0].getsockname()`) for fronts that
+    know `secret`."""
+    if not secret:
+        raise ValueError("the lease channel needs a secret")
 
     async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            first = await asyncio.wait_for(reader.readline(), HELLO_TIMEOUT_S)
+        except (TimeoutError, ConnectionError, ValueError):
+            first = b""
+        if not said_hello(first, secret):
+            log.warning("lease channel: a connection without the engine's secret was refused")
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+            return
+        writer.write(orjson.dumps({"op": "hello", "protocol": PROTOCOL}) + b"\n")
         conn = _Connection(engine, writer)
         try:
             while line := await reader.readline():

@@ -624,8 +624,10 @@ class Engine:
             self._estimates.setdefault(rt.entry.id, found)
         try:
             spec = rt.spec
-            # Before placing: a model that cannot run here must not evict anything.
-            server = make_backend(spec, self.settings, env=self.env)
+            # Before placing: a model that cannot run here must not evict anything. In a thread:
+            # a transformers model imports torch here (seconds), and the loop must keep
+            # answering the front's heartbeat (front/lease_client.py).
+            server = await asyncio.to_thread(make_backend, spec, self.settings, env=self.env)
             if not await self._place(rt):
                 metrics.model_loaded(rt.entry.id, self.index, "cancelled")
                 return

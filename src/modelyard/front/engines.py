@@ -3,10 +3,18 @@
 The rest of the front only sees `EngineClient`, so `--single-process`, engine subprocesses and (in
 a later step) Ray actors are interchangeable. Releasing a lease never awaits, so it is safe in the
 `finally` of a cancelled scope (client disconnect).
+
+An engine process is called with its secret (DESIGN.md §3.12): `Authorization: Bearer` on its
+HTTP API, a hello on its lease channel. Streams relayed from a model it granted are `watch`ed:
+when the engine falls silent (no heartbeat on its lease channel) they end with an in-band
+503 engine_unavailable, since nothing can account for their leases any more — a stopped engine
+cannot release them, evict, or notice its model's server die, and is killed by the supervisor
+unless it answers again first.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 from urllib.parse import quote
@@ -18,11 +26,14 @@ from modelyard.config import Settings
 from modelyard.engine.backends.openai_server import LOOPBACK
 from modelyard.engine.loop import Engine
 from modelyard.errors import EngineUnavailable, ModelyardError, from_native_body
+from modelyard.front.drain import Abortable
 from modelyard.front.lease_client import LeaseClient
 from modelyard.serving import ENGINE_CLIENT_KEEPALIVE_S
 from modelyard.types import Lease
 
 ENGINE_RETRY_AFTER_S = 2.0
+
+log = logging.getLogger("modelyard.front.engines")
 
 
 class EngineClient(Protocol):
@@ -53,6 +64,9 @@ class EngineClient(Protocol):
 
     async def diag(self) -> dict[str, Any]: ...
 
+    def watch(self, relay: Abortable) -> Callable[[], None]:
+        """Abort `relay` if this engine goes down while it runs; returns the unwatch call."""
+        ...
 
 
 class LocalEngineClient:
@@ -100,6 +114,9 @@ class LocalEngineClient:
     async def diag(self) -> dict[str, Any]:
         return self.engine.diag()
 
+    def watch(self, relay: Abortable) -> Callable[[], None]:
+        return _nothing  # in this process: it cannot stop while the front runs
+
 
 class HttpEngineClient:
     """An engine process on a loopback port, usually started by the front's supervisor."""
@@ -113,33 +130,60 @@ class HttpEngineClient:
         # calls then fail fast with 503 instead of hanging on a wedged engine.
         self._answering = True
         self._report_timeout: aiohttp.ClientTimeout | None = None
+        self._relays: set[Abortable] = set()
 
     @property
     def up(self) -> bool:
         return (self._answering and self._session is not None and self._leases is not None
-                and not self._leases.closed)
+                and not self._leases.closed and not self._leases.silent)
 
     def set_answering(self, answering: bool) -> None:
         """What the supervisor's last health probe found."""
         self._answering = answering
 
     async def attach(
-        self, base_url: str, lease_port: int, *, report_timeout_s: float | None = None
+        self,
+        base_url: str,
+        lease_port: int,
+        secret: str,
+        *,
+        report_timeout_s: float | None = None,
+        heartbeat_timeout_s: float = 0.0,
     ) -> None:
-        """The supervisor says the engine answers at `base_url` and takes leases on `lease_port`;
-        its reports (status, diag) must come within `report_timeout_s`."""
+        """The supervisor says the engine answers at `base_url` and takes leases on `lease_port`
+        for callers that know `secret`; its reports (status, diag) must come within
+        `report_timeout_s`, and its lease channel must not be silent for `heartbeat_timeout_s`
+        (0: no heartbeat)."""
         self._answering = True
         self._report_timeout = (
             aiohttp.ClientTimeout(total=report_timeout_s) if report_timeout_s else None
         )
-        self._leases = await LeaseClient.connect(LOOPBACK, lease_port)
+        leases = await LeaseClient.connect(
+            LOOPBACK, lease_port, secret, heartbeat_timeout_s=heartbeat_timeout_s,
+            name=self.name,
+        )
+        leases.on_silent = self._fell_silent
+        self._leases = leases
         # No overall timeout: a lease waits for a model load, which may take minutes; the
         # engine bounds that wait itself.
         self._session = aiohttp.ClientSession(
             base_url=base_url,
+            headers={"Authorization": f"Bearer {secret}"},
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=ENGINE_CLIENT_KEEPALIVE_S),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
         )
+
+    def watch(self, relay: Abortable) -> Callable[[], None]:
+        self._relays.add(relay)
+        return lambda: self._relays.discard(relay)
+
+    def _fell_silent(self) -> None:
+        """End the streams this engine granted, in-band (see the module's docstring)."""
+        relays, self._relays = self._relays, set()
+        if relays:
+            log.error("%s is silent: ending its %d stream(s) in flight", self.name, len(relays))
+        for relay in relays:
+            relay.abort(self._unavailable("it stopped answering its lease channel"))
 
     async def detach(self) -> None:
         """The engine went away; requests get 503 engine_unavailable until it is back."""
@@ -150,22 +194,32 @@ class HttpEngineClient:
         if session is not None:
             await session.close()
 
+    def _check_up(self) -> None:
+        """Fail fast, with the reason, while the engine is known not to answer."""
+        if self._session is None or self._leases is None or self._leases.closed:
+            raise self._unavailable("down")
+        if not self._answering:
+            raise self._unavailable("not answering its health probe")
+        if self._leases.silent:
+            raise self._unavailable("silent on its lease channel")
+
     def _unavailable(self, why: str) -> EngineUnavailable:
         return EngineUnavailable(
-            f"{self.name} is not available ({why}); it is being restarted",
+            f"{self.name} is not available ({why}); one that does not recover is restarted",
             retry_after_s=ENGINE_RETRY_AFTER_S,
         )
 
     async def _call(self, method: str, path: str, body: Any = None, **kw: Any) -> Any:
         """The engine's JSON answer, or the ModelyardError it sent."""
         session = self._session
-        if session is None:
-            raise self._unavailable("down")
-        if not self._answering:
-            raise self._unavailable("not answering its health probe")
+        self._check_up()
+        assert session is not None
         data = orjson.dumps(body) if body is not None else None
+        # The engine takes only JSON (a page in a browser can POST text/plain to a loopback port).
+        headers = {"Content-Type": "application/json"} if method == "POST" else None
         try:
-            async with session.request(method, path, data=data, **kw) as response:
+            async with session.request(method, path, data=data, headers=headers,
+                                       **kw) as response:
                 content = await response.read()
                 status = response.status
         except (aiohttp.ClientError, TimeoutError) as exc:
@@ -185,12 +239,9 @@ class HttpEngineClient:
         keep_alive_s: float | None = None,
         on_progress: Callable[[str], None] | None = None,
     ) -> Lease:
-        leases = self._leases
-        if leases is None or leases.closed:
-            raise self._unavailable("down")
-        if not self._answering:
-            raise self._unavailable("not answering its health probe")
-        return await leases.acquire(model, keep_alive_s, on_progress)
+        self._check_up()
+        assert self._leases is not None
+        return await self._leases.acquire(model, keep_alive_s, on_progress)
 
     async def load(self, model: str, keep_alive_s: float | None = None) -> dict[str, Any]:
         query = {"keep_alive_s": str(keep_alive_s)} if keep_alive_s is not None else None
@@ -217,3 +268,7 @@ class HttpEngineClient:
     async def diag(self) -> dict[str, Any]:
         return dict(await self._call("GET", "/diag", timeout=self._report_timeout))
 
+
+
+def _nothing() -> None:
+    pass

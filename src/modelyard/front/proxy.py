@@ -90,6 +90,7 @@ class Relay:
         self.watch: ClientWatch | None = None  # a non-streamed request's client, watched
         self._closed = False
         self._untrack = track_relay(self)  # a shutdown past its grace aborts it
+        self._unwatch = engine.watch(self)  # so does its engine falling silent
         note_opened()  # for /metrics: the next chunk the client gets is the first token
 
     @property
@@ -118,7 +119,8 @@ class Relay:
 
     def abort(self, exc: ModelyardError) -> None:
         """Make the upstream read in progress (or the next one) raise `exc`: the stream ends
-        with it as its in-band error, a whole-body read with it as its status."""
+        with it as its in-band error, a whole-body read with it as its status (a shutdown past
+        its grace, an engine that fell silent)."""
         if not self._closed:
             self.response.content.set_exception(exc)
 
@@ -134,6 +136,7 @@ class Relay:
         self._untrack()
         if self.watch is not None:
             self.watch.stop()
+        self._unwatch()
         if self.response.content.at_eof():
             self.response.release()
         else:

@@ -252,10 +252,23 @@ class FrontState:
             or self.queues.queued(entry.id) > 0
             or (engine.name, entry.id) not in self.upstreams
         )
-        work = self._open_relay(entry, engine, limits, call)
+        work = self._open_relay_elsewhere_if_down(entry, engine, limits, call)
         if client is None or not must_wait:
             return await work
         return await unless_disconnected(client, work, Relay.close)
+
+    async def _open_relay_elsewhere_if_down(
+        self, entry: Entry, engine: EngineClient, limits: Limits, call: Call
+    ) -> Relay:
+        """`_open_relay`; if its engine went down (silent, crashed) before the grant, nothing
+        was sent to the client yet: another engine that can serve it takes it, else 503."""
+        try:
+            return await self._open_relay(entry, engine, limits, call)
+        except EngineUnavailable:
+            if engine.up or len(self.engines) < 2:
+                raise
+        other = await self.route(entry)  # 503 engine_unavailable if no other engine can
+        return await self._open_relay(entry, other, self.limits(entry, other), call)
 
     async def _open_relay(
         self, entry: Entry, engine: EngineClient, limits: Limits, call: Call

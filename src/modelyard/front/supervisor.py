@@ -11,6 +11,12 @@ supervisor probes its /health every `engine_health_interval_s`; a probe not answ
 `engine_health_failures` in a row its whole process tree is SIGKILLed — it cannot run a TERM
 handler — and it is restarted like a crashed one. Its children die with it: each is killed by
 group, and each would die anyway by PR_SET_PDEATHSIG when the engine does.
+
+Each start gets a fresh random secret (DESIGN.md §3.12), in the engine's environment
+($MODELYARD_ENGINE_SECRET, readable only by this user; never its command line, which everyone can
+read): the engine refuses any HTTP request or lease channel without it. Between probes, the lease
+channel's heartbeat (`engine_heartbeat_timeout_s`, front/lease_client.py) finds a silent engine
+within seconds and marks it down; the probes still decide when it is killed.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +35,7 @@ import httpx
 from modelyard import metrics
 from modelyard.config import EngineSpec, Settings
 from modelyard.engine.backends.openai_server import LOOPBACK, free_port
+from modelyard.engine.lease_channel import SECRET_ENV
 from modelyard.engine.process import ChildProcess
 from modelyard.engine.readiness import NotReady, wait_ready
 from modelyard.front.engines import HttpEngineClient
@@ -61,6 +69,7 @@ class EngineSupervisor:
         self.restarts = 0
         self.wedged = 0  # times it was killed for not answering its health probe
         self._base_url = ""
+        self._secret = ""
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._first_start: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -76,6 +85,7 @@ class EngineSupervisor:
 
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
+        env[SECRET_ENV] = self._secret
         env["CUDA_VISIBLE_DEVICES"] = self.plan.cuda_visible_devices
         # The engine must build the same settings as the front, including CLI overrides.
         env["MODELYARD_HOME"] = str(self.settings.home)
@@ -124,6 +134,7 @@ class EngineSupervisor:
 
     async def _start_once(self) -> None:
         port = free_port()
+        self._secret = secrets.token_urlsafe(32)
         self.process = ChildProcess(
             self._argv(port),
             name=self.client.name,
@@ -134,7 +145,8 @@ class EngineSupervisor:
         )
         await self.process.start()
         base_url = f"http://{LOOPBACK}:{port}"
-        async with httpx.AsyncClient(base_url=base_url, timeout=2.0) as probe_client:
+        async with httpx.AsyncClient(base_url=base_url, timeout=2.0,
+                                     headers=self._auth()) as probe_client:
 
             lease_port = 0
 
@@ -160,9 +172,15 @@ class EngineSupervisor:
                 await self.process.stop(self.settings.stop_grace_s)
                 tail = "\n".join(self.process.tail(self.settings.log_tail_lines))
                 raise NotReady(f"{exc}; last lines:\n{tail}") from exc
-        await self.client.attach(
-            base_url, lease_port, report_timeout_s=self.settings.engine_health_timeout_s
-        )
+        try:
+            await self.client.attach(
+                base_url, lease_port, self._secret,
+                report_timeout_s=self.settings.engine_health_timeout_s,
+                heartbeat_timeout_s=self.settings.engine_heartbeat_timeout_s,
+            )
+        except OSError:
+            await self.process.stop(self.settings.stop_grace_s)  # not left behind unused
+            raise
         self._base_url = base_url
         log.info("%s ready at %s (pid %s)", self.client.name, base_url, self.process.pid)
 
@@ -193,7 +211,8 @@ class EngineSupervisor:
         if s.engine_health_interval_s <= 0:
             await asyncio.Event().wait()
         failures = 0
-        async with httpx.AsyncClient(base_url=base_url, timeout=s.engine_health_timeout_s) as http:
+        async with httpx.AsyncClient(base_url=base_url, timeout=s.engine_health_timeout_s,
+                                     headers=self._auth()) as http:
             while True:
                 await asyncio.sleep(s.engine_health_interval_s)  # a wedge sends no event
                 try:
@@ -212,6 +231,9 @@ class EngineSupervisor:
                             s.engine_health_failures)
                 if failures >= s.engine_health_failures:
                     return f"{failures} health probes in a row failed, the last: {why}"
+
+    def _auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._secret}"}
 
     async def stop(self) -> None:
         self._stopping = True

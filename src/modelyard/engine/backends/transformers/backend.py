@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import importlib
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -27,6 +28,8 @@ from modelyard.engine.backends.transformers.loader import (
     load_causal_lm,
 )
 from modelyard.errors import ModelLoadFailed
+
+_GENERATOR = "modelyard.engine.backends.transformers.generator"
 
 log = logging.getLogger("modelyard.engine.transformers")
 
@@ -90,6 +93,9 @@ class TransformersBackend:
 
     async def _load(self) -> Starlette:
         """Weights into memory (in a thread), then the app that serves them."""
+        # torch's first import takes seconds: in a thread, so that the engine's loop keeps
+        # answering its front's heartbeat meanwhile (front/lease_client.py).
+        await asyncio.to_thread(importlib.import_module, _GENERATOR)
         from modelyard.engine.backends.transformers.embedder import Embedder, is_embedding_repo
         from modelyard.engine.backends.transformers.embeddings_api import embeddings_handler
         from modelyard.engine.backends.transformers.generator import BatchGenerator
