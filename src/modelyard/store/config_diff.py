@@ -21,7 +21,8 @@ from modelyard.store.registry import ModelRegistry
 # watch, shutdown): a new value needs a restart.
 RESTART_REQUIRED: tuple[str, ...] = (
     "home", "host", "port", "auth", "session_ttl_s", "allowed_hosts", "cors_origins",
-    "max_body_bytes", "database_url", "single_process", "devices", "simulate_gpus",
+    "max_body_bytes", "max_header_bytes", "max_header_count", "header_read_timeout_s",
+    "body_read_timeout_s", "database_url", "single_process", "devices", "simulate_gpus",
     "host_ram_cap_bytes", "request_timeout_s", "engine_start_timeout_s",
     "engine_restart_backoff_s", "engine_health_interval_s", "engine_health_timeout_s",
     "engine_health_failures", "engine_heartbeat_timeout_s", "shutdown_grace_s",
@@ -41,7 +42,7 @@ RELOADABLE: tuple[str, ...] = (
     "load_stall_timeout_s", "load_timeout_s", "stop_grace_s", "log_tail_lines", "keep_alive_s",
     "max_loaded_models", "memory_wait_timeout_s", "memory_recovery_timeout_s",
     "notify_model_swap", "max_concurrency", "max_queue", "queue_timeout_s", "default_engine",
-    "engine_specs", "auto_pull", "archive_service_outputs",
+    "engine_specs", "auto_pull", "archive_service_outputs", "default_max_tokens",
 )
 
 # Model fields a running server does not depend on: a change applies without a restart.
