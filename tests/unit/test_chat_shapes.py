@@ -85,6 +85,8 @@ def test_malformed_openai_chats_name_the_field(data: dict[str, Any], param: str)
 @pytest.mark.parametrize(("data", "param"), [
     ({"messages": [{"role": "user", "images": [""]}]}, "messages.0.images.0"),
     ({"messages": [{"role": "user", "images": ["not base64!"]}]}, "messages.0.images.0"),
+    # Non-ASCII text: binascii raises a plain ValueError, not binascii.Error (found by make fuzz)
+    ({"messages": [{"role": "user", "images": ["\u0089\u00b9"]}]}, "messages.0.images.0"),
     ({"messages": [{"role": "user", "images": [PNG, 7]}]}, "messages.0.images.1"),
     ({"messages": [{"role": "user", "images": PNG}]}, "messages.0.images"),
     ({"messages": [{"role": "assistant", "tool_calls": [{"function": "w"}]}]},

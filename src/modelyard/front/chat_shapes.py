@@ -26,7 +26,7 @@ def check_image_data(data: str, param: str) -> None:
         raise InvalidRequest(f"{param}: the image is empty", param=param)
     try:
         decoded = binascii.a2b_base64(data)
-    except binascii.Error as exc:
+    except ValueError as exc:  # binascii.Error, or a non-ASCII character in the string
         raise InvalidRequest(f"{param}: the image is not valid base64 ({exc})",
                              param=param) from None
     if not decoded:
