@@ -121,9 +121,9 @@ def serve(
             err_console.print("--engine-only needs --internal-port")
             raise typer.Exit(2)
         from modelyard.engine.app import create_engine_app
-        from modelyard.engine.lease_channel import SECRET_ENV
         from modelyard.engine.loop import Engine
         from modelyard.store.registry import ModelRegistry
+        from modelyard.wire.lease import SECRET_ENV
 
         # Taken out of the environment before anything is spawned: a model's server must not
         # inherit the key to the engine that runs it.

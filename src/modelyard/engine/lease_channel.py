@@ -37,15 +37,10 @@ import orjson
 from modelyard.engine.loop import Engine
 from modelyard.errors import ModelyardError
 from modelyard.request_ids import REQUEST_ID
+from modelyard.wire.lease import HELLO_TIMEOUT_S, MAX_LINE_BYTES, PROTOCOL
 
 log = logging.getLogger("modelyard.engine.leases")
 
-MAX_LINE_BYTES = 1 << 20
-PROTOCOL = 1
-HELLO_TIMEOUT_S = 5.0
-# How the front hands an engine process its secret: the environment is readable only by the same
-# user (/proc/PID/environ), while the command line is readable by everyone (/proc/PID/cmdline).
-SECRET_ENV = "MODELYARD_ENGINE_SECRET"
 
 
 class _Connection:

@@ -19,14 +19,13 @@ from typing import Any
 
 import orjson
 
-from modelyard.engine.lease_channel import HELLO_TIMEOUT_S, PROTOCOL
 from modelyard.errors import EngineUnavailable, from_native_body
 from modelyard.request_ids import REQUEST_ID
 from modelyard.types import Lease
+from modelyard.wire.lease import HELLO_TIMEOUT_S, MAX_LINE_BYTES, PROTOCOL
 
 log = logging.getLogger("modelyard.front.leases")
 
-MAX_LINE_BYTES = 1 << 20
 PINGS_PER_TIMEOUT = 4
 
 

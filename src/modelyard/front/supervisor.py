@@ -35,10 +35,10 @@ import httpx
 from modelyard import metrics
 from modelyard.config import EngineSpec, Settings
 from modelyard.engine.backends.openai_server import LOOPBACK, free_port
-from modelyard.engine.lease_channel import SECRET_ENV
 from modelyard.engine.process import ChildProcess
 from modelyard.engine.readiness import NotReady, wait_ready
 from modelyard.front.engines import HttpEngineClient
+from modelyard.wire.lease import SECRET_ENV
 
 log = logging.getLogger("modelyard.supervisor")
 
