@@ -1,13 +1,13 @@
 """modelyard's native API: /chat, /models, /health, /status, /diag.
 
 `/chat` answers with Ollama-style statistics (nanoseconds); `stream: true` gives SSE chunks
-`{"delta": {"content": …}, "done": false}` and a final `{"delta": {}, "done": true, …stats}`.
+`{"delta": {"content": …}, "done": false}` and a final `{"delta": {}, "done": true, …stats}`
+(front/chat/render.py; the chat pipeline, front/chat/pipeline.py, runs the request).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -20,30 +20,20 @@ from starlette.routing import Route
 from modelyard import __version__
 from modelyard.errors import ModelyardError
 from modelyard.front import archive_capture
+from modelyard.front.chat import pipeline, render
+from modelyard.front.chat.request import CHAT_PATH, ChatCall
 from modelyard.front.chat_shapes import check_openai_chat
 from modelyard.front.jobs import ACTIVE
 from modelyard.front.overview import overview
 from modelyard.front.principal import principal_of
-from modelyard.front.proxy import ClientWatch, LeasedStream, Relay, translated_stream, watched
 from modelyard.front.redact import client_diag, client_models, client_overview, client_status
-from modelyard.front.session_relay import (
-    begin_turn,
-    commit_body,
-    session_id_for,
-    tagged,
-    tap_translated,
-)
-from modelyard.front.sse import sse_event
 from modelyard.front.state import (
     read_json_object,
     request_priority,
     state_of,
-    upstream_message,
     validate,
 )
-from modelyard.front.swap_progress import open_for_stream
 from modelyard.front.tool_support import check_tools_for
-from modelyard.front.translate import Generation, now_rfc3339
 from modelyard.front.vision_support import check_vision_for
 
 
@@ -72,91 +62,27 @@ def _json(payload: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(payload), status_code=status, media_type="application/json")
 
 
-def _final(model: str, gen: Generation, *, with_message: bool = True) -> dict[str, Any]:
-    final: dict[str, Any] = {"model": model, "created_at": now_rfc3339()}
-    if with_message:
-        final["message"] = {"role": "assistant", "content": gen.content}
-    if gen.tool_calls:  # the complete calls, OpenAI's shape (arguments as JSON text)
-        final["tool_calls"] = gen.openai_tool_calls()
-    return {**final, "done": True, "done_reason": gen.done_reason, **gen.stats()}
+def native_call(req: NativeChatRequest, *, priority: int = 0) -> ChatCall:
+    """The chat pipeline's request for a validated /chat body."""
+    fields = req.model_dump(exclude_none=True)
+    payload = {k: v for k, v in fields.items() if k != archive_capture.BODY_FIELD}
+    if req.stream:
+        payload["stream_options"] = {"include_usage": True}
+    return ChatCall(
+        "native", "/chat", req.model, CHAT_PATH, req.stream, payload, fields=fields,
+        archive=fields.get(archive_capture.BODY_FIELD), priority=priority,
+    )
 
 
 async def chat(request: Request) -> Response:
     state = state_of(request)
     req = validate(NativeChatRequest, await read_json_object(request))
-    params = req.model_dump(exclude_none=True)
-    check_openai_chat(params)  # a malformed part or tool: 400 naming it, not the backend's 500
-    check_tools_for(state, req.model, params)
-    check_vision_for(state, req.model, params)
-    # A server-side session (front/sessions.py): its history is spliced in.
-    sid = session_id_for(request, params)
-    turn = None if sid is None else begin_turn(request, sid, req.model, params)
-    if turn is not None:
-        params = turn.body
-    # Archived only when asked: header, or the `archive` field (never sent upstream).
-    capture = archive_capture.chat_capture(
-        request, params, asked=params.pop(archive_capture.BODY_FIELD, None), api="native",
-        endpoint="/chat", model=req.model, stream=req.stream)
-    if req.stream:
-        params["stream_options"] = {"include_usage": True}
-    gen = Generation.start()
-
-    # A non-streamed answer is awaited watching the client: one that leaves stops it.
-    watch = None if req.stream else ClientWatch(request.receive)
-
-    def open_relay(say: Callable[[str], None] | None) -> Awaitable[Relay]:
-        return state.open_relay(
-            req.model, "/v1/chat/completions", orjson.dumps(params),
-            priority=request_priority(request), client=None if watch else request,
-            on_progress=say, session_kv=None if turn is None else turn.kv,
-        )
-
-    def stream(relay: Relay) -> AsyncIterator[bytes]:
-        gen.load_duration_ns = relay.lease.load_duration_ns
-        absorb: Callable[[dict[str, Any]], str] = gen.absorb
-        on_done: Callable[[], bytes] = lambda: sse_event(  # noqa: E731
-            {"delta": {}, **_final(req.model, gen, with_message=False)})
-        if turn is not None:
-            absorb, on_done = tap_translated(turn, absorb, on_done)
-        chunks = translated_stream(
-            relay,
-            absorb,
-            on_text=lambda text: sse_event({"delta": {"content": text}, "done": False}),
-            on_done=on_done,
-            on_error=lambda exc: sse_event(exc.native_body()),
-        )
-        return chunks if capture is None else capture.tap_generation(chunks, gen)
-
-    opened = await watched(watch, open_for_stream(
-        open_relay,
-        enabled=req.stream and state.settings.notify_model_swap,
-        render_progress=lambda text: sse_event(
-            {"delta": {"reasoning_content": text + "\n"}, "done": False}
-        ),
-        render_error=lambda exc: sse_event(exc.native_body()),
-        body=stream,
-        media_type="text/event-stream",
-    ))
-    if not isinstance(opened, Relay):
-        return tagged(opened if capture is None else capture.attach(opened), turn)
-    relay = opened
-    gen.load_duration_ns = relay.lease.load_duration_ns
-    if relay.status != 200 or not req.stream:
-        body = await relay.read()
-        if relay.status != 200:
-            err = ModelyardError(upstream_message(body), model=req.model)
-            payload = {**err.native_body(), "error": "upstream_error"}
-            return tagged(_json(payload, relay.status), turn)
-        answer = orjson.loads(body)
-        gen.absorb(answer)
-        if turn is not None:
-            commit_body(turn, answer)
-        if capture is not None:
-            capture.save_generation(gen)
-        whole = _json(_final(req.model, gen))
-        return tagged(whole if capture is None else capture.attach(whole), turn)
-    response = LeasedStream(stream(relay), relay, "text/event-stream")
-    return tagged(response if capture is None else capture.attach(response), turn)
+    call = native_call(req, priority=request_priority(request))
+    # A malformed part or tool: 400 naming it, not the backend's 500.
+    check_openai_chat(call.own_fields)
+    check_tools_for(state, req.model, call.own_fields)
+    check_vision_for(state, req.model, call.own_fields)
+    return await pipeline.answer(request, call, render.NATIVE)
 
 
 def _is_admin(request: Request) -> bool:

@@ -1,8 +1,10 @@
 """Ollama API: /api/chat, /api/generate (NDJSON streaming by default), /api/tags, /api/ps,
 /api/show, /api/version.
 
-Requests are translated to the OpenAI calls llama-server serves and answers back into Ollama's
-shapes, with its statistics (durations in nanoseconds) filled from llama-server's timings.
+Requests are translated to the OpenAI calls llama-server serves (here, into the chat pipeline's
+request: front/chat/pipeline.py runs it) and answers back into Ollama's shapes
+(front/chat/render.py), with its statistics (durations in nanoseconds) filled from llama-server's
+timings.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ import hashlib
 import math
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal
 
 import orjson
@@ -22,34 +23,20 @@ from starlette.routing import Route
 
 from modelyard import __version__
 from modelyard.errors import InvalidRequest
-from modelyard.front import archive_capture, tool_loop_http
+from modelyard.front import archive_capture
+from modelyard.front.chat import pipeline, render
+from modelyard.front.chat.request import CHAT_PATH, COMPLETION_PATH, ChatCall
 from modelyard.front.chat_shapes import check_ollama_chat, check_ollama_images
-from modelyard.front.proxy import ClientWatch, LeasedStream, Relay, translated_stream, watched
-from modelyard.front.session_relay import (
-    begin_turn,
-    commit_body,
-    session_id_for,
-    tagged,
-    tap_translated,
-)
-from modelyard.front.sessions import Turn
+from modelyard.front.session_relay import session_id_for
 from modelyard.front.state import (
     FrontState,
     read_json_object,
     request_priority,
     state_of,
-    upstream_message,
     validate,
 )
-from modelyard.front.swap_progress import open_for_stream
-from modelyard.front.tool_loop_http import tool_loop_for
 from modelyard.front.tool_support import check_tools_for, supports_tools
-from modelyard.front.translate import (
-    Generation,
-    now_rfc3339,
-    ollama_messages_to_openai,
-    rfc3339,
-)
+from modelyard.front.translate import now_rfc3339, ollama_messages_to_openai, rfc3339
 from modelyard.front.vision_support import check_vision_for, supports_vision
 from modelyard.store.estimate import safetensors_params
 from modelyard.store.gguf import GgufError, GgufInfo, read_gguf_info
@@ -151,148 +138,37 @@ def generate_payload(req: GenerateRequest) -> tuple[str, dict[str, Any]]:
     params = _openai_params(req)
     if req.raw:
         params["prompt"] = req.prompt
-        return "/v1/completions", params
+        return COMPLETION_PATH, params
     messages: list[dict[str, Any]] = []
     if req.system:
         messages.append({"role": "system", "content": req.system})
     messages.append({"role": "user", "content": _content(req.prompt, req.images)})
     params["messages"] = messages
-    return "/v1/chat/completions", params
+    return CHAT_PATH, params
 
 
-def _ndjson(payload: dict[str, Any]) -> bytes:
-    return orjson.dumps(payload) + b"\n"
+def chat_call(req: ChatRequest, *, keep_alive_s: float | None, priority: int = 0,
+              endpoint: str = "/api/chat") -> ChatCall:
+    """The chat pipeline's request for a validated /api/chat body (with messages)."""
+    fields = req.model_extra or {}
+    return ChatCall(
+        "ollama", endpoint, req.model, CHAT_PATH, req.stream, chat_payload(req), fields=fields,
+        archive=fields.get(archive_capture.BODY_FIELD), keep_alive_s=keep_alive_s,
+        priority=priority,
+    )
 
 
-async def _answer(
-    request: Request,
-    req: _OllamaRequest,
-    path: str,
-    params: dict[str, Any],
-    shape: Any,
-    turn: Turn | None = None,
-) -> Response:
-    """Run the call upstream; `shape(gen, text, done)` builds each Ollama message. `turn`: a
-    chat in a server-side session (front/session_relay.py), committed when it succeeds."""
-    gen = Generation.start()
-    state = state_of(request)
-    # Archived only when asked: header, or the `archive` field (never sent upstream).
-    capture = archive_capture.chat_capture(
-        request, params, asked=(req.model_extra or {}).get(archive_capture.BODY_FIELD),
-        api="ollama", endpoint=request.url.path, model=req.model, stream=req.stream)
-
-    # A non-streamed answer is awaited watching the client: one that leaves stops it.
-    watch = None if req.stream else ClientWatch(request.receive)
-
-    def open_relay(say: Callable[[str], None] | None) -> Awaitable[Relay]:
-        return state.open_relay(
-            req.model, path, orjson.dumps(params),
-            keep_alive_s=keep_alive_seconds(req.keep_alive), priority=request_priority(request),
-            client=None if watch else request, on_progress=say,
-            session_kv=None if turn is None else turn.kv,
-        )
-
-    def stream(relay: Relay) -> AsyncIterator[bytes]:
-        gen.load_duration_ns = relay.lease.load_duration_ns
-        absorb: Callable[[dict[str, Any]], str] = gen.absorb
-        on_done: Callable[[], bytes] = lambda: _done_lines(shape, gen)  # noqa: E731
-        if turn is not None:
-            absorb, on_done = tap_translated(turn, absorb, on_done)
-        chunks = translated_stream(
-            relay,
-            absorb,
-            on_text=lambda text: _ndjson(shape(gen, text, False)),
-            on_done=on_done,
-            on_error=lambda exc: _ndjson(exc.ollama_body()),
-        )
-        return chunks if capture is None else capture.tap_generation(chunks, gen)
-
-    def progress(text: str) -> bytes:
-        # Ollama's clients show `thinking` as the model's reasoning (chat: in the message).
-        out = shape(gen, "", False)
-        out.get("message", out)["thinking"] = text + "\n"
-        return _ndjson(out)
-
-    opened = await watched(watch, open_for_stream(
-        open_relay,
-        enabled=req.stream and state.settings.notify_model_swap,
-        render_progress=progress,
-        render_error=lambda exc: _ndjson(exc.ollama_body()),
-        body=stream,
-        media_type="application/x-ndjson",
-    ))
-    if not isinstance(opened, Relay):
-        return tagged(opened if capture is None else capture.attach(opened), turn)
-    relay = opened
-    gen.load_duration_ns = relay.lease.load_duration_ns
-    if relay.status != 200 or not req.stream:
-        body = await relay.read()
-        if relay.status != 200:
-            return tagged(Response(
-                orjson.dumps({"error": upstream_message(body)}),
-                status_code=relay.status,
-                media_type="application/json",
-            ), turn)
-        payload = orjson.loads(body)
-        gen.absorb(payload)
-        if turn is not None:
-            commit_body(turn, payload)
-        if capture is not None:
-            capture.save_generation(gen)
-        whole = Response(orjson.dumps(shape(gen, gen.content, True)),
-                         media_type="application/json")
-        return tagged(whole if capture is None else capture.attach(whole), turn)
-    response = LeasedStream(stream(relay), relay, "application/x-ndjson")
-    return tagged(response if capture is None else capture.attach(response), turn)
-
-
-def _chat_shape(model: str) -> Any:
-    def shape(gen: Generation, text: str | None, done: bool) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "model": model,
-            "created_at": now_rfc3339(),
-            "message": {"role": "assistant", "content": text},
-            "done": done,
-        }
-        if gen.tool_calls and (done or text is None):
-            out["message"]["content"] = text or ""
-            out["message"]["tool_calls"] = gen.ollama_tool_calls()
-        if done:
-            out["done_reason"] = gen.done_reason
-            out.update(gen.stats())
-        return out
-
-    return shape
-
-
-def _done_lines(shape: Any, gen: Generation) -> bytes:
-    """The end of a stream: like Ollama, one chunk carrying the complete tool calls (if the
-    answer has any), then the closing chunk."""
-    if not gen.tool_calls:
-        return _ndjson(shape(gen, "", True))
-    calls = _ndjson(shape(gen, None, False))
-    calls_done = gen.tool_calls
-    gen.tool_calls = {}
-    try:
-        return calls + _ndjson(shape(gen, "", True))
-    finally:
-        gen.tool_calls = calls_done
-
-
-def _generate_shape(model: str) -> Any:
-    def shape(gen: Generation, text: str, done: bool) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "model": model,
-            "created_at": now_rfc3339(),
-            "response": text,
-            "done": done,
-        }
-        if done:
-            out["done_reason"] = gen.done_reason
-            out.update(gen.stats())
-        return out
-
-    return shape
+def generate_call(req: GenerateRequest, *, keep_alive_s: float | None, priority: int = 0,
+                  endpoint: str = "/api/generate") -> ChatCall:
+    """The chat pipeline's request for a validated /api/generate body (with a prompt): no
+    session (`chat` False), swap progress as `thinking`."""
+    fields = req.model_extra or {}
+    path, params = generate_payload(req)
+    return ChatCall(
+        "ollama", endpoint, req.model, path, req.stream, params, fields=fields,
+        archive=fields.get(archive_capture.BODY_FIELD), keep_alive_s=keep_alive_s,
+        priority=priority, chat=False,
+    )
 
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
@@ -351,21 +227,11 @@ async def chat(request: Request) -> Response:
     if not req.messages:
         empty = {"message": {"role": "assistant", "content": ""}}
         return await _load_or_unload(state, req, keep_alive_s, empty)
-    params = chat_payload(req)
-    check_tools_for(state, req.model, params)
-    check_vision_for(state, req.model, params)
-    # The server-side tool loop over MCP servers (front/tool_loop.py), when the chat opts in.
-    if (loop := tool_loop_for(request, params, req.model, api="ollama", stream=req.stream,
-                              fields=req.model_extra or {})) is not None:
-        answered = await tool_loop_http.ollama_chat(request, loop, req.model, req.stream)
-        return tool_loop_http.finished(loop, answered)
-    # A server-side session (`session_id` field or X-Session-Id): its history is spliced in.
-    sid = session_id_for(request, req.model_extra or {})
-    turn = None if sid is None else begin_turn(request, sid, req.model, params)
-    return await _answer(
-        request, req, "/v1/chat/completions", params if turn is None else turn.body,
-        _chat_shape(req.model), turn,
-    )
+    call = chat_call(req, keep_alive_s=keep_alive_s, priority=request_priority(request),
+                     endpoint=request.url.path)
+    check_tools_for(state, req.model, call.payload)
+    check_vision_for(state, req.model, call.payload)
+    return await pipeline.answer(request, call, render.OLLAMA_CHAT)
 
 
 async def generate(request: Request) -> Response:
@@ -373,14 +239,14 @@ async def generate(request: Request) -> Response:
     data = await read_json_object(request)
     req = validate(GenerateRequest, data)
     check_ollama_images(data.get("images"), "images")  # 400 naming it, not the backend's 500
+    keep_alive_s = keep_alive_seconds(req.keep_alive)
     if not req.prompt and not req.images:
-        return await _load_or_unload(
-            state, req, keep_alive_seconds(req.keep_alive), {"response": ""}
-        )
+        return await _load_or_unload(state, req, keep_alive_s, {"response": ""})
     session_id_for(request, req.model_extra or {}, chat=False)  # sessions are for /api/chat
-    path, params = generate_payload(req)
-    check_vision_for(state, req.model, params)
-    return await _answer(request, req, path, params, _generate_shape(req.model))
+    call = generate_call(req, keep_alive_s=keep_alive_s, priority=request_priority(request),
+                         endpoint=request.url.path)
+    check_vision_for(state, req.model, call.payload)
+    return await pipeline.answer(request, call, render.OLLAMA_GENERATE)
 
 
 def _digest(entry: Entry) -> str:

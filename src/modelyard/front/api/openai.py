@@ -3,13 +3,13 @@
 The request is validated here, then its bytes go to the backend unchanged and the answer comes
 back unchanged: the cheapest relay is the one that does not re-encode. (Only a request with
 modelyard's own `archive` field is re-encoded, without it; see front/archive_capture.py; and a
-chat in a server-side session, whose history is spliced in: front/session_relay.py.)
+chat in a server-side session, whose history is spliced in: front/session_relay.py.) Parsed
+here into the chat pipeline's request (front/chat/pipeline.py), which runs it.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -18,19 +18,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from modelyard.errors import ModelyardError
-from modelyard.front import archive_capture, tool_loop_http
+from modelyard.front import archive_capture
+from modelyard.front.chat import pipeline, render
+from modelyard.front.chat.request import CHAT_PATH, COMPLETION_PATH, ChatCall
 from modelyard.front.chat_shapes import check_openai_chat
-from modelyard.front.proxy import (
-    ClientWatch,
-    LeasedStream,
-    Relay,
-    passthrough_error,
-    relay_raw,
-    watched,
-)
-from modelyard.front.session_relay import begin_turn, commit_body, session_id_for, tagged, tap_sse
-from modelyard.front.sse import sse_event
 from modelyard.front.state import (
     FrontState,
     read_json_object,
@@ -38,8 +29,6 @@ from modelyard.front.state import (
     state_of,
     validate,
 )
-from modelyard.front.swap_progress import open_for_stream
-from modelyard.front.tool_loop_http import tool_loop_for
 from modelyard.front.tool_support import check_tools_for
 from modelyard.front.vision_support import check_vision_for
 
@@ -70,17 +59,21 @@ class CompletionRequest(_Request):
     prompt: str | list[str] | list[int]
 
 
-def openai_error_event(exc: ModelyardError) -> bytes:
-    return sse_event(exc.openai_body())
-
-
-def swap_progress_chunk(model: str, text: str) -> bytes:
-    """A chat chunk carrying swap progress as reasoning, before the first token."""
-    delta = {"role": "assistant", "content": None, "reasoning_content": text + "\n"}
-    return sse_event(
-        {"id": "chatcmpl-modelyard-swap", "object": "chat.completion.chunk",
-         "created": int(time.time()), "model": model,
-         "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+def openai_call(path: str, data: dict[str, Any], body: bytes, req: _Request, *,
+                priority: int = 0) -> ChatCall:
+    """The pipeline's request for a validated OpenAI body: the client's bytes go upstream
+    unchanged unless modelyard's `archive` field must come out first."""
+    chat = path == CHAT_PATH
+    fields = None
+    if archive_capture.BODY_FIELD in data:
+        fields = data
+        data = {k: v for k, v in data.items() if k != archive_capture.BODY_FIELD}
+    return ChatCall(
+        "openai", path, req.model, path, req.stream, data,
+        body=body if fields is None else None, fields=fields,
+        archive=None if fields is None else fields[archive_capture.BODY_FIELD],
+        priority=priority, chat=chat,
+        progress=chat,  # text completions have no place for reasoning: progress is for chats
     )
 
 
@@ -94,75 +87,20 @@ async def _relay(
     if cap_tokens and (cap := default_max_tokens(state, req.model, data)) is not None:
         data = {**data, "max_tokens": cap}
         body = orjson.dumps(data)
-    if "chat" in path:
+    if path == CHAT_PATH:
         check_openai_chat(data)  # a malformed part or tool: 400 naming it, not the backend's 500
         check_tools_for(state, req.model, data)
         check_vision_for(state, req.model, data)
-    # The server-side tool loop over MCP servers (front/tool_loop.py), when the chat opts in.
-    if "chat" in path and (loop := tool_loop_for(request, data, req.model, api="openai",
-                                                 stream=req.stream)) is not None:
-        answered = await tool_loop_http.openai_chat(request, loop, req.model, req.stream)
-        return tool_loop_http.finished(loop, answered)
-    # A server-side session (front/sessions.py): its history is spliced in, the body re-encoded.
-    sid = session_id_for(request, data, chat="chat" in path)
-    turn = None if sid is None else begin_turn(request, sid, req.model, data)
-    if turn is not None:
-        data = turn.body
-    # Archived only when asked (header or `archive` field); the backend never sees the field.
-    capture = archive_capture.chat_capture(
-        request, data, asked=data.get(archive_capture.BODY_FIELD), api="openai", endpoint=path,
-        model=req.model, stream=req.stream)
-    if archive_capture.BODY_FIELD in data or turn is not None:
-        body = orjson.dumps({k: v for k, v in data.items() if k != archive_capture.BODY_FIELD})
-
-    # A non-streamed answer is awaited watching the client: one that leaves stops it.
-    watch = None if req.stream else ClientWatch(request.receive)
-
-    def open_relay(say: Callable[[str], None] | None) -> Awaitable[Relay]:
-        return state.open_relay(
-            req.model, path, body, priority=request_priority(request),
-            client=None if watch else request, on_progress=say,
-            session_kv=None if turn is None else turn.kv,
-        )
-
-    def stream_body(relay: Relay) -> AsyncIterator[bytes]:
-        chunks = relay_raw(relay, openai_error_event)
-        if turn is not None:
-            chunks = tap_sse(turn, chunks)
-        return chunks if capture is None else capture.tap_sse(chunks)
-
-    opened = await watched(watch, open_for_stream(
-        open_relay,
-        # Text completions have no place for reasoning: progress is for chats only.
-        enabled=req.stream and state.settings.notify_model_swap and "chat" in path,
-        render_progress=lambda text: swap_progress_chunk(req.model, text),
-        render_error=openai_error_event,
-        body=stream_body,
-        media_type="text/event-stream",
-    ))
-    if not isinstance(opened, Relay):
-        return tagged(opened if capture is None else capture.attach(opened), turn)
-    relay = opened
-    if relay.status != 200:
-        return tagged(passthrough_error(relay, await relay.read()), turn)
-    if not req.stream:
-        answer = await relay.read()
-        if turn is not None:
-            commit_body(turn, answer)
-        if capture is not None:
-            capture.save_response(answer)
-        whole = Response(answer, media_type="application/json")
-        return tagged(whole if capture is None else capture.attach(whole), turn)
-    response = LeasedStream(stream_body(relay), relay, "text/event-stream")
-    return tagged(response if capture is None else capture.attach(response), turn)
+    call = openai_call(path, data, body, req, priority=request_priority(request))
+    return await pipeline.answer(request, call, render.OPENAI)
 
 
 async def chat_completions(request: Request) -> Response:
-    return await _relay(request, "/v1/chat/completions", ChatCompletionRequest)
+    return await _relay(request, CHAT_PATH, ChatCompletionRequest)
 
 
 async def completions(request: Request) -> Response:
-    return await _relay(request, "/v1/completions", CompletionRequest, cap_tokens=True)
+    return await _relay(request, COMPLETION_PATH, CompletionRequest, cap_tokens=True)
 
 
 # The fields llama-server reads as a generation limit.

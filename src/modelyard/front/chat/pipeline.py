@@ -1,0 +1,138 @@
+"""The one chat pipeline: every chat and completion route (OpenAI, Ollama, native) runs its
+parsed request (front/chat/request.py) through here, and only frames the answer its own way
+(front/chat/render.py).
+
+In order: the MCP tool loop (when the chat opts in: front/tool_loop_http.py), the server-side
+session (its history spliced in, the turn committed as the answer passes:
+front/session_relay.py), the archive capture (when asked: front/archive_capture.py), the lease
+and the relay (state.open_relay; swap progress while a model loads: front/swap_progress.py),
+then the answer, streamed or whole.
+
+Rules it keeps (DESIGN.md §3.3, §3.8, §3.13): a request that needs nothing read sends the
+client's bytes and relays the backend's unchanged (the OpenAI passthrough: no parse, no copy);
+before the first streamed byte an error is a real HTTP status, after it an in-band event; a
+non-streamed request is opened and read watching its client, so one that leaves stops the
+backend (499); the lease is released in the relay's `close()`, which every path reaches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from modelyard.front import archive_capture, tool_loop_http
+from modelyard.front.chat.render import Render
+from modelyard.front.chat.request import ChatCall
+from modelyard.front.proxy import (
+    ClientWatch,
+    LeasedStream,
+    Relay,
+    relay_raw,
+    translated_stream,
+    watched,
+)
+from modelyard.front.session_relay import (
+    begin_turn,
+    commit_body,
+    session_id_for,
+    tagged,
+    tap_sse,
+    tap_translated,
+)
+from modelyard.front.state import state_of
+from modelyard.front.swap_progress import open_for_stream
+from modelyard.front.translate import Generation
+
+
+async def answer(request: Request, call: ChatCall, render: Render) -> Response:
+    """Run `call` upstream and answer it in `render`'s shapes."""
+    state = state_of(request)
+    fields = call.own_fields
+    # The server-side tool loop over MCP servers (front/tool_loop.py), when the chat opts in.
+    if call.chat and render.tool_loop is not None and (loop := tool_loop_http.tool_loop_for(
+            request, call.payload, call.model, api=call.api, stream=call.stream,
+            fields=fields)) is not None:  # fmt: skip
+        answered = await render.tool_loop(request, loop, call.model, call.stream)
+        return tool_loop_http.finished(loop, answered)
+    # A server-side session (`session_id` field or X-Session-Id): its history is spliced in.
+    sid = session_id_for(request, fields, chat=call.chat)
+    turn = None if sid is None else begin_turn(request, sid, call.model, call.payload)
+    payload = call.payload if turn is None else turn.body
+    # Archived only when asked (header or `archive` field); the backend never sees the field.
+    capture = archive_capture.chat_capture(
+        request, payload, asked=call.archive, api=call.api, endpoint=call.endpoint,
+        model=call.model, stream=call.stream)
+    body = call.body if call.body is not None and turn is None else orjson.dumps(payload)
+    gen = None if render.passthrough else Generation.start()
+
+    # A non-streamed answer is awaited watching the client: one that leaves stops it.
+    watch = None if call.stream else ClientWatch(request.receive)
+
+    def open_relay(say: Callable[[str], None] | None) -> Awaitable[Relay]:
+        return state.open_relay(
+            call.model, call.path, body, keep_alive_s=call.keep_alive_s,
+            priority=call.priority, client=None if watch else request, on_progress=say,
+            session_kv=None if turn is None else turn.kv,
+        )
+
+    def stream_body(relay: Relay) -> AsyncIterator[bytes]:
+        if gen is None:  # the backend's SSE, unchanged
+            chunks = relay_raw(relay, render.error_event)
+            if turn is not None:
+                chunks = tap_sse(turn, chunks)
+            return chunks if capture is None else capture.tap_sse(chunks)
+        gen.load_duration_ns = relay.lease.load_duration_ns
+        absorb: Callable[[dict[str, Any]], str] = gen.absorb
+
+        def closing() -> bytes:
+            return render.done(call, gen)
+
+        on_done: Callable[[], bytes] = closing
+        if turn is not None:
+            absorb, on_done = tap_translated(turn, absorb, on_done)
+        chunks = translated_stream(
+            relay, absorb,
+            on_text=lambda text: render.text(call, gen, text),
+            on_done=on_done,
+            on_error=render.error_event,
+        )
+        return chunks if capture is None else capture.tap_generation(chunks, gen)
+
+    opened = await watched(watch, open_for_stream(
+        open_relay,
+        enabled=call.stream and call.progress and state.settings.notify_model_swap,
+        render_progress=lambda text: render.progress(call, gen, text),
+        render_error=render.error_event,
+        body=stream_body,
+        media_type=render.media_type,
+    ))
+    if not isinstance(opened, Relay):  # swap progress is streaming
+        return tagged(opened if capture is None else capture.attach(opened), turn)
+    relay = opened
+    if gen is not None:
+        gen.load_duration_ns = relay.lease.load_duration_ns
+    if relay.status != 200:
+        failed = render.upstream_error(call, relay.status, relay.content_type, await relay.read())
+        return tagged(failed, turn)
+    if call.stream:
+        response: Response = LeasedStream(stream_body(relay), relay, render.media_type)
+    elif gen is None:  # a whole OpenAI answer, unchanged
+        raw = await relay.read()
+        if turn is not None:
+            commit_body(turn, raw)
+        if capture is not None:
+            capture.save_response(raw)
+        response = Response(raw, media_type="application/json")
+    else:
+        whole = orjson.loads(await relay.read())
+        gen.absorb(whole)
+        if turn is not None:
+            commit_body(turn, whole)
+        if capture is not None:
+            capture.save_generation(gen)
+        response = render.whole(call, gen)
+    return tagged(response if capture is None else capture.attach(response), turn)

@@ -1,0 +1,46 @@
+"""The one request type of the chat pipeline (front/chat/pipeline.py).
+
+Each chat API (OpenAI, Ollama, native) parses its body into a ChatCall: what to send upstream
+in the OpenAI shape llama-server serves, and what the pipeline needs to know around it (stream,
+keep-alive, session, archive, priority). From there on the three APIs share one path; only the
+rendering of the answer (front/chat/render.py) is the API's own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+CHAT_PATH = "/v1/chat/completions"
+COMPLETION_PATH = "/v1/completions"
+
+Api = Literal["openai", "ollama", "native"]
+
+
+@dataclass(slots=True)
+class ChatCall:
+    """One chat or completion request, parsed and validated by its API."""
+
+    api: Api
+    endpoint: str  # the route the client called (archived with the transcript)
+    model: str  # as the client named it (an alias stays an alias in the answer)
+    path: str  # the upstream route: CHAT_PATH or COMPLETION_PATH
+    stream: bool
+    # The upstream request in the OpenAI shape, without modelyard's `archive` field.
+    payload: dict[str, Any]
+    # The client's own bytes when they can go upstream unchanged (the OpenAI passthrough, the
+    # hot path: never re-encoded); None: `payload` is encoded.
+    body: bytes | None = None
+    # The request's own fields, where `session_id` (and the tool loop's archive ask) are read.
+    fields: dict[str, Any] | None = None
+    archive: object = None  # the `archive` field's value (front/archive_capture.py)
+    keep_alive_s: float | None = None  # None: the configured default
+    priority: int = 0  # X-Modelyard-Priority
+    # A conversation: it may run in a server-side session and use the MCP tool loop. False
+    # (text completions, Ollama's /api/generate): a `session_id` field is refused.
+    chat: bool = True
+    progress: bool = True  # swap progress may be streamed (the API has a place for it)
+
+    @property
+    def own_fields(self) -> dict[str, Any]:
+        return self.payload if self.fields is None else self.fields
