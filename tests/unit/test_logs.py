@@ -18,7 +18,6 @@ from starlette.testclient import TestClient
 
 from modelyard.config import Settings
 from modelyard.engine.backends.openai_server import log_path
-from modelyard.engine.process import rotate_log
 from modelyard.errors import ModelyardError
 from modelyard.front.api import logs as logs_api
 from modelyard.front.logs import (
@@ -31,6 +30,7 @@ from modelyard.front.logs import (
     redact,
 )
 from modelyard.front.render import render_error
+from modelyard.proc.process import rotate_log
 from modelyard.store.registry import ModelRegistry
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(20)]
@@ -219,7 +219,7 @@ def test_rotate_log_keeps_n_backups(tmp_path: Path) -> None:
 
 
 async def test_child_process_rotates_its_log_on_start(tmp_path: Path) -> None:
-    from modelyard.engine.process import ChildProcess
+    from modelyard.proc.process import ChildProcess
 
     path = tmp_path / "c.log"
     path.write_text("previous run\n" * 10)

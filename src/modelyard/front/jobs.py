@@ -26,7 +26,7 @@ from sqlalchemy.engine import Engine
 
 from modelyard import db, metrics
 from modelyard.config import Settings
-from modelyard.engine.process import ChildProcess
+from modelyard.proc.process import ChildProcess
 from modelyard.errors import InvalidRequest, JobNotFound, ModelyardError
 from modelyard.store.refs import parse_ref
 

@@ -35,8 +35,8 @@ import httpx
 from modelyard import metrics
 from modelyard.config import EngineSpec, Settings
 from modelyard.engine.backends.openai_server import LOOPBACK, free_port
-from modelyard.engine.process import ChildProcess
-from modelyard.engine.readiness import NotReady, wait_ready
+from modelyard.proc.process import ChildProcess
+from modelyard.proc.readiness import NotReady, wait_ready
 from modelyard.front.engines import HttpEngineClient
 from modelyard.wire.lease import SECRET_ENV
 
