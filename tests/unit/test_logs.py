@@ -24,8 +24,8 @@ from modelyard.front.logs import FRONT, BufferLog, LogBuffer
 from modelyard.front.render import render_error
 from modelyard.proc.logfile import FileLog, parse_line
 from modelyard.proc.process import rotate_log
-from modelyard.wire.logs import LogLine, redact
 from modelyard.store.registry import ModelRegistry
+from modelyard.wire.logs import LogLine, redact
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(20)]
 
