@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field, replace
@@ -375,10 +376,15 @@ class FrontState:
 
 def engine_spec(settings: Settings, name: str) -> EngineSpec | None:
     """Engine `name`'s overrides: `engine_specs` are keyed by the N of `engine-N`."""
+    number = _engine_number(name)
+    return settings.engine_specs.get(number) if number is not None else None
+
+
+@functools.cache
+def _engine_number(name: str) -> int | None:
+    """N of `engine-N` (once per name: `limits` asks per request)."""
     prefix, _, number = name.rpartition("-")
-    if prefix != "engine" or not number.isdigit():
-        return None
-    return settings.engine_specs.get(int(number))
+    return int(number) if prefix == "engine" and number.isdigit() else None
 
 
 @dataclass(frozen=True)
