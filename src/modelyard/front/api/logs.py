@@ -184,12 +184,15 @@ async def stream_logs(request: Request) -> Response:
     if after is None and (last_id := request.headers.get("last-event-id", "")).isdigit():
         after = int(last_id)  # an EventSource reconnecting goes on where it stopped
 
+    # Read before the response starts: an engine that cannot answer is a real 503.
+    first = await reader.read(None, limit) if after is None else None
+
     async def events() -> AsyncIterator[bytes]:
-        if after is None:
-            lines, cursor = await reader.read(None, limit)
+        if first is not None:
+            lines, cursor = first
             yield _events(lines) or b": no lines yet\n\n"  # headers go out now
         else:
-            cursor = after
+            cursor = after or 0
             yield b": following\n\n"
         quiet_since = time.monotonic()
         # The follower yields at least every poll, so a client that left is noticed quickly
