@@ -234,6 +234,8 @@ class HttpEngineClient:
                 pending = b""
                 async for chunk in response.content.iter_any():
                     pending += chunk
+                    if b"\n" not in chunk:
+                        continue  # a big batch comes in many chunks: split once it is whole
                     *complete, pending = pending.split(b"\n")
                     for raw in complete:
                         yield [LogLine.from_json(x) for x in orjson.loads(raw)["lines"]]
