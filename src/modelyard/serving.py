@@ -22,8 +22,8 @@ import uvicorn
 from starlette.types import ASGIApp
 
 from modelyard.config import Settings
-from modelyard.engine.process import kill_process_tree
 from modelyard.http_limits import HttpLimits, protocol_class
+from modelyard.proc.process import kill_process_tree
 
 # After the grace, what streams the drain ended may take to send their last event and close.
 ABORT_MARGIN_S = 5.0

@@ -68,7 +68,10 @@ def test_without_the_secret_every_route_is_refused(engine: tuple[int, str, int])
     host = {"Host": f"127.0.0.1:{port}"}
     for method, path in [("GET", "/health"), ("GET", "/status"), ("GET", "/diag"),
                          ("POST", "/rescan"), ("POST", "/models/m1/load"),
-                         ("POST", "/models/m1/unload"), ("POST", "/reload")]:
+                         ("POST", "/models/m1/unload"), ("POST", "/reload"),
+                         ("GET", "/logs?model=m1"), ("GET", "/logs/stream?model=m1"),
+                         ("GET", "/kv/m1/slots"), ("POST", "/kv/m1/slots/0"),
+                         ("POST", "/kv/drop")]:
         for auth in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "wrong"}):
             status, body = raw_http(port, method, path,
                                     {**host, **auth, "Content-Type": "application/json"})

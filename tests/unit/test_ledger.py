@@ -15,13 +15,13 @@ import pytest
 from tests.support import sleeper
 
 from modelyard.engine.ledger import (
-    GpuDevice,
     HostDevice,
     Loading,
     SimulatedDevice,
     plannable_free,
     wait_for_recovery,
 )
+from modelyard.hw.gpu_probe import GpuDevice
 from modelyard.hw.simulated import CLAIMS_DIR_ENV, SimulatedGpu
 from modelyard.types import DeviceInfo
 

@@ -18,20 +18,14 @@ from starlette.testclient import TestClient
 
 from modelyard.config import Settings
 from modelyard.engine.backends.openai_server import log_path
-from modelyard.engine.process import rotate_log
 from modelyard.errors import ModelyardError
 from modelyard.front.api import logs as logs_api
-from modelyard.front.logs import (
-    FRONT,
-    BufferLog,
-    FileLog,
-    LogBuffer,
-    LogLine,
-    parse_line,
-    redact,
-)
+from modelyard.front.logs import FRONT, BufferLog, LogBuffer
 from modelyard.front.render import render_error
+from modelyard.proc.logfile import FileLog, parse_line
+from modelyard.proc.process import rotate_log
 from modelyard.store.registry import ModelRegistry
+from modelyard.wire.logs import LogLine, redact
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(20)]
 
@@ -219,7 +213,7 @@ def test_rotate_log_keeps_n_backups(tmp_path: Path) -> None:
 
 
 async def test_child_process_rotates_its_log_on_start(tmp_path: Path) -> None:
-    from modelyard.engine.process import ChildProcess
+    from modelyard.proc.process import ChildProcess
 
     path = tmp_path / "c.log"
     path.write_text("previous run\n" * 10)
@@ -291,9 +285,22 @@ async def test_ring_follow_delivers_new_records() -> None:
 
 @dataclass
 class StubEngine:
+    """An engine's client as far as the log routes use it: the engine reads its files."""
+
     name: str
-    index: int
+    settings: Settings
     up: bool = True
+
+    def _log(self, model: str | None) -> FileLog:
+        if model is None:
+            return FileLog(self.settings.logs_dir / f"{self.name}.log", self.name)
+        return FileLog(log_path(self.settings, model), model)
+
+    async def read_log(self, model: str | None, after: int | None, limit: int) -> Any:
+        return self._log(model).read(after, limit)
+
+    def follow_log(self, model: str | None, after: int) -> AsyncGenerator[list[LogLine], None]:
+        return self._log(model).follow(after, poll_s=0.01)
 
 
 @dataclass
@@ -317,7 +324,8 @@ def client(tmp_path: Path) -> Any:
     settings = Settings(home=tmp_path, scan_hf_cache=False, models=models)  # type: ignore[arg-type]
     app = Starlette(routes=logs_api.routes, exception_handlers={ModelyardError: _on_error})
     app.state.front = StubState(settings, ModelRegistry.build(settings),
-                                [StubEngine("engine-0", 0), StubEngine("engine-1", 1, up=False)])
+                                [StubEngine("engine-0", settings),
+                                 StubEngine("engine-1", settings, up=False)])
     ring = LogBuffer(100)
     app.state.logs = ring
     logger = logging.getLogger("test.logs.routes")
@@ -383,7 +391,8 @@ async def test_stream_ends_when_the_client_leaves(tmp_path: Path, spec_version: 
     models = [{"id": "m1", "backend": "openai", "argv": ["x"]}]
     settings = Settings(home=tmp_path, scan_hf_cache=False, models=models)  # type: ignore[arg-type]
     app = Starlette(routes=logs_api.routes, exception_handlers={ModelyardError: _on_error})
-    app.state.front = StubState(settings, ModelRegistry.build(settings), [])
+    app.state.front = StubState(settings, ModelRegistry.build(settings),
+                                [StubEngine("engine-0", settings)])
     app.state.logs = LogBuffer(10)
     mlog = log_path(settings, "m1")
     mlog.parent.mkdir(parents=True)
@@ -421,8 +430,6 @@ async def test_stream_ends_when_the_client_leaves(tmp_path: Path, spec_version: 
 
 
 def test_json_records_give_their_time_level_and_request_id() -> None:
-    from modelyard.front.logs import parse_line
-
     line = parse_line('{"ts": "2026-11-22T07:20:14.123+00:00", "level": "warning", '
                       '"logger": "modelyard.engine", "process": "engine-0", '
                       '"message": "loading m1", "request_id": "abc"}', 7, "engine-0")

@@ -1,6 +1,6 @@
 import pytest
 
-from modelyard.engine.readiness import NotReady, wait_ready
+from modelyard.proc.readiness import NotReady, wait_ready
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(10)]
 

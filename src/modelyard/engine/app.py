@@ -7,6 +7,12 @@
     POST   /models/{id}/unload          unload a model once its requests in flight are done
     POST   /rescan                      re-read the catalog (after a pull or an import)
     POST   /reload                      take up a new configuration (the front's, as JSON)
+    GET    /logs?model=&after=&limit=   a model's backend log: {"lines": […], "next_after": seq}
+    GET    /logs/stream?model=&after=   the same, followed: one JSON batch per line (NDJSON), an
+                                        empty batch now and then while nothing is written
+    GET    /kv/{id}/slots               {"slots": n | null}: the slots its server saves (session KV)
+    POST   /kv/{id}/slots/{n}           {"action": "restore"|"save", "key"}: → {"ok": bool}
+    POST   /kv/drop                     {"key"}: delete a session's saved slots
 
 Leases are not taken here but over the lease channel (engine/lease_channel.py): it is cheaper,
 and it releases the leases of a front whose connection drops. Errors use the native shape so the
@@ -32,14 +38,16 @@ import orjson
 from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from modelyard import __version__
 from modelyard.config import Settings
 from modelyard.engine.lease_channel import serve_lease_channel
+from modelyard.engine.logs import model_log
 from modelyard.engine.loop import Engine
+from modelyard.engine.session_slots import SessionSlots
 from modelyard.errors import (
     HostNotAllowed,
     InvalidRequest,
@@ -47,6 +55,7 @@ from modelyard.errors import (
     Unauthorized,
     UnsupportedMediaType,
 )
+from modelyard.wire.logs import MAX_LIMIT
 
 
 def _error(exc: ModelyardError) -> Response:
@@ -139,6 +148,69 @@ def create_engine_app(
         return JSONResponse({"model": request.path_params["model"],
                              "status": "unloaded" if unloaded else "not_loaded"})
 
+    def _log_query(request: Request) -> tuple[str, int | None, int]:
+        model = request.query_params.get("model", "")
+        try:
+            raw_after = request.query_params.get("after")
+            after = int(raw_after) if raw_after not in (None, "") else None
+            limit = min(MAX_LIMIT, max(1, int(request.query_params.get("limit", "200"))))
+        except ValueError as exc:
+            raise InvalidRequest(f"logs: {exc}") from exc
+        if not model:
+            raise InvalidRequest("logs: name a model", param="model")
+        engine.registry.resolve(model)  # 404 model_not_found for a model it does not know
+        return model, after, limit
+
+    async def read_log(request: Request) -> Response:
+        try:
+            model, after, limit = _log_query(request)
+        except ModelyardError as exc:
+            return _error(exc)
+        lines, cursor = await asyncio.to_thread(
+            model_log(engine.settings, model).read, after, limit)
+        return Response(orjson.dumps({"lines": [x.to_json() for x in lines],
+                                      "next_after": cursor}), media_type="application/json")
+
+    async def follow_log(request: Request) -> Response:
+        try:
+            model, after, _ = _log_query(request)
+        except ModelyardError as exc:
+            return _error(exc)
+
+        async def batches() -> AsyncIterator[bytes]:
+            follower = model_log(engine.settings, model).follow(after or 0)
+            async with contextlib.aclosing(follower):
+                async for batch in follower:
+                    yield orjson.dumps({"lines": [x.to_json() for x in batch]}) + b"\n"
+
+        return StreamingResponse(batches(), media_type="application/x-ndjson")
+
+    async def kv_slots(request: Request) -> Response:
+        return JSONResponse({"slots": slots.slots(request.path_params["model"])})
+
+    async def kv_slot(request: Request) -> Response:
+        try:
+            body = orjson.loads(await request.body())
+            ok = await slots.act(request.path_params["model"], int(request.path_params["slot"]),
+                                 str(body.get("action")), str(body.get("key")))
+        except (orjson.JSONDecodeError, AttributeError) as exc:
+            return _error(InvalidRequest(f"slot: not a JSON object: {exc}"))
+        except ModelyardError as exc:
+            return _error(exc)
+        return JSONResponse({"ok": ok})
+
+    async def kv_drop(request: Request) -> Response:
+        try:
+            body = orjson.loads(await request.body())
+            slots.drop(str(body.get("key")))
+        except (orjson.JSONDecodeError, AttributeError) as exc:
+            return _error(InvalidRequest(f"drop: not a JSON object: {exc}"))
+        except ModelyardError as exc:
+            return _error(exc)
+        return JSONResponse({"ok": True})
+
+    slots = SessionSlots(engine)
+
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
         nonlocal lease_port
@@ -152,6 +224,7 @@ def create_engine_app(
             channel.close()
             if watcher is not None:
                 watcher.cancel()
+            await slots.close()
             await engine.shutdown()
 
     routes = [
@@ -162,6 +235,11 @@ def create_engine_app(
         Route("/models/{model:path}/unload", unload, methods=["POST"]),
         Route("/rescan", rescan, methods=["POST"]),
         Route("/reload", reload, methods=["POST"]),
+        Route("/logs", read_log),
+        Route("/logs/stream", follow_log),
+        Route("/kv/drop", kv_drop, methods=["POST"]),
+        Route("/kv/{model:path}/slots", kv_slots),
+        Route("/kv/{model:path}/slots/{slot:int}", kv_slot, methods=["POST"]),
     ]
     return RequireFront(Starlette(routes=routes, lifespan=lifespan), secret)
 

@@ -16,7 +16,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -118,42 +118,6 @@ class HostDevice:
 
     def child_env(self) -> dict[str, str]:
         return {}
-
-    def on_spawn(self, pid: int, reserved_bytes: int) -> None:
-        pass
-
-
-class GpuDevice:
-    """A real GPU read through a probe (NVML in engines, nvidia-smi as the fallback)."""
-
-    kind = "cuda"
-
-    def __init__(
-        self,
-        read: Callable[[], DeviceInfo | None],
-        processes: Callable[[], Mapping[int, int]],
-        fallback_total_bytes: int = 0,
-    ) -> None:
-        self._read = read
-        self._processes = processes
-        self._last: DeviceInfo | None = None
-        self._fallback_total = fallback_total_bytes
-
-    def info(self) -> DeviceInfo:
-        info = self._read()
-        if info is not None:
-            self._last = info
-            return info
-        # The driver did not answer this time: the last reading, or an empty device.
-        return self._last or DeviceInfo(0, None, "gpu (unreadable)", self._fallback_total,
-                                        None, None, None, None)
-
-    def used_by(self, pids: Iterable[int]) -> dict[int, int]:
-        procs = self._processes()
-        return {pid: procs[pid] for pid in pids if pid in procs}
-
-    def child_env(self) -> dict[str, str]:
-        return {}  # CUDA_VISIBLE_DEVICES is already the engine's own
 
     def on_spawn(self, pid: int, reserved_bytes: int) -> None:
         pass

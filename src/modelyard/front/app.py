@@ -1,6 +1,7 @@
 """The public front: the OpenAI, Ollama and native APIs over one or more engines.
 
-`create_app` builds the ASGI app. Without `engines` it starts its own on startup: one engine in
+`create_app` builds the ASGI app. It learns its engines from an `EngineProvider`
+(front/engine_provider.py), started on startup and stopped on shutdown; by default one engine in
 this process for `single_process`, otherwise one supervised engine process per GPU (one CPU engine
 when there is none). Errors are rendered in the shape of the API that was called.
 """
@@ -36,7 +37,7 @@ from modelyard.front.api import openapi as openapi_api
 from modelyard.front.api import sessions as sessions_api
 from modelyard.front.api import studio as studio_api
 from modelyard.front.archive import ArchiveStore
-from modelyard.front.engines import EngineClient, HttpEngineClient, LocalEngineClient
+from modelyard.front.engine_provider import ChildProcess, InProcessEngines, LocalEngines
 from modelyard.front.jobs import PullJobs
 from modelyard.front.logs import LogBuffer
 from modelyard.front.mcp_client import McpHub
@@ -46,11 +47,9 @@ from modelyard.front.render import render_error
 from modelyard.front.session_kv import SessionKv
 from modelyard.front.sessions import SessionStore
 from modelyard.front.state import FrontState
-from modelyard.front.supervisor import EngineSupervisor, plan_engines
-from modelyard.hw.simulated import parse_simulated_gpus
-from modelyard.hw.smi import query_gpus
 from modelyard.request_ids import RequestIdMiddleware
 from modelyard.store.registry import ModelRegistry
+from modelyard.wire.engines import EngineProvider
 
 log = logging.getLogger("modelyard.front")
 
@@ -89,7 +88,7 @@ async def _on_unexpected(request: Request, exc: Exception) -> Response:
 def create_app(
     settings: Settings,
     *,
-    engines: list[EngineClient] | None = None,
+    provider: EngineProvider | None = None,
     registry: ModelRegistry | None = None,
     config_file: Path | None = None,
     import_dirs: Sequence[Path] = (),
@@ -99,20 +98,20 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
-            if engines is None and not settings.single_process:  # (`modelyard serve` did it)
+            if provider is None and not settings.single_process:  # (`modelyard serve` did it)
                 metrics.setup_multiprocess(settings.home)  # before engines start: they inherit
             stack.callback(metrics.release_multiprocess)  # last, once the engines have stopped
             # The front's own records, for GET /admin/logs (and an in-process engine's).
             app.state.logs = stack.enter_context(LogBuffer(settings.log_buffer_lines).capture())
-            gpu_count = count_gpus(settings)
-            clients = engines
-            if clients is None:
-                clients = await _start_engines(settings, registry, gpu_count, config_file, stack)
-            app.state.logs.engine_source = next(
-                (c.name for c in clients if isinstance(c, LocalEngineClient)), None)
+            engines = provider or _default_provider(settings, registry, config_file,
+                                                    app.state.logs)
+            try:
+                await engines.start()
+            finally:  # what started stops, even when the first start failed
+                stack.push_async_callback(engines.stop)
             upstream = new_upstream_session(settings.request_timeout_s)
             stack.push_async_callback(upstream.close)
-            state = FrontState(settings, registry, clients, upstream, gpu_count=gpu_count)
+            state = FrontState(settings, registry, engines, upstream)
             app.state.front = state
             app.state.mcp = McpHub(settings.mcp_servers)  # the tool loop's MCP servers
             stack.push_async_callback(app.state.mcp.close)  # their processes end with the front
@@ -122,7 +121,7 @@ def create_app(
             await state.archive.start()  # and its sweeper; stopped before the database closes
             stack.push_async_callback(state.archive.stop)
             state.sessions = SessionStore.for_settings(settings, state.db)
-            state.session_kv = SessionKv(settings)
+            state.session_kv = SessionKv(lambda: state.engines)
             state.sessions.on_drop = state.session_kv.drop_session
             await state.sessions.start()  # reloads persisted ones; stopped (and flushed) first
             stack.push_async_callback(state.sessions.stop)
@@ -198,7 +197,8 @@ async def _open_model_store(state: FrontState, stack: contextlib.AsyncExitStack)
             entry = state.registry.resolve(job["model_id"])
             await (await state.route(entry)).load(entry.id)
 
-    jobs = PullJobs(state.settings, database, catalog_changed=state.rescan, on_pulled=on_pulled)
+    jobs = PullJobs(state.settings, database, catalog_changed=state.rescan, on_pulled=on_pulled,
+                    spawn=ChildProcess)
     interrupted = await jobs.recover()
     if interrupted:
         log.warning("%d pull job(s) were interrupted by the last shutdown: POST "
@@ -206,13 +206,6 @@ async def _open_model_store(state: FrontState, stack: contextlib.AsyncExitStack)
     stack.push_async_callback(jobs.shutdown)
     state.jobs = jobs
     await state.rescan()  # the catalog now includes what the database holds
-
-
-def count_gpus(settings: Settings) -> int:
-    """GPUs to start engines for: simulated ones, else what nvidia-smi reports."""
-    if settings.simulate_gpus:
-        return len(parse_simulated_gpus(settings.simulate_gpus))
-    return 0 if settings.devices == "cpu" else len(query_gpus())
 
 
 async def load_startup_models(state: FrontState) -> None:
@@ -228,26 +221,9 @@ async def load_startup_models(state: FrontState) -> None:
             log.error("startup model %s not loaded: %s", name, exc.full_message())
 
 
-async def _start_engines(
-    settings: Settings,
-    registry: ModelRegistry,
-    gpu_count: int,
-    config_file: Path | None,
-    stack: contextlib.AsyncExitStack,
-) -> list[EngineClient]:
+def _default_provider(
+    settings: Settings, registry: ModelRegistry, config_file: Path | None, logs: LogBuffer
+) -> EngineProvider:
     if settings.single_process:
-        from modelyard.engine.loop import Engine
-
-        engine = Engine(settings, registry)
-        engine.start()
-        stack.push_async_callback(engine.shutdown)
-        return [LocalEngineClient(engine)]
-    clients: list[EngineClient] = []
-    for plan in plan_engines(settings, gpu_count):
-        client = HttpEngineClient(f"engine-{plan.index}", plan.index)
-        supervisor = EngineSupervisor(settings, plan, client, config_file=config_file)
-        stack.push_async_callback(supervisor.stop)
-        await supervisor.start()
-        clients.append(client)
-    return clients
-
+        return InProcessEngines(settings, registry, log_buffer=logs)
+    return LocalEngines(settings, config_file=config_file)

@@ -1,8 +1,10 @@
-"""How the front talks to engines: one interface, an in-process and an HTTP implementation.
+"""How the front talks to an engine process: `HttpEngineClient`, over its HTTP API and its lease
+channel.
 
-The rest of the front only sees `EngineClient`, so `--single-process`, engine subprocesses and (in
-a later step) Ray actors are interchangeable. Releasing a lease never awaits, so it is safe in the
-`finally` of a cancelled scope (client disconnect).
+The rest of the front only sees `EngineClient` (wire/engines.py), so `--single-process` (its
+client: front/engine_provider.py `LocalEngineClient`), engine subprocesses and (in a later step)
+Ray actors are interchangeable. Releasing a lease never awaits, so it is safe in the `finally` of
+a cancelled scope (client disconnect).
 
 An engine process is called with its secret (DESIGN.md §3.12): `Authorization: Bearer` on its
 HTTP API, a hello on its lease channel. Streams relayed from a model it granted are `watch`ed:
@@ -14,116 +16,42 @@ unless it answers again first.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-from collections.abc import Callable
-from typing import Any, Protocol
-from urllib.parse import quote
+from collections.abc import AsyncGenerator, Callable
+from typing import Any
+from urllib.parse import quote, urlsplit
 
 import aiohttp
 import orjson
+from pydantic import BaseModel
 
-from modelyard.config import Settings
-from modelyard.engine.backends.openai_server import LOOPBACK
-from modelyard.engine.loop import Engine
 from modelyard.errors import EngineUnavailable, ModelyardError, from_native_body
 from modelyard.front.drain import Abortable
 from modelyard.front.lease_client import LeaseClient
 from modelyard.serving import ENGINE_CLIENT_KEEPALIVE_S
 from modelyard.types import Lease
+from modelyard.wire.engines import EngineClient, SlotAction
+from modelyard.wire.logs import LogLine, LogSource
+
+__all__ = ["ENGINE_RETRY_AFTER_S", "EngineClient", "HttpEngineClient"]
 
 ENGINE_RETRY_AFTER_S = 2.0
 
 log = logging.getLogger("modelyard.front.engines")
 
 
-class EngineClient(Protocol):
-    name: str
-    index: int
-
-    @property
-    def up(self) -> bool: ...
-
-    async def acquire(
-        self,
-        model: str,
-        keep_alive_s: float | None = None,
-        on_progress: Callable[[str], None] | None = None,
-    ) -> Lease: ...
-
-    async def load(self, model: str, keep_alive_s: float | None = None) -> dict[str, Any]: ...
-
-    async def unload(self, model: str) -> dict[str, Any]: ...
-
-    async def rescan(self) -> None: ...
-
-    async def reload(self, settings: Settings) -> dict[str, Any]: ...
-
-    def release(self, lease: Lease) -> None: ...
-
-    async def status(self) -> dict[str, Any]: ...
-
-    async def diag(self) -> dict[str, Any]: ...
-
-    def watch(self, relay: Abortable) -> Callable[[], None]:
-        """Abort `relay` if this engine goes down while it runs; returns the unwatch call."""
-        ...
-
-
-class LocalEngineClient:
-    """The engine lives in this process (`--single-process`)."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        self.index = engine.index
-        self.name = f"engine-{engine.index}"
-
-    @property
-    def up(self) -> bool:
-        return True
-
-    async def acquire(
-        self,
-        model: str,
-        keep_alive_s: float | None = None,
-        on_progress: Callable[[str], None] | None = None,
-    ) -> Lease:
-        return await self.engine.acquire(model, keep_alive_s=keep_alive_s, progress=on_progress)
-
-    async def load(self, model: str, keep_alive_s: float | None = None) -> dict[str, Any]:
-        lease = await self.engine.acquire(model, keep_alive_s=keep_alive_s)
-        self.engine.release(lease.id)
-        return {"model": lease.model, "status": "loaded",
-                "load_duration_ns": lease.load_duration_ns}
-
-    async def unload(self, model: str) -> dict[str, Any]:
-        unloaded = await self.engine.unload(model)
-        return {"model": model, "status": "unloaded" if unloaded else "not_loaded"}
-
-    async def rescan(self) -> None:
-        await self.engine.rescan()
-
-    async def reload(self, settings: Settings) -> dict[str, Any]:
-        return await self.engine.reload(settings)
-
-    def release(self, lease: Lease) -> None:
-        self.engine.release(lease.id)
-
-    async def status(self) -> dict[str, Any]:
-        return self.engine.status()
-
-    async def diag(self) -> dict[str, Any]:
-        return self.engine.diag()
-
-    def watch(self, relay: Abortable) -> Callable[[], None]:
-        return _nothing  # in this process: it cannot stop while the front runs
-
-
 class HttpEngineClient:
     """An engine process on a loopback port, usually started by the front's supervisor."""
 
-    def __init__(self, name: str, index: int = 0) -> None:
+    def __init__(self, name: str, index: int = 0, *, process_log: LogSource | None = None
+                 ) -> None:
         self.name = name
         self.index = index
+        # The engine process's own output, read by whoever started it (its provider), so that
+        # it can be read while the engine is down; None: the engine has no such log here.
+        self.process_log = process_log
         self._session: aiohttp.ClientSession | None = None
         self._leases: LeaseClient | None = None
         # False from a health probe (or a report) it did not answer in time until one it does:
@@ -131,6 +59,7 @@ class HttpEngineClient:
         self._answering = True
         self._report_timeout: aiohttp.ClientTimeout | None = None
         self._relays: set[Abortable] = set()
+        self._background: set[asyncio.Future[Any]] = set()  # session KV drops under way
 
     @property
     def up(self) -> bool:
@@ -159,8 +88,8 @@ class HttpEngineClient:
             aiohttp.ClientTimeout(total=report_timeout_s) if report_timeout_s else None
         )
         leases = await LeaseClient.connect(
-            LOOPBACK, lease_port, secret, heartbeat_timeout_s=heartbeat_timeout_s,
-            name=self.name,
+            urlsplit(base_url).hostname or "127.0.0.1", lease_port, secret,
+            heartbeat_timeout_s=heartbeat_timeout_s, name=self.name,
         )
         leases.on_silent = self._fell_silent
         self._leases = leases
@@ -254,7 +183,7 @@ class HttpEngineClient:
     async def rescan(self) -> None:
         await self._call("POST", "/rescan")
 
-    async def reload(self, settings: Settings) -> dict[str, Any]:
+    async def reload(self, settings: BaseModel) -> dict[str, Any]:
         return dict(await self._call("POST", "/reload", settings.model_dump(mode="json")))
 
     def release(self, lease: Lease) -> None:
@@ -268,7 +197,69 @@ class HttpEngineClient:
     async def diag(self) -> dict[str, Any]:
         return dict(await self._call("GET", "/diag", timeout=self._report_timeout))
 
+    async def read_log(
+        self, model: str | None, after: int | None, limit: int
+    ) -> tuple[list[LogLine], int]:
+        if model is None:
+            if self.process_log is None:
+                return [], 0
+            return await asyncio.to_thread(self.process_log.read, after, limit)
+        params = {"model": model, "limit": str(limit)}
+        if after is not None:
+            params["after"] = str(after)
+        body = await self._call("GET", "/logs", params=params, timeout=self._report_timeout)
+        return [LogLine.from_json(x) for x in body["lines"]], int(body["next_after"])
 
+    async def follow_log(
+        self, model: str | None, after: int
+    ) -> AsyncGenerator[list[LogLine], None]:
+        if model is None:
+            if self.process_log is None:
+                return
+            async with contextlib.aclosing(self.process_log.follow(after)) as batches:
+                async for batch in batches:
+                    yield batch
+            return
+        session = self._session
+        self._check_up()
+        assert session is not None
+        params = {"model": model, "after": str(after)}
+        try:
+            async with session.get("/logs/stream", params=params) as response:
+                if response.status >= 400:
+                    payload = orjson.loads(await response.read() or b"null")
+                    if isinstance(payload, dict) and "error" in payload:
+                        raise from_native_body(payload)
+                    raise ModelyardError(f"engine answered {response.status}")
+                pending = b""
+                async for chunk in response.content.iter_any():
+                    pending += chunk
+                    if b"\n" not in chunk:
+                        continue  # a big batch comes in many chunks: split once it is whole
+                    *complete, pending = pending.split(b"\n")
+                    for raw in complete:
+                        yield [LogLine.from_json(x) for x in orjson.loads(raw)["lines"]]
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise self._unavailable(type(exc).__name__) from exc
 
-def _nothing() -> None:
-    pass
+    async def kv_slots(self, model: str) -> int | None:
+        body = await self._call("GET", f"/kv/{quote(model, safe='')}/slots")
+        slots = body.get("slots")
+        return int(slots) if slots is not None else None
+
+    async def kv_slot(self, model: str, slot: int, action: SlotAction, key: str) -> bool:
+        body = await self._call("POST", f"/kv/{quote(model, safe='')}/slots/{int(slot)}",
+                                {"action": action, "key": key})
+        return bool(body.get("ok"))
+
+    def kv_drop(self, key: str) -> None:
+        if not self.up:
+            return  # its files stay: a later drop of the same session cannot name them
+        task = asyncio.ensure_future(self._call("POST", "/kv/drop", {"key": key}))
+        self._background.add(task)
+        task.add_done_callback(self._dropped)
+
+    def _dropped(self, task: asyncio.Future[Any]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.info("%s: dropping a session's saved KV failed: %s", self.name, exc)

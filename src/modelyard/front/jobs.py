@@ -18,7 +18,8 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import orjson
 import sqlalchemy as sa
@@ -26,7 +27,6 @@ from sqlalchemy.engine import Engine
 
 from modelyard import db, metrics
 from modelyard.config import Settings
-from modelyard.engine.process import ChildProcess
 from modelyard.errors import InvalidRequest, JobNotFound, ModelyardError
 from modelyard.store.refs import parse_ref
 
@@ -44,6 +44,28 @@ OnPulled = Callable[[dict[str, Any]], Awaitable[None]]
 CatalogChanged = Callable[[], Awaitable[None]]
 
 
+class PullChild(Protocol):
+    """A pull's child process (proc/process.py `ChildProcess`, given by the front's engine
+    provider module: the front imports no process code itself, DESIGN.md §2)."""
+
+    async def start(self) -> None: ...
+
+    def stdout_lines(self) -> AsyncIterator[bytes]: ...
+
+    async def wait(self) -> int: ...
+
+    async def stop(self, grace_s: float) -> int | None: ...
+
+    def kill(self) -> None: ...
+
+    def tail(self, lines: int) -> list[str]: ...
+
+
+class SpawnChild(Protocol):
+    def __call__(self, argv: list[str], *, name: str, log_file: Path,
+                 stdout_pipe: bool) -> PullChild: ...
+
+
 class PullJobs:
     def __init__(
         self,
@@ -52,14 +74,16 @@ class PullJobs:
         *,
         catalog_changed: CatalogChanged,
         on_pulled: OnPulled,
+        spawn: SpawnChild,
     ) -> None:
         self.settings = settings
+        self._spawn = spawn
         self.db = engine
         self.catalog_changed = catalog_changed
         self.on_pulled = on_pulled  # after success: e.g. load it (`init`)
         self._slots = asyncio.Semaphore(settings.max_concurrent_pulls)
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._children: dict[str, ChildProcess] = {}
+        self._children: dict[str, PullChild] = {}
         self._live: dict[str, dict[str, Any]] = {}  # running jobs, fresher than the database
         self._changed: dict[str, asyncio.Event] = {}
 
@@ -237,9 +261,9 @@ class PullJobs:
         argv = [sys.executable, "-m", "modelyard.store.pull", job["ref"],
                 "--quantize", job["quantize"],
                 "--reserve-free-bytes", str(self.settings.reserve_free_bytes)]
-        child = ChildProcess(argv, name=f"pull-{job_id}",
-                             log_file=self.settings.logs_dir / "pulls" / f"{job_id}.log",
-                             stdout_pipe=True)
+        child = self._spawn(argv, name=f"pull-{job_id}",
+                            log_file=self.settings.logs_dir / "pulls" / f"{job_id}.log",
+                            stdout_pipe=True)
         self._children[job_id] = child
         await child.start()
         done: dict[str, Any] | None = None

@@ -13,6 +13,11 @@ took meanwhile only costs a cache miss (the file carries its tokens, so a mismat
 never reused). The files survive the model being swapped out, and are deleted when the session
 is.
 
+What the backend can do is the engine's knowledge, asked through its `EngineClient` once the turn
+holds a lease (wire/engines.py `kv_slots`, `kv_slot`, `kv_drop`): whether the model's server saves
+slots and how many it has, where the files are, and which file is the session's. The front only
+chooses the slot and when to restore and save; the slot hints go into the body then.
+
 transformers: the turn carries `x_modelyard_session`; the engine keeps the session's KV pinned
 apart from its shared prefix cache (engine/backends/transformers).
 
@@ -26,15 +31,14 @@ import collections
 import contextlib
 import hashlib
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import aiohttp
 import orjson
 
-from modelyard.config import LlamaCppModel, OpenAIServerModel, Settings, TransformersModel
-from modelyard.engine.backends.llamacpp import llama_server_argv
+from modelyard.config import LlamaCppModel, OpenAIServerModel, TransformersModel
+from modelyard.front.engines import EngineClient
 
 log = logging.getLogger(__name__)
 
@@ -47,105 +51,72 @@ def session_key(owner: str, session_id: str) -> str:
     return hashlib.sha256(f"{owner}\0{session_id}".encode()).hexdigest()[:32]
 
 
-def _model_version(spec: LlamaCppModel | OpenAIServerModel) -> str:
-    """Tells apart KV made by another file under the same model id (re-pulled, replaced)."""
-    path = getattr(spec, "path", None)
-    try:
-        stat = Path(path).stat() if path is not None else None
-    except OSError:
-        stat = None
-    version = f"{spec.id}\0{path}\0{stat.st_mtime_ns if stat else 0}\0{stat.st_size if stat else 0}"
-    return hashlib.sha256(version.encode()).hexdigest()[:16]
-
-
-def _slots(spec: Any, settings: Settings) -> int | None:
-    """How many slots the model's llama-server has, when it saves slots; else None."""
-    if isinstance(spec, LlamaCppModel):
-        try:
-            argv, values = llama_server_argv(spec, settings)
-        except Exception:  # no binary: the load will say so
-            return None
-    elif isinstance(spec, OpenAIServerModel):
-        argv, values = spec.argv + spec.extra_args, {}
-    else:
-        return None
-    if "--slot-save-path" not in argv:
-        return None
-    parallel = _flag_value(argv, ("--parallel", "-np"))
-    text = values.get("parallel", "1") if parallel in (None, "$parallel") else parallel
-    try:
-        return max(1, int(text))
-    except ValueError:
-        return 1
-
-
-def _flag_value(argv: list[str], names: tuple[str, ...]) -> str | None:
-    for i, arg in enumerate(argv[:-1]):
-        if arg in names:
-            return argv[i + 1]
-    return None
-
-
 @dataclass
 class SlotKv:
     """One session turn's use of a llama-server slot: claim and restore before, save after."""
 
     owner: SessionKv
-    home: int  # the session's usual slot
-    slots: int  # how many the server has
-    filename: str
-    slot: int = field(init=False)  # where this turn runs (home, unless another turn holds it)
+    key: str  # the session's (session_key)
+    model: str
+    home: int = field(default=0, init=False)  # the session's usual slot
+    slots: int | None = field(default=None, init=False)  # how many the server has (None: none)
+    slot: int = field(default=0, init=False)  # where this turn runs (home, unless taken)
     restored: bool | None = field(default=None, init=False)
     saving: asyncio.Future[bool] | None = field(default=None, init=False)
     _claimed: str | None = field(default=None, init=False)  # the upstream whose slot it holds
-
-    def __post_init__(self) -> None:
-        self.slot = self.home
+    _engine: EngineClient | None = field(default=None, init=False)
 
     @property
-    def path(self) -> Path:
-        return self.owner.directory / self.filename
+    def filename(self) -> str:
+        """What the front calls the session's saved KV of this model (the engine names the
+        file itself)."""
+        return f"{self.key}:{self.model}"
 
-    async def prepare(self, http: aiohttp.ClientSession, upstream: str, payload: bytes) -> bytes:
+    async def prepare(self, engine: EngineClient, upstream: str, payload: bytes) -> bytes:
         """Claim a slot and put the session's KV back into it; the payload names the slot.
 
         Another session turn in flight on the home slot would make llama-server queue this
         one behind it (`id_slot` waits for its slot): any free slot serves as well, since the
-        KV comes from the file."""
+        KV comes from the file. A server that saves no slots gets the payload as it is."""
+        self.slots = await self.owner.slots_of(engine, self.model, upstream)
+        if self.slots is None:
+            return payload
+        self._engine = engine
+        self.home = self.slot = int(self.key[:8], 16) % self.slots
         claims = self.owner.claims.setdefault(upstream, collections.Counter())
         if claims[self.home]:
             self.slot = next((s for s in range(self.slots) if not claims[s]), self.home)
         claims[self.slot] += 1
         self._claimed = upstream
-        if self.slot != self.home:
-            payload = orjson.dumps({**orjson.loads(payload), "id_slot": self.slot})
-        await self._restore(http, upstream)
+        payload = orjson.dumps({**orjson.loads(payload), "id_slot": self.slot,
+                                "cache_prompt": True})
+        await self._restore(engine, upstream)
         return payload
 
-    async def _restore(self, http: aiohttp.ClientSession, upstream: str) -> None:
+    async def _restore(self, engine: EngineClient, upstream: str) -> None:
         """Unless the slot still holds the session's KV (nothing else ran there since)."""
         previous = self.owner.saves.get(self.filename)
         if previous is not None:  # the last turn's save, still on its way
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(previous), SLOT_TIMEOUT_S)
         holders = self.owner.holders
-        if holders.get((upstream, self.slot)) == self.filename or not self.path.is_file():
+        if holders.get((upstream, self.slot)) == self.filename:
             self.restored = False
             return
         holders.pop((upstream, self.slot), None)
-        self.restored = await _slot_action(http, upstream, self.slot, "restore", self.filename)
+        self.restored = await _slot(engine, self.model, self.slot, "restore", self.key)
 
-    def after(self, http: aiohttp.ClientSession, upstream: str, ok: bool
-              ) -> asyncio.Future[bool] | None:
+    def after(self, upstream: str, ok: bool) -> asyncio.Future[bool] | None:
         """The request is over: save the slot (once) if the backend answered it. The caller
         keeps the lease until the save is done, so the model cannot be unloaded under it."""
         self.release()
-        if not ok or self.saving is not None:
+        engine = self._engine
+        if not ok or self.saving is not None or engine is None:
             return None
         self.owner.holders[(upstream, self.slot)] = self.filename
         saves = self.owner.saves
         saving = self.saving = asyncio.ensure_future(
-            _slot_action(http, upstream, self.slot, "save", self.filename)
+            _slot(engine, self.model, self.slot, "save", self.key)
         )
         saves[self.filename] = saving
 
@@ -167,56 +138,49 @@ class SlotKv:
             self._claimed = None
 
 
-async def _slot_action(
-    http: aiohttp.ClientSession, upstream: str, slot: int, action: str, filename: str
-) -> bool:
-    """POST /slots/{slot}?action=…; a failure is only a lost cache hit, so it is logged. A pooled
-    connection the server closed while idle ("Server disconnected", "Can not write request
-    body") is retried once: both actions are idempotent."""
-    for attempt in (1, 2):
-        try:
-            async with http.post(
-                f"{upstream}/slots/{slot}", params={"action": action},
-                json={"filename": filename}, timeout=aiohttp.ClientTimeout(total=SLOT_TIMEOUT_S),
-            ) as response:
-                if response.status == 200:
-                    return True
-                log.info("slot %s %d on %s: HTTP %d %s", action, slot, upstream,
-                         response.status, (await response.text())[:200])
-                return False
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-            if attempt == 2:
-                log.info("slot %s %d on %s failed: %s", action, slot, upstream, exc)
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            log.info("slot %s %d on %s failed: %s", action, slot, upstream, exc)
-            return False
-    return False
+async def _slot(engine: EngineClient, model: str, slot: int, action: Any, key: str) -> bool:
+    """The engine restores or saves the slot; a failure is only a lost cache hit (logged)."""
+    try:
+        return await asyncio.wait_for(engine.kv_slot(model, slot, action, key), SLOT_TIMEOUT_S)
+    except Exception as exc:
+        log.info("slot %s %d of %s on %s failed: %s", action, slot, model, engine.name, exc)
+        return False
 
 
 class SessionKv:
     """The front's side of session KV reuse (one per front)."""
 
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.directory = settings.session_kv_dir
-        # (upstream, slot) -> the session file it holds since the last save. A request without a
+    def __init__(self, engines: Callable[[], Sequence[EngineClient]]) -> None:
+        self.engines = engines
+        # (upstream, slot) -> the session KV it holds since the last save. A request without a
         # slot may land in any slot, so it clears its upstream's; a session turn only uses its own.
         self.holders: dict[tuple[str, int], str] = {}
-        self.saves: dict[str, asyncio.Future[bool]] = {}  # file -> its save in progress
+        self.saves: dict[str, asyncio.Future[bool]] = {}  # session KV -> its save in progress
         # upstream -> slot -> session turns in flight there
         self.claims: dict[str, collections.Counter[int]] = {}
+        # (engine, model, upstream) -> its server's slots: one question per model load
+        self._slots: dict[tuple[str, str, str], int | None] = {}
 
     def plan(
         self, spec: Any, key: str, body: dict[str, Any]
     ) -> tuple[dict[str, Any], SlotKv | None]:
-        """The turn's upstream body with the backend's hints, and the slot work around it."""
+        """The turn's upstream body with the backend's hints, and the slot work around it (the
+        engine that serves the turn says, once leased, whether its server saves slots)."""
         if isinstance(spec, TransformersModel):
             return {**body, TRANSFORMERS_FIELD: key}, None
-        slots = _slots(spec, self.settings)
-        if slots is None:
+        if not isinstance(spec, LlamaCppModel | OpenAIServerModel):
             return body, None
-        kv = SlotKv(self, int(key[:8], 16) % slots, slots, f"{key}-{_model_version(spec)}.bin")
-        return {**body, "id_slot": kv.home, "cache_prompt": True}, kv
+        return body, SlotKv(self, key, spec.id)
+
+    async def slots_of(self, engine: EngineClient, model: str, upstream: str) -> int | None:
+        where = (engine.name, model, upstream)
+        if where not in self._slots:
+            try:
+                self._slots[where] = await engine.kv_slots(model)
+            except Exception as exc:  # no slot hints this turn; asked again next turn
+                log.info("%s did not say the slots of %s: %s", engine.name, model, exc)
+                return None
+        return self._slots[where]
 
     def sending(self, upstream: str, kv: SlotKv | None) -> None:
         """A request goes to `upstream`; one without a slot may overwrite any slot there."""
@@ -228,9 +192,11 @@ class SessionKv:
         self.drop(session_key(owner, session_id))
 
     def drop(self, key: str) -> None:
-        """The session is gone: so are its saved slots."""
-        for path in self.directory.glob(f"{key}-*.bin"):
-            with contextlib.suppress(OSError):
-                path.unlink()
-        for held in [h for h, f in self.holders.items() if f.startswith(key + "-")]:
+        """The session is gone: so are its saved slots, in every engine."""
+        for engine in self.engines():
+            try:
+                engine.kv_drop(key)
+            except Exception as exc:
+                log.info("%s: dropping a session's saved KV failed: %s", engine.name, exc)
+        for held in [h for h, f in self.holders.items() if f.startswith(key + ":")]:
             del self.holders[held]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field, replace
@@ -16,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
 from modelyard import metrics
-from modelyard.config import Settings
+from modelyard.config import EngineSpec, Settings
 from modelyard.engine import scheduler
 from modelyard.errors import (
     ClientClosedRequest,
@@ -36,6 +37,7 @@ from modelyard.front.routing import EngineView, pick_engine, view_from_status
 from modelyard.store.estimate import MemoryEstimate, estimate_model, serving_bytes
 from modelyard.store.registry import Entry, ModelRegistry
 from modelyard.types import Lease
+from modelyard.wire.engines import EngineProvider
 
 if TYPE_CHECKING:
     from modelyard.front.archive import ArchiveStore
@@ -51,9 +53,8 @@ T = TypeVar("T")
 class FrontState:
     settings: Settings
     registry: ModelRegistry
-    engines: list[EngineClient]
+    provider: EngineProvider  # which engines there are (front/engine_provider.py)
     upstream: aiohttp.ClientSession
-    gpu_count: int = 0
     started_at: float = field(default_factory=time.time)
     # (engine, model) → upstream when last granted: where to send before the grant confirms it,
     # and the routing hint "already resident".
@@ -69,9 +70,18 @@ class FrontState:
     sessions: SessionStore | None = None  # server-side chat sessions (front/sessions.py)
     session_kv: SessionKv | None = None  # their KV reuse in the backends (front/session_kv.py)
 
+    @property
+    def engines(self) -> tuple[EngineClient, ...]:
+        """The engines now: the provider's current view (it may change between awaits)."""
+        return self.provider.view.engines
+
+    @property
+    def gpu_count(self) -> int:
+        return self.provider.gpu_count
+
     def _compatible(self, engine: EngineClient, entry: Entry) -> bool:
         """The engine may run the model's backend and has every capability it requires."""
-        spec = self.settings.engine_specs.get(engine.index)
+        spec = engine_spec(self.settings, engine.name)
         if spec is None:
             return not entry.spec.requires
         backend_ok = spec.backends is None or entry.spec.backend in spec.backends
@@ -136,7 +146,10 @@ class FrontState:
                 model=entry.id,
                 retry_after_s=2.0,
             )
-        return next(e for e in self.engines if e.name == name)
+        chosen = self.provider.view.get(name)
+        if chosen is None:  # removed while the views were taken: choose again
+            return await self.route(entry)
+        return chosen
 
     async def _snapshot_views(self, entry: Entry) -> list[EngineView]:
         want = scheduler.Want(
@@ -161,11 +174,12 @@ class FrontState:
                 return EngineView(engine.name, compatible=False)
             return found
 
-        views = list(await asyncio.gather(*(view(e) for e in self.engines)))
+        engines = self.engines  # one view throughout: the set may change while status is read
+        views = list(await asyncio.gather(*(view(e) for e in engines)))
         if not any(v.compatible and v.up for v in views):
             # It fits nowhere: let an engine say why (503 insufficient_memory, in words).
             views = [replace(v, compatible=self._compatible(e, entry))
-                     for v, e in zip(views, self.engines, strict=True)]
+                     for v, e in zip(views, engines, strict=True)]
         return views
 
     async def _want_bytes(self, entry: Entry) -> int:
@@ -177,9 +191,9 @@ class FrontState:
 
     def limits(self, entry: Entry, engine: EngineClient) -> Limits:
         """max_concurrency: the model's, else its engine's, else the server's (same for queues)."""
-        engine_spec = self.settings.engine_specs.get(engine.index)
+        spec = engine_spec(self.settings, engine.name)
         concurrency = entry.spec.max_concurrency or (
-            engine_spec.max_concurrency if engine_spec else None
+            spec.max_concurrency if spec else None
         ) or self.settings.max_concurrency
         max_queue = entry.spec.max_queue
         return Limits(
@@ -312,7 +326,7 @@ class FrontState:
             payload = call.payload
             try:
                 if kv is not None:  # claim a slot, restore the session's KV there
-                    payload = await kv.prepare(self.upstream, lease.upstream, payload)
+                    payload = await kv.prepare(engine, lease.upstream, payload)
                 response = await send_upstream(
                     self.upstream, lease.upstream + call.path, payload, lease.model,
                     call.content_type,
@@ -324,8 +338,7 @@ class FrontState:
                 raise
         relay = Relay(engine, lease, response)
         if kv is not None:
-            relay.on_release = lambda: kv.after(self.upstream, lease.upstream,
-                                                ok=relay.status == 200)
+            relay.on_release = lambda: kv.after(lease.upstream, ok=relay.status == 200)
         return relay
 
     async def _lease_while_sending(
@@ -359,6 +372,19 @@ class FrontState:
         except BaseException:
             engine.release(lease)
             raise
+
+
+def engine_spec(settings: Settings, name: str) -> EngineSpec | None:
+    """Engine `name`'s overrides: `engine_specs` are keyed by the N of `engine-N`."""
+    number = _engine_number(name)
+    return settings.engine_specs.get(number) if number is not None else None
+
+
+@functools.cache
+def _engine_number(name: str) -> int | None:
+    """N of `engine-N` (once per name: `limits` asks per request)."""
+    prefix, _, number = name.rpartition("-")
+    return int(number) if prefix == "engine" and number.isdigit() else None
 
 
 @dataclass(frozen=True)

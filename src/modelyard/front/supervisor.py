@@ -27,6 +27,7 @@ import logging
 import os
 import secrets
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,10 +35,10 @@ import httpx
 
 from modelyard import metrics
 from modelyard.config import EngineSpec, Settings
-from modelyard.engine.backends.openai_server import LOOPBACK, free_port
-from modelyard.engine.process import ChildProcess
-from modelyard.engine.readiness import NotReady, wait_ready
 from modelyard.front.engines import HttpEngineClient
+from modelyard.proc.ports import LOOPBACK, free_port
+from modelyard.proc.process import ChildProcess
+from modelyard.proc.readiness import NotReady, wait_ready
 from modelyard.wire.lease import SECRET_ENV
 
 log = logging.getLogger("modelyard.supervisor")
@@ -60,11 +61,13 @@ class EngineSupervisor:
         client: HttpEngineClient,
         *,
         config_file: Path | None = None,
+        on_change: Callable[[], None] | None = None,
     ) -> None:
         self.settings = settings
         self.plan = plan
         self.client = client
         self.config_file = config_file
+        self._on_change = on_change or (lambda: None)  # its engine went up or down
         self.process: ChildProcess | None = None
         self.restarts = 0
         self.wedged = 0  # times it was killed for not answering its health probe
@@ -119,6 +122,7 @@ class EngineSupervisor:
                 code = await self._watch(self.process)
                 metrics.process_exited(self.process.pid)  # its live gauges go; counters stay
                 await self.client.detach()
+                self._on_change()
                 if self._stopping:
                     return
                 log.error(
@@ -182,6 +186,7 @@ class EngineSupervisor:
             await self.process.stop(self.settings.stop_grace_s)  # not left behind unused
             raise
         self._base_url = base_url
+        self._on_change()
         log.info("%s ready at %s (pid %s)", self.client.name, base_url, self.process.pid)
 
     async def _watch(self, process: ChildProcess) -> int:

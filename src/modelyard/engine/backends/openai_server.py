@@ -6,7 +6,6 @@ front straight to the child; this class only owns the child's lifecycle.
 
 from __future__ import annotations
 
-import socket
 import string
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -15,17 +14,12 @@ import aiohttp
 
 from modelyard.config import LlamaCppModel, OpenAIServerModel, Settings
 from modelyard.engine.backends.llamacpp import llama_server_argv
-from modelyard.engine.process import ChildProcess
-from modelyard.engine.readiness import NotReady, wait_ready
 from modelyard.errors import ModelLoadFailed
+from modelyard.proc.ports import LOOPBACK, free_port
+from modelyard.proc.process import ChildProcess
+from modelyard.proc.readiness import NotReady, wait_ready
 
-LOOPBACK = "127.0.0.1"
-
-
-def free_port(host: str = LOOPBACK) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+__all__ = ["LOOPBACK", "ChildServer", "free_port", "log_path", "render_argv"]
 
 
 def render_argv(template: list[str], values: Mapping[str, str]) -> list[str]:

@@ -4,7 +4,8 @@
         {"source": name, "lines": [{"seq","ts","source","level","text"}], "next_after": seq,
          "sources": [{"name","kind": "front"|"engine"|"model","engine"}]}
         No engine nor model: the front's log; `engine=engine-0` (or `0`): that engine's;
-        `model=<id or alias>`: that model's backend. Without `after`, the last `limit` lines;
+        `model=<id or alias>`: that model's backend, as the engine it is loaded on (or the
+        one `engine` names) serves it. Without `after`, the last `limit` lines;
         with it, the lines after that seq (oldest first, at most `limit`), `next_after` says
         where the next call goes on.
     GET /admin/logs/stream?engine=&model=&limit=&after=
@@ -15,31 +16,23 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import logging
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any, Protocol
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from modelyard.engine.backends.openai_server import log_path
-from modelyard.errors import InvalidRequest, RouteNotFound
-from modelyard.front.engines import EngineClient, LocalEngineClient
-from modelyard.front.logs import (
-    FRONT,
-    MAX_LIMIT,
-    BufferLog,
-    FileLog,
-    LogBuffer,
-    LogLine,
-    LogReader,
-)
+from modelyard.errors import InvalidRequest, ModelyardError, RouteNotFound
+from modelyard.front.engines import EngineClient
+from modelyard.front.logs import FRONT, MAX_LIMIT, BufferLog, LogBuffer, LogLine
 from modelyard.front.state import FrontState, state_of
-from modelyard.front.supervisor import engine_log_path
+
+log = logging.getLogger("modelyard.front.logs")
 
 DEFAULT_LIMIT = 200
 KEEPALIVE_S = 15.0  # an idle stream says so this often: proxies keep it open, dead peers show
@@ -59,7 +52,45 @@ def _find_engine(state: FrontState, name: str) -> EngineClient:
     raise RouteNotFound(f"no engine '{name}' (engines: {known})", param="engine")
 
 
-def _reader(request: Request) -> LogReader:
+class _Source(Protocol):
+    name: str
+
+    async def read(self, after: int | None, limit: int) -> tuple[list[LogLine], int]: ...
+
+    def follow(self, after: int) -> AsyncGenerator[list[LogLine], None]: ...
+
+
+class _FrontLog:
+    """This process's own records."""
+
+    def __init__(self, buffer: LogBuffer) -> None:
+        self.log = BufferLog(buffer, FRONT)
+        self.name = FRONT
+
+    async def read(self, after: int | None, limit: int) -> tuple[list[LogLine], int]:
+        return self.log.read(after, limit)
+
+    def follow(self, after: int) -> AsyncGenerator[list[LogLine], None]:
+        return self.log.follow(after)
+
+
+class _EngineLog:
+    """An engine's own log (`model` None) or one of its models' backends', as the engine serves
+    it: the front never opens an engine's files (DESIGN.md §3.11)."""
+
+    def __init__(self, engine: EngineClient, model: str | None) -> None:
+        self.engine = engine
+        self.model = model
+        self.name = model or engine.name
+
+    async def read(self, after: int | None, limit: int) -> tuple[list[LogLine], int]:
+        return await self.engine.read_log(self.model, after, limit)
+
+    def follow(self, after: int) -> AsyncGenerator[list[LogLine], None]:
+        return self.engine.follow_log(self.model, after)
+
+
+async def _reader(request: Request) -> _Source:
     """The source the query names: a model's, an engine's, or the front's."""
     state = state_of(request)
     engine_name = request.query_params.get("engine")
@@ -67,12 +98,21 @@ def _reader(request: Request) -> LogReader:
     engine = _find_engine(state, engine_name) if engine_name else None
     if model:
         entry = state.registry.resolve(model)  # 404 model_not_found, naming it
-        return FileLog(log_path(state.settings, entry.id), entry.id)
+        return _EngineLog(engine or await _engine_of(state, entry.id), entry.id)
     if engine is None:
-        return BufferLog(log_buffer(request), FRONT)
-    if isinstance(engine, LocalEngineClient):  # --single-process: this process's records
-        return BufferLog(log_buffer(request), engine.name)
-    return FileLog(engine_log_path(state.settings, engine.name), engine.name)
+        return _FrontLog(log_buffer(request))
+    return _EngineLog(engine, None)
+
+
+async def _engine_of(state: FrontState, model: str) -> EngineClient:
+    """The engine whose log of `model` to read: where it is loaded, else the first one up."""
+    where = (await state.engine_models()).get(model, {}).get("engine")
+    engines = state.engines
+    found = next((e for e in engines if e.name == where), None)
+    found = found or next((e for e in engines if e.up), None) or next(iter(engines), None)
+    if found is None:
+        raise RouteNotFound(f"no engine serves the log of '{model}' (no engines)", param="model")
+    return found
 
 
 def _int(request: Request, name: str, default: int | None, lo: int, hi: int) -> int | None:
@@ -121,9 +161,9 @@ def _json(payload: Any) -> Response:
 
 
 async def read_logs(request: Request) -> Response:
-    reader = _reader(request)
+    reader = await _reader(request)
     after, limit = _after(request), _limit(request)
-    lines, cursor = await asyncio.to_thread(reader.read, after, limit)
+    lines, cursor = await reader.read(after, limit)
     return _json({
         "source": reader.name,
         "lines": [line.to_json() for line in lines],
@@ -139,23 +179,26 @@ def _events(lines: list[LogLine]) -> bytes:
 
 
 async def stream_logs(request: Request) -> Response:
-    reader = _reader(request)  # an unknown source fails here, with a real 404
+    reader = await _reader(request)  # an unknown source fails here, with a real 404
     after, limit = _after(request), _limit(request)
     if after is None and (last_id := request.headers.get("last-event-id", "")).isdigit():
         after = int(last_id)  # an EventSource reconnecting goes on where it stopped
 
+    # Read before the response starts: an engine that cannot answer is a real 503.
+    first = await reader.read(None, limit) if after is None else None
+
     async def events() -> AsyncIterator[bytes]:
-        if after is None:
-            lines, cursor = await asyncio.to_thread(reader.read, None, limit)
+        if first is not None:
+            lines, cursor = first
             yield _events(lines) or b": no lines yet\n\n"  # headers go out now
         else:
-            cursor = after
+            cursor = after or 0
             yield b": following\n\n"
         quiet_since = time.monotonic()
         # The follower yields at least every poll, so a client that left is noticed quickly
         # even on a silent log; closing it closes its file.
         async with contextlib.aclosing(reader.follow(cursor)) as batches:
-            async for batch in batches:
+            async for batch in _until_unavailable(batches):
                 if await request.is_disconnected():
                     return
                 now = time.monotonic()
@@ -168,6 +211,18 @@ async def stream_logs(request: Request) -> Response:
 
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+
+
+async def _until_unavailable(
+    batches: AsyncGenerator[list[LogLine], None],
+) -> AsyncIterator[list[LogLine]]:
+    """An engine that goes away ends its log stream (the client reconnects with Last-Event-ID
+    once it is back), without an error after the first byte."""
+    try:
+        async for batch in batches:
+            yield batch
+    except ModelyardError as exc:
+        log.info("log stream ended: %s", exc.message)
 
 
 routes = [
