@@ -102,7 +102,7 @@ def create_engine_app(
         )
 
     async def status(_: Request) -> Response:
-        return JSONResponse(engine.status())
+        return JSONResponse(engine.status().to_json())
 
     async def diag(_: Request) -> Response:
         return JSONResponse(engine.diag())

@@ -30,6 +30,7 @@ from modelyard.front.drain import Abortable
 from modelyard.front.lease_client import LeaseClient
 from modelyard.serving import ENGINE_CLIENT_KEEPALIVE_S
 from modelyard.types import Lease
+from modelyard.wire.status import EngineStatus
 
 ENGINE_RETRY_AFTER_S = 2.0
 
@@ -60,7 +61,7 @@ class EngineClient(Protocol):
 
     def release(self, lease: Lease) -> None: ...
 
-    async def status(self) -> dict[str, Any]: ...
+    async def status(self) -> EngineStatus: ...
 
     async def diag(self) -> dict[str, Any]: ...
 
@@ -108,7 +109,7 @@ class LocalEngineClient:
     def release(self, lease: Lease) -> None:
         self.engine.release(lease.id)
 
-    async def status(self) -> dict[str, Any]:
+    async def status(self) -> EngineStatus:
         return self.engine.status()
 
     async def diag(self) -> dict[str, Any]:
@@ -262,8 +263,9 @@ class HttpEngineClient:
         if self._leases is not None:
             self._leases.release(lease.id)
 
-    async def status(self) -> dict[str, Any]:
-        return dict(await self._call("GET", "/status", timeout=self._report_timeout))
+    async def status(self) -> EngineStatus:
+        return EngineStatus.from_json(
+            await self._call("GET", "/status", timeout=self._report_timeout))
 
     async def diag(self) -> dict[str, Any]:
         return dict(await self._call("GET", "/diag", timeout=self._report_timeout))

@@ -7,7 +7,7 @@ import contextlib
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import aiohttp
 import orjson
@@ -36,6 +36,7 @@ from modelyard.front.routing import EngineView, pick_engine, view_from_status
 from modelyard.store.estimate import MemoryEstimate, estimate_model, serving_bytes
 from modelyard.store.registry import Entry, ModelRegistry
 from modelyard.types import Lease
+from modelyard.wire.status import ModelStatus
 
 if TYPE_CHECKING:
     from modelyard.front.archive import ArchiveStore
@@ -45,6 +46,13 @@ if TYPE_CHECKING:
 
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
+
+
+class EngineModel(NamedTuple):
+    """A model an engine reported, and which engine."""
+
+    engine: str
+    status: ModelStatus
 
 
 @dataclass
@@ -191,7 +199,7 @@ class FrontState:
         out = []
         for engine in self.engines:
             try:
-                out.append({"name": engine.name, "up": True, **await engine.status()})
+                out.append({"name": engine.name, "up": True, **(await engine.status()).to_json()})
             except ModelyardError as exc:
                 out.append({"name": engine.name, "up": False, "error": exc.message})
         return out
@@ -208,16 +216,16 @@ class FrontState:
             **({"chat_sessions": self.sessions.stats()} if self.sessions is not None else {}),
         }
 
-    async def engine_models(self) -> dict[str, dict[str, Any]]:
-        """Every model the engines that answer know about, with the engine's name added."""
-        models: dict[str, dict[str, Any]] = {}
+    async def engine_models(self) -> dict[str, EngineModel]:
+        """Every model the engines that answer know about, by id, with the engine's name."""
+        models: dict[str, EngineModel] = {}
         for engine in self.engines:
             try:
                 status = await engine.status()
             except ModelyardError:
                 continue
-            for m in status["models"]:
-                models[m["model"]] = {**m, "engine": engine.name}
+            for m in status.models:
+                models[m.model] = EngineModel(engine.name, m)
         return models
 
     async def open_relay(
