@@ -38,7 +38,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from modelyard import __version__
 from modelyard.config import Settings
-from modelyard.engine.lease_channel import serve_lease_channel
+from modelyard.engine.lease_channel import engine_protocol, serve_lease_channel
 from modelyard.engine.loop import Engine
 from modelyard.errors import (
     HostNotAllowed,
@@ -98,7 +98,7 @@ def create_engine_app(
     async def health(_: Request) -> Response:
         return JSONResponse(
             {"status": "ok", "engine": engine.index, "version": __version__,
-             "lease_port": lease_port}
+             "protocol": engine_protocol(), "lease_port": lease_port}
         )
 
     async def status(_: Request) -> Response:

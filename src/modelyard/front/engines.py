@@ -132,11 +132,17 @@ class HttpEngineClient:
         self._answering = True
         self._report_timeout: aiohttp.ClientTimeout | None = None
         self._relays: set[Abortable] = set()
+        # Why it may never be attached (a protocol mismatch): what every call then raises.
+        self._refused: ModelyardError | None = None
 
     @property
     def up(self) -> bool:
         return (self._answering and self._session is not None and self._leases is not None
                 and not self._leases.closed and not self._leases.silent)
+
+    def refuse(self, why: ModelyardError) -> None:
+        """The supervisor will not attach this engine: calls raise `why` from now on."""
+        self._refused = why
 
     def set_answering(self, answering: bool) -> None:
         """What the supervisor's last health probe found."""
@@ -197,6 +203,8 @@ class HttpEngineClient:
 
     def _check_up(self) -> None:
         """Fail fast, with the reason, while the engine is known not to answer."""
+        if self._refused is not None:
+            raise self._refused
         if self._session is None or self._leases is None or self._leases.closed:
             raise self._unavailable("down")
         if not self._answering:

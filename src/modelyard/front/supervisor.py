@@ -37,6 +37,7 @@ from modelyard.config import EngineSpec, Settings
 from modelyard.engine.backends.openai_server import LOOPBACK, free_port
 from modelyard.engine.process import ChildProcess
 from modelyard.engine.readiness import NotReady, wait_ready
+from modelyard.errors import EngineProtocolMismatch
 from modelyard.front.engines import HttpEngineClient
 from modelyard.wire.lease import SECRET_ENV
 
@@ -104,6 +105,13 @@ class EngineSupervisor:
         while not self._stopping:
             try:
                 await self._start_once()
+            except EngineProtocolMismatch as exc:
+                # Another start of the same program speaks the same version: it stays down.
+                log.error("%s: %s; it stays down", self.client.name, exc.message)
+                self.client.refuse(exc)
+                if not self._first_start.done():
+                    self._first_start.set_result(None)
+                return
             except (NotReady, OSError) as exc:
                 log.error("%s failed to start: %s", self.client.name, exc)
                 if not self._first_start.done():
@@ -178,7 +186,7 @@ class EngineSupervisor:
                 report_timeout_s=self.settings.engine_health_timeout_s,
                 heartbeat_timeout_s=self.settings.engine_heartbeat_timeout_s,
             )
-        except OSError:
+        except (OSError, EngineProtocolMismatch):
             await self.process.stop(self.settings.stop_grace_s)  # not left behind unused
             raise
         self._base_url = base_url
