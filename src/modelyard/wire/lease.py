@@ -53,7 +53,7 @@ def _line(payload: dict[str, Any]) -> bytes:
 # ---- front → engine -------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Hello:
     secret: str
     protocol: int = PROTOCOL
@@ -62,13 +62,13 @@ class Hello:
         return _line({"op": "hello", "secret": self.secret, "protocol": self.protocol})
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Ping:
     def encode(self) -> bytes:
         return b'{"op":"ping"}\n'
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Acquire:
     id: int
     model: str
@@ -87,7 +87,7 @@ class Acquire:
         return _line(message)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Release:
     lease: str
 
@@ -95,7 +95,7 @@ class Release:
         return _line({"op": "release", "lease": self.lease})
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Cancel:
     id: int
 
@@ -136,7 +136,7 @@ def decode_front_frame(line: bytes) -> FrontFrame:
 # ---- engine → front -------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class HelloReply:
     protocol: int
 
@@ -144,13 +144,13 @@ class HelloReply:
         return _line({"op": "hello", "protocol": self.protocol})
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Pong:
     def encode(self) -> bytes:
         return b'{"op":"pong"}\n'
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Progress:
     id: int
     text: str
@@ -159,7 +159,7 @@ class Progress:
         return _line({"id": self.id, "progress": self.text})
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Granted:
     id: int
     lease: Lease
@@ -168,7 +168,7 @@ class Granted:
         return _line({"id": self.id, "lease": self.lease.to_json()})
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Refused:
     id: int
     error: Mapping[str, Any]  # the native error body: errors.from_native_body rebuilds it
