@@ -36,7 +36,7 @@ from modelyard.front.routing import EngineView, pick_engine, view_from_status
 from modelyard.store.estimate import MemoryEstimate, estimate_model, serving_bytes
 from modelyard.store.registry import Entry, ModelRegistry
 from modelyard.types import Lease
-from modelyard.wire.status import ModelStatus
+from modelyard.wire.status import EngineReport, ModelStatus
 
 if TYPE_CHECKING:
     from modelyard.front.archive import ArchiveStore
@@ -194,14 +194,14 @@ class FrontState:
             concurrency, self.settings.max_queue if max_queue is None else max_queue
         )
 
-    async def engine_statuses(self) -> list[dict[str, Any]]:
+    async def engine_statuses(self) -> list[EngineReport]:
         """Every engine's /status, named; an engine that does not answer says why."""
         out = []
         for engine in self.engines:
             try:
-                out.append({"name": engine.name, "up": True, **(await engine.status()).to_json()})
+                out.append(EngineReport(engine.name, await engine.status()))
             except ModelyardError as exc:
-                out.append({"name": engine.name, "up": False, "error": exc.message})
+                out.append(EngineReport(engine.name, error=exc.message))
         return out
 
     async def status_view(self) -> dict[str, Any]:
@@ -211,7 +211,7 @@ class FrontState:
         return {
             "version": __version__,
             "uptime_seconds": round(time.time() - self.started_at, 3),
-            "engines": await self.engine_statuses(),
+            "engines": [report.to_json() for report in await self.engine_statuses()],
             "queues": self.queues.stats(),
             **({"chat_sessions": self.sessions.stats()} if self.sessions is not None else {}),
         }

@@ -21,6 +21,7 @@ from typing import Any
 __all__ = [
     "SCHEDULER_COUNTERS",
     "DeviceStatus",
+    "EngineReport",
     "EngineStatus",
     "ModelMemory",
     "ModelStatus",
@@ -293,3 +294,28 @@ class EngineStatus:
             scheduler=SchedulerStatus.from_json(d.get("scheduler") or {}),
             models=tuple(ModelStatus.from_json(m) for m in models),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class EngineReport:
+    """An engine as the front lists it (GET /status, /admin/engines, /metrics): its name, and
+    its status when it answered, or why it did not."""
+
+    name: str
+    status: EngineStatus | None = None
+    error: str | None = None
+
+    @property
+    def up(self) -> bool:
+        return self.status is not None
+
+    def to_json(self) -> dict[str, Any]:
+        if self.status is None:
+            return {"name": self.name, "up": False, "error": self.error}
+        return {"name": self.name, "up": True, **self.status.to_json()}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> EngineReport:
+        if d.get("up"):
+            return cls(str(d["name"]), EngineStatus.from_json(d))
+        return cls(str(d["name"]), error=_str(d.get("error")))
