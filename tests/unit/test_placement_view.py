@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from modelyard.engine import scheduler
 from modelyard.engine.loop import Engine, ModelState
 from modelyard.front import routing
 from modelyard.placement import view as placement
+from modelyard.store.estimate import serving_bytes
 from modelyard.store.registry import ModelRegistry
 from modelyard.types import DeviceInfo
 from modelyard.wire.status import EngineStatus
@@ -86,6 +87,8 @@ class R:
     load_duration_s: float | None = None
     keep_alive_s: float | None = None
     spec: dict[str, Any] = field(default_factory=dict)  # pinned, priority, group, coexist…
+    vram: bool = True  # False: no vram_bytes in its config (a load then promises what it knows)
+    known_gib: float | None = None  # what its last load measured (the engine remembers it)
 
 
 @dataclass(frozen=True)
@@ -97,12 +100,13 @@ class Row:
     expected: scheduler.Decision
     total_gib: float = 8
     max_loaded_models: int | None = None
+    placing: tuple[str, ...] = ()  # loads that began earlier and wait to be placed
 
 
 def _spec(r: R) -> OpenAIServerModel:
     return OpenAIServerModel.model_validate({
-        "id": r.id, "backend": "openai", "argv": ["true"], "vram_bytes": int(r.gib * GiB),
-        **r.spec,
+        "id": r.id, "backend": "openai", "argv": ["true"],
+        "vram_bytes": int(r.gib * GiB) if r.vram else None, **r.spec,
     })
 
 
@@ -153,6 +157,11 @@ ROWS = [
         scheduler.Evict(("b",), "c")),
     Row("max-loaded-models",
         (R("a", 1),), R("c", 1), 7, scheduler.Evict(("a",), "c"), max_loaded_models=1),
+    Row("an-earlier-load-is-placed-first",
+        (R("a", 2),), R("c", 1), 6, scheduler.Wait("", ("x",)), placing=("x",)),
+    Row("the-next-load-takes-what-the-last-measured",
+        (R("a", 4),), R("c", 0, state=None, vram=False, known_gib=5), 4,
+        scheduler.Evict(("a",), "c")),
     Row("bigger-than-the-device",
         (), R("c", 9), 8, scheduler.NoFit("")),
     Row("fits", (R("a", 2),), R("c", 3), 6, scheduler.Load("c")),
@@ -165,9 +174,10 @@ async def build(tmp_path: Path) -> AsyncIterator[Callable[[Row], tuple[Engine, A
     pending: list[asyncio.Future[None]] = []
 
     def make(row: Row) -> tuple[Engine, Any]:
-        models = [*row.models, *([row.want] if row.want.state is None else [])]
+        models = list(row.models)
         if all(m.id != row.want.id for m in models):
-            models.append(R(row.want.id, row.want.gib, state=None, spec=row.want.spec))
+            models.append(replace(row.want, state=None))
+        models += [R(x, 1, state=None) for x in row.placing]
         settings = Settings(home=tmp_path, scan_hf_cache=False,
                             models=[_spec(m) for m in models],
                             max_loaded_models=row.max_loaded_models)
@@ -175,6 +185,8 @@ async def build(tmp_path: Path) -> AsyncIterator[Callable[[Row], tuple[Engine, A
         engine = Engine(settings, ModelRegistry.build(settings), device=device, clock=lambda: NOW)
         for pid, m in enumerate(models, start=100):
             rt = engine._runtime(engine.registry.resolve(m.id))
+            if m.known_gib is not None:
+                rt.known_bytes = int(m.known_gib * GiB)
             if m.state is None:
                 continue
             rt.reserved_bytes = int(m.gib * GiB)
@@ -193,6 +205,8 @@ async def build(tmp_path: Path) -> AsyncIterator[Callable[[Row], tuple[Engine, A
             else:
                 rt.state = ModelState.READY
                 rt.server = StubServer(pid)  # type: ignore[assignment]
+        for x in row.placing:
+            engine._arrivals[x] = None
         return engine, engine._runtime(engine.registry.resolve(row.want.id))
 
     yield make
@@ -203,7 +217,7 @@ async def build(tmp_path: Path) -> AsyncIterator[Callable[[Row], tuple[Engine, A
 def _front_want(row: Row) -> scheduler.Want:
     """The want as the front builds it (front/state.py `_snapshot_views`)."""
     spec = _spec(row.want)
-    return scheduler.Want(model=spec.id, bytes=spec.vram_bytes or 0, group=spec.group,
+    return scheduler.Want(model=spec.id, bytes=serving_bytes(spec, None), group=spec.group,
                           coexist_with=frozenset(spec.can_coexist_with), priority=spec.priority)
 
 

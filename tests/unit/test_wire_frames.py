@@ -78,7 +78,8 @@ STATUS: dict[str, Any] = {
                   "expirations": 0, "load_failures": 0, "crashes": 0, "waits": 1, "no_fit": 0,
                   "thermal_pauses": 0,
                   "recent_swaps": [{"at": 9.5, "unloaded": "a", "reason": "for b",
-                                    "bytes": 4}]},
+                                    "bytes": 4}],
+                  "placing": ["d"]},
     "models": [{
         "model": "b", "backend": "openai", "state": "ready", "pid": 43,
         "upstream": "http://127.0.0.1:6", "leases": 1, "loaded_at": 9.6,
@@ -86,7 +87,7 @@ STATUS: dict[str, Any] = {
         "priority": 0, "group": None, "keep_alive_s": 300.0, "expires_in_s": None,
         "waiting_for_memory_s": None,
         "memory": {"estimate_bytes": 4, "estimate": {"total_bytes": 4}, "reserved_bytes": 4,
-                   "measured_bytes": 3, "host_bytes": None},
+                   "measured_bytes": 3, "host_bytes": None, "load_bytes": 3},
         "backend_stats": None, "restarts": 0, "last_error": None, "cooldown_s": None,
         "coexist_with": ["c"], "waiters": 0,
     }],

@@ -24,7 +24,6 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
-import itertools
 import logging
 import math
 import os
@@ -360,14 +359,14 @@ class Engine:
             coexist_with=frozenset(spec.can_coexist_with),
             priority=spec.priority,
         )
-        ahead = list(itertools.takewhile(lambda m: m != rt.entry.id, self._arrivals))
         # The engine's own view, in the shape it reports: the front plans on /status the same way.
         view = EngineStatus(
             device=DeviceStatus(total_bytes=info.total_bytes, free_bytes=info.free_bytes),
-            scheduler=SchedulerStatus(max_loaded_models=self._max_loaded()),
+            scheduler=SchedulerStatus(max_loaded_models=self._max_loaded(),
+                                      placing=tuple(self._arrivals)),
             models=self._placed(exclude=rt),
         )
-        return placement.plan_from_status(view, want, ahead=ahead)
+        return placement.plan_from_status(view, want)
 
     async def _place(self, rt: _Runtime) -> bool:
         """Make room for `rt` and reserve it: True with rt LOADING; False when nobody waits for
@@ -754,6 +753,7 @@ class Engine:
                 max_loaded_models=self._max_loaded(),
                 counters=dict(self.stats),
                 recent_swaps=tuple(self.swaps),
+                placing=tuple(self._arrivals),
             ),
             models=self.model_statuses(),
         )
@@ -810,6 +810,7 @@ class Engine:
                 # While loading too: the ledger counts what it holds already (plannable_free).
                 measured_bytes=rt.measured_bytes if placed else None,
                 host_bytes=server.memory_bytes() if server and report else None,
+                load_bytes=self._want_bytes(rt),
             ),
             # What the backend says of itself (batching, prefix-cache hit rate…).
             backend_stats=_backend_stats(server) if report else None,

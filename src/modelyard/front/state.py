@@ -216,7 +216,7 @@ class FrontState:
             **({"chat_sessions": self.sessions.stats()} if self.sessions is not None else {}),
         }
 
-    async def engine_models(self) -> dict[str, EngineModel]:
+    async def running_models(self) -> dict[str, EngineModel]:
         """Every model the engines that answer know about, by id, with the engine's name."""
         models: dict[str, EngineModel] = {}
         for engine in self.engines:
@@ -227,6 +227,11 @@ class FrontState:
             for m in status.models:
                 models[m.model] = EngineModel(engine.name, m)
         return models
+
+    async def engine_models(self) -> dict[str, dict[str, Any]]:
+        """`running_models()` as JSON: each model's status with the engine's name added."""
+        return {model: {**m.status.to_json(), "engine": m.engine}
+                for model, m in (await self.running_models()).items()}
 
     async def open_relay(
         self,

@@ -8,7 +8,9 @@ the engine's decision, not a copy of it that drifts (issue 16: the front once ig
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import dataclasses
+import itertools
+from collections.abc import Iterable
 
 from modelyard.engine import scheduler
 from modelyard.placement.ledger import Loading, plannable_free
@@ -53,11 +55,14 @@ def loading(models: Iterable[ModelStatus]) -> list[Loading]:
     ]
 
 
-def plan_from_status(
-    status: EngineStatus, want: scheduler.Want, *, ahead: Sequence[str] = ()
-) -> scheduler.Decision:
+def plan_from_status(status: EngineStatus, want: scheduler.Want) -> scheduler.Decision:
     """What the engine that reported `status` decides for `want` (the want itself, if it is
-    loading, is resident: Ready)."""
+    loading, is resident: Ready). The engine promises a model what its status says its next load
+    takes, and places loads in the order they began: `want` waits behind those before it."""
+    known = status.model(want.model)
+    if known is not None and known.memory.load_bytes is not None:
+        want = dataclasses.replace(want, bytes=known.memory.load_bytes)
+    ahead = tuple(itertools.takewhile(lambda m: m != want.model, status.scheduler.placing))
     models = status.models
     return scheduler.plan(
         want,

@@ -3,11 +3,13 @@
 
 One encoder (`to_json`) and one decoder (`from_json`) per type. The JSON keeps the keys, order
 and values the engine has always served (the front passes them on in its own GET /status), plus
-what the placement policy reads and the front could not see before: `coexist_with`, `waiters`
-and a loading model's measured bytes (DESIGN.md §3.11: the front predicts the engine's decision
-with the same code on the same inputs). The decoder is lenient with missing keys (an engine that
-has not measured its device yet reports little); the protocol version checked when a front
-attaches (wire/lease.py `PROTOCOL`) is what guarantees both ends mean the same fields.
+what the placement policy reads and the front could not see before: `coexist_with`, `waiters`,
+a loading model's measured bytes, what a model's next load would be promised (`load_bytes`: a
+load remembers what the last one measured) and the loads waiting to be placed (`placing`).
+DESIGN.md §3.11: the front predicts the engine's decision with the same code on the same
+inputs. The decoder is lenient with missing keys (an engine that has not measured its device
+yet reports little); the protocol version checked when a front attaches (wire/lease.py
+`PROTOCOL`) is what guarantees both ends mean the same fields.
 
 Status is parsed on status calls and cold routes only, never per request to a ready model.
 """
@@ -111,6 +113,7 @@ class SchedulerStatus:
     max_loaded_models: int | None = None
     counters: Mapping[str, int] = field(default_factory=dict)
     recent_swaps: tuple[Swap, ...] = ()
+    placing: tuple[str, ...] = ()  # loads not placed yet, in the order they began
 
     def count(self, name: str) -> int:
         return self.counters.get(name, 0)
@@ -120,6 +123,7 @@ class SchedulerStatus:
             "max_loaded_models": self.max_loaded_models,
             **{name: self.count(name) for name in SCHEDULER_COUNTERS},
             "recent_swaps": [s.to_json() for s in self.recent_swaps],
+            "placing": list(self.placing),
         }
 
     @classmethod
@@ -128,6 +132,7 @@ class SchedulerStatus:
             max_loaded_models=_int(d.get("max_loaded_models")),
             counters={name: int(d.get(name) or 0) for name in SCHEDULER_COUNTERS},
             recent_swaps=tuple(Swap.from_json(s) for s in d.get("recent_swaps") or ()),
+            placing=tuple(str(m) for m in d.get("placing") or ()),
         )
 
 
@@ -140,6 +145,7 @@ class ModelMemory:
     reserved_bytes: int | None = None  # while loading or loaded
     measured_bytes: int | None = None  # what the device shows its process holding
     host_bytes: int | None = None
+    load_bytes: int | None = None  # what its next load on this engine would be promised
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -148,6 +154,7 @@ class ModelMemory:
             "reserved_bytes": self.reserved_bytes,
             "measured_bytes": self.measured_bytes,
             "host_bytes": self.host_bytes,
+            "load_bytes": self.load_bytes,
         }
 
     @classmethod
@@ -159,6 +166,7 @@ class ModelMemory:
             reserved_bytes=_int(d.get("reserved_bytes")),
             measured_bytes=_int(d.get("measured_bytes")),
             host_bytes=_int(d.get("host_bytes")),
+            load_bytes=_int(d.get("load_bytes")),
         )
 
 

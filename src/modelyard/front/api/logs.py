@@ -110,7 +110,7 @@ async def list_sources(state: FrontState) -> list[dict[str, Any]]:
         if entry.id in seen:
             continue
         seen.add(entry.id)
-        where = m.engine if (m := loaded.get(entry.id)) is not None else None
+        where = loaded.get(entry.id, {}).get("engine")
         sources.append({"name": entry.id, "kind": "model", "engine": where,
                         "backend": entry.spec.backend})
     return sources

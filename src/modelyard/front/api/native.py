@@ -166,7 +166,7 @@ def _is_admin(request: Request) -> bool:
 
 async def models(request: Request) -> Response:
     state = state_of(request)
-    running = await state.engine_models()
+    running = await state.running_models()
     out = []
     for entry in state.registry.entries():
         m = running.get(entry.id)
@@ -193,7 +193,7 @@ async def models(request: Request) -> Response:
 async def health(request: Request) -> Response:
     state = state_of(request)
     engines_up = sum(1 for e in state.engines if e.up)
-    running = await state.engine_models()
+    running = await state.running_models()
     mem = psutil.virtual_memory()
     healthy = engines_up == len(state.engines) and engines_up > 0
     return _json(

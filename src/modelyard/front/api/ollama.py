@@ -443,7 +443,7 @@ async def tags(request: Request) -> Response:
 async def ps(request: Request) -> Response:
     state = state_of(request)
     running = []
-    for engine, m in (await state.engine_models()).values():
+    for engine, m in (await state.running_models()).values():
         entry = state.registry.get(m.model)
         if m.state != "ready" or entry is None:
             continue
