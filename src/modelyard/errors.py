@@ -262,6 +262,14 @@ class EngineUnavailable(ModelyardError):
     code = "engine_unavailable"
 
 
+class EngineProtocolMismatch(ModelyardError):
+    """The engine speaks another version of the engine protocol (wire/lease.py PROTOCOL) than
+    the front: the front does not attach to it, and it stays down."""
+
+    status = 503
+    code = "engine_protocol_mismatch"
+
+
 class InsufficientMemory(ModelyardError):
     status = 503
     code = "insufficient_memory"

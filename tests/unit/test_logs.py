@@ -22,10 +22,12 @@ from modelyard.errors import ModelyardError
 from modelyard.front.api import logs as logs_api
 from modelyard.front.logs import FRONT, BufferLog, LogBuffer
 from modelyard.front.render import render_error
+from modelyard.front.state import EngineModel
 from modelyard.proc.logfile import FileLog, parse_line
 from modelyard.proc.process import rotate_log
 from modelyard.store.registry import ModelRegistry
 from modelyard.wire.logs import LogLine, redact
+from modelyard.wire.status import ModelStatus
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(20)]
 
@@ -309,8 +311,8 @@ class StubState:
     registry: ModelRegistry
     engines: list[Any] = field(default_factory=list)
 
-    async def engine_models(self) -> dict[str, dict[str, Any]]:
-        return {"m1": {"model": "m1", "engine": "engine-1"}}
+    async def running_models(self) -> dict[str, EngineModel]:
+        return {"m1": EngineModel("engine-1", ModelStatus(model="m1", state="ready"))}
 
 
 async def _on_error(request: Any, exc: Exception) -> Any:

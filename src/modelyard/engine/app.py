@@ -44,7 +44,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from modelyard import __version__
 from modelyard.config import Settings
-from modelyard.engine.lease_channel import serve_lease_channel
+from modelyard.engine.lease_channel import engine_protocol, serve_lease_channel
 from modelyard.engine.logs import model_log
 from modelyard.engine.loop import Engine
 from modelyard.engine.session_slots import SessionSlots
@@ -107,11 +107,11 @@ def create_engine_app(
     async def health(_: Request) -> Response:
         return JSONResponse(
             {"status": "ok", "engine": engine.index, "version": __version__,
-             "lease_port": lease_port}
+             "protocol": engine_protocol(), "lease_port": lease_port}
         )
 
     async def status(_: Request) -> Response:
-        return JSONResponse(engine.status())
+        return JSONResponse(engine.status().to_json())
 
     async def diag(_: Request) -> Response:
         return JSONResponse(engine.diag())

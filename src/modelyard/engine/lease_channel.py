@@ -9,18 +9,14 @@ a model busy forever.
 Only the front may use it (DESIGN.md §3.12): the first line of a connection must be a hello that
 carries the engine's secret (handed to the engine in $MODELYARD_ENGINE_SECRET, never on its
 command line). A connection whose first line is anything else, or that says nothing within
-HELLO_TIMEOUT_S, is closed without an answer, so it never gets a lease.
+HELLO_TIMEOUT_S, is closed without an answer, so it never gets a lease. A hello with the secret
+is answered with the engine's protocol version; if the front speaks another version, the engine
+closes the channel after that answer, and the front reports the mismatch.
 
-    front → engine  {"op": "hello", "secret": "…", "protocol": 1}
-    engine → front  {"op": "hello", "protocol": 1}   (then the lines below, in any order)
-    front → engine  {"op": "ping"}   (the front's heartbeat, about four times per
-    engine → front  {"op": "pong"}    engine_heartbeat_timeout_s: an engine silent for that long
-                                      is down for the front; see front/lease_client.py)
-    front → engine  {"op": "acquire", "id": 7, "model": "smollm2", "keep_alive_s": 300}
-    engine → front  {"id": 7, "progress": "loading smollm2"}   (only if asked: "progress": true)
-    engine → front  {"id": 7, "lease": {...}}   or   {"id": 7, "error": {native error body}}
-    front → engine  {"op": "release", "lease": "…"}
-    front → engine  {"op": "cancel", "id": 7}   (the front stopped waiting for that grant)
+The frames (hello, ping/pong, acquire, progress, granted/refused, release, cancel) and their one
+encoder and decoder each are in wire/lease.py. The front pings about four times per
+engine_heartbeat_timeout_s: an engine silent for that long is down for the front (see
+front/lease_client.py).
 """
 
 from __future__ import annotations
@@ -30,14 +26,30 @@ import contextlib
 import contextvars
 import hmac
 import logging
-from typing import Any
-
-import orjson
+import os
 
 from modelyard.engine.loop import Engine
 from modelyard.errors import ModelyardError
 from modelyard.request_ids import REQUEST_ID
-from modelyard.wire.lease import HELLO_TIMEOUT_S, MAX_LINE_BYTES, PROTOCOL
+from modelyard.wire.lease import (
+    HELLO_TIMEOUT_S,
+    MAX_LINE_BYTES,
+    PROTOCOL,
+    PROTOCOL_OVERRIDE_ENV,
+    Acquire,
+    Cancel,
+    FrameError,
+    FrontFrame,
+    Granted,
+    Hello,
+    HelloReply,
+    Ping,
+    Pong,
+    Progress,
+    Refused,
+    Release,
+    decode_front_frame,
+)
 
 log = logging.getLogger("modelyard.engine.leases")
 
@@ -50,62 +62,53 @@ class _Connection:
         self.held: set[str] = set()
         self.pending: dict[int, asyncio.Task[None]] = {}
 
-    def _send(self, payload: dict[str, Any]) -> None:
+    def _send(self, frame: Pong | Progress | Granted | Refused) -> None:
         if not self.writer.is_closing():
-            self.writer.write(orjson.dumps(payload) + b"\n")
+            self.writer.write(frame.encode())
 
     async def _grant(
         self, request_id: int, model: str, keep_alive_s: float | None, progress: bool
     ) -> None:
         def say(text: str) -> None:
-            self._send({"id": request_id, "progress": text})
+            self._send(Progress(request_id, text))
 
         try:
             lease = await self.engine.acquire(
                 model, keep_alive_s=keep_alive_s, progress=say if progress else None
             )
         except ModelyardError as exc:
-            self._send({"id": request_id, "error": exc.native_body()})
+            self._send(Refused(request_id, exc.native_body()))
         except Exception as exc:  # never let one request kill the channel
             log.exception("acquire %s failed", model)
             err = ModelyardError(f"engine error: {type(exc).__name__}: {exc}", model=model)
-            self._send({"id": request_id, "error": err.native_body()})
+            self._send(Refused(request_id, err.native_body()))
         else:
             # No await between the grant and this line: a cancel cannot lose the lease.
             self.held.add(lease.id)
-            self._send({"id": request_id, "lease": lease.to_json()})
+            self._send(Granted(request_id, lease))
         finally:
             self.pending.pop(request_id, None)
 
-    def handle(self, message: dict[str, Any]) -> None:
-        op = message.get("op")
-        if op == "acquire":
-            request_id = int(message["id"])
-            keep_alive = message.get("keep_alive_s")
+    def handle(self, frame: FrontFrame) -> None:
+        if isinstance(frame, Acquire):
             context = contextvars.copy_context()  # the grant's logs name the front's request
-            context.run(REQUEST_ID.set, message.get("request_id"))
+            context.run(REQUEST_ID.set, frame.request_id)
             task = asyncio.create_task(
-                self._grant(
-                    request_id,
-                    str(message["model"]),
-                    float(keep_alive) if keep_alive is not None else None,
-                    bool(message.get("progress")),
-                ),
+                self._grant(frame.id, frame.model, frame.keep_alive_s, frame.progress),
                 context=context,
             )
-            self.pending[request_id] = task
-        elif op == "ping":
-            self._send({"op": "pong"})
-        elif op == "release":
-            lease_id = str(message["lease"])
-            self.held.discard(lease_id)
-            self.engine.release(lease_id)
-        elif op == "cancel":
-            waiting = self.pending.get(int(message["id"]))
+            self.pending[frame.id] = task
+        elif isinstance(frame, Release):
+            self.held.discard(frame.lease)
+            self.engine.release(frame.lease)
+        elif isinstance(frame, Ping):
+            self._send(Pong())
+        elif isinstance(frame, Cancel):
+            waiting = self.pending.get(frame.id)
             if waiting is not None:
                 waiting.cancel()
         else:
-            raise ValueError(f"unknown op {op!r}")
+            raise FrameError(f"unexpected {type(frame).__name__} after the hello")
 
     def close(self) -> None:
         for task in self.pending.values():
@@ -118,17 +121,21 @@ class _Connection:
         self.writer.close()
 
 
-def said_hello(line: bytes, secret: str) -> bool:
-    """Whether `line` is a hello carrying `secret`, in this protocol."""
+def said_hello(line: bytes, secret: str) -> Hello | None:
+    """The hello `line` is, if it carries `secret` (in whichever protocol version)."""
     try:
-        hello = orjson.loads(line)
-    except orjson.JSONDecodeError:
-        return False
-    if not isinstance(hello, dict) or hello.get("op") != "hello":
-        return False
-    given = hello.get("secret")
-    return (hello.get("protocol") == PROTOCOL and isinstance(given, str)
-            and hmac.compare_digest(given.encode(), secret.encode()))
+        hello = decode_front_frame(line)
+    except FrameError:
+        return None
+    if not isinstance(hello, Hello):
+        return None
+    return hello if hmac.compare_digest(hello.secret.encode(), secret.encode()) else None
+
+
+def engine_protocol() -> int:
+    """The version this engine speaks: PROTOCOL, unless a test starts one that speaks another."""
+    override = os.environ.get(PROTOCOL_OVERRIDE_ENV)
+    return int(override) if override else PROTOCOL
 
 
 async def serve_lease_channel(
@@ -138,24 +145,32 @@ async def serve_lease_channel(
     know `secret`."""
     if not secret:
         raise ValueError("the lease channel needs a secret")
+    protocol = engine_protocol()
 
     async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             first = await asyncio.wait_for(reader.readline(), HELLO_TIMEOUT_S)
         except (TimeoutError, ConnectionError, ValueError):
             first = b""
-        if not said_hello(first, secret):
+        hello = said_hello(first, secret)
+        if hello is not None:
+            writer.write(HelloReply(protocol).encode())  # the front checks it
+            if hello.protocol != protocol:
+                log.error("lease channel: the front speaks protocol %s, this engine %s: closed",
+                          hello.protocol, protocol)
+                hello = None
+        else:
             log.warning("lease channel: a connection without the engine's secret was refused")
+        if hello is None:
             writer.close()
             with contextlib.suppress(ConnectionError):
                 await writer.wait_closed()
             return
-        writer.write(orjson.dumps({"op": "hello", "protocol": PROTOCOL}) + b"\n")
         conn = _Connection(engine, writer)
         try:
             while line := await reader.readline():
                 try:
-                    conn.handle(orjson.loads(line))
+                    conn.handle(decode_front_frame(line))
                 except (ValueError, KeyError, TypeError) as exc:
                     log.error("bad lease-channel message %r: %s", line[:200], exc)
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):

@@ -2,11 +2,8 @@
 
 A device reports total and free memory and what each process uses (simulated claims, NVML's
 process list, or resident memory for the CPU engine). The ledger adds what the device cannot
-know yet: the memory a model that is still loading will take. Planning uses
-
-    free for planning = free as reported - Σ over loading models (reserved - already measured)
-
-so two loads started together never promise the same bytes. After an unload the engine waits
+know yet: the memory a model that is still loading will take (`Loading`, `plannable_free`: pure,
+in placement/ledger.py, since the front plans with them too). After an unload the engine waits
 until the device really reports the memory back (DESIGN.md §3.7), bounded, before it re-plans.
 """
 
@@ -17,7 +14,6 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -25,6 +21,10 @@ import psutil
 
 from modelyard.config import Settings
 from modelyard.hw.simulated import CLAIMS_DIR_ENV, SimulatedGpu, parse_simulated_gpus
+
+# Re-exported: the engine's callers (and tests) know them from here.
+from modelyard.placement.ledger import Loading as Loading
+from modelyard.placement.ledger import plannable_free as plannable_free
 from modelyard.types import DeviceInfo
 
 log = logging.getLogger("modelyard.engine.ledger")
@@ -123,18 +123,6 @@ class HostDevice:
         pass
 
 
-@dataclass(frozen=True)
-class Loading:
-    """A model being loaded: what it was promised and what the device shows of it so far."""
-
-    reserved_bytes: int
-    measured_bytes: int
-
-
-def plannable_free(device_free: int, loading: Iterable[Loading]) -> int:
-    """Free memory for planning: the device's, less what loading models will still take."""
-    pending = sum(max(0, ld.reserved_bytes - ld.measured_bytes) for ld in loading)
-    return max(0, device_free - pending)
 
 
 async def wait_for_recovery(

@@ -24,7 +24,6 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
-import itertools
 import logging
 import math
 import os
@@ -39,13 +38,7 @@ from modelyard import metrics
 from modelyard.config import ModelSpec, ServiceModel, Settings
 from modelyard.engine import scheduler
 from modelyard.engine.backends.base import Backend, make_backend
-from modelyard.engine.ledger import (
-    Device,
-    Loading,
-    make_device,
-    plannable_free,
-    wait_for_recovery,
-)
+from modelyard.engine.ledger import Device, make_device, wait_for_recovery
 from modelyard.errors import (
     EngineCooling,
     InsufficientMemory,
@@ -55,10 +48,20 @@ from modelyard.errors import (
 )
 from modelyard.hw.devices import describe_devices
 from modelyard.hw.thermal import DEFAULT_THRESHOLDS, ThermalSensors, engine_paused
+from modelyard.placement import view as placement
+from modelyard.placement.ledger import Loading, plannable_free
 from modelyard.store.config_diff import diff_specs, keep_running, spec_views
 from modelyard.store.estimate import MemoryEstimate, estimate_model, serving_bytes
 from modelyard.store.registry import Entry, ModelRegistry
 from modelyard.types import Lease
+from modelyard.wire.status import (
+    DeviceStatus,
+    EngineStatus,
+    ModelMemory,
+    ModelStatus,
+    SchedulerStatus,
+    Swap,
+)
 
 log = logging.getLogger("modelyard.engine")
 
@@ -137,7 +140,7 @@ class Engine:
         self.env = {**(env if env is not None else os.environ), **self.device.child_env()}
         metrics.child_env(self.env)  # a backend keeps its own metrics out of ours
         self.stats: collections.Counter[str] = collections.Counter()
-        self.swaps: collections.deque[dict[str, Any]] = collections.deque(maxlen=RECENT_SWAPS)
+        self.swaps: collections.deque[Swap] = collections.deque(maxlen=RECENT_SWAPS)
         self.started_at = time.time()
         self._reaper: asyncio.Task[None] | None = None
 
@@ -316,34 +319,28 @@ class Engine:
             if rt.state is ModelState.READY and rt.measured_bytes:
                 rt.known_bytes = rt.measured_bytes
 
-    def _resident(self, rt: _Runtime) -> scheduler.Resident:
-        loading = rt.state is ModelState.LOADING
+    @staticmethod
+    def _pinned(rt: _Runtime) -> bool:
+        """Never evicted nor expired: pinned, or a service that manages itself or has no
+        unload route."""
         spec = rt.spec
         self_managed = isinstance(spec, ServiceModel) and spec.self_managed
         cannot_unload = isinstance(spec, ServiceModel) and spec.unload_path is None
-        measured = rt.measured_bytes or 0
-        held = max(rt.reserved_bytes, measured) if loading else (measured or rt.reserved_bytes)
-        return scheduler.Resident(
-            model=rt.entry.id,
-            bytes=held,
-            # A model being loaded cannot be evicted: count it as busy.
-            leases=len(rt.leases) + (1 if loading else 0),
-            pinned=spec.pinned or self_managed or cannot_unload,
-            priority=spec.priority,
-            last_used=rt.last_used,
-            group=spec.group,
-            coexist_with=frozenset(spec.can_coexist_with),
-            reload_cost_s=rt.load_duration_s or 0.0,
-            keep_alive_s=self._keep_alive(rt),
-            waiters=rt.waiters,
+        return spec.pinned or self_managed or cannot_unload
+
+    def _placed(self, exclude: _Runtime | None = None) -> tuple[ModelStatus, ...]:
+        """What the policy reads of each loaded or loading model: the same records the
+        engine reports (less the report-only figures), so the front's prediction from /status
+        and the engine's decision come from one builder (placement/view.py)."""
+        now = self.clock()
+        return tuple(
+            self._model_status(rt, now, report=False)
+            for rt in self._models.values()
+            if rt is not exclude and rt.state in (ModelState.READY, ModelState.LOADING)
         )
 
     def _residents(self, exclude: _Runtime | None = None) -> list[scheduler.Resident]:
-        return [
-            self._resident(rt)
-            for rt in self._models.values()
-            if rt is not exclude and rt.state in (ModelState.READY, ModelState.LOADING)
-        ]
+        return placement.residents(self._placed(exclude))
 
     def _max_loaded(self) -> int | None:
         spec = self.settings.engine_specs.get(self.index)
@@ -354,12 +351,6 @@ class Engine:
     def _decide(self, rt: _Runtime) -> scheduler.Decision:
         self._measure()
         info = self.device.info()
-        loading = [
-            Loading(r.reserved_bytes, r.measured_bytes or 0)
-            for r in self._models.values()
-            if r.state is ModelState.LOADING and r is not rt
-        ]
-        free = plannable_free(info.free_bytes or 0, loading)
         spec = rt.spec
         want = scheduler.Want(
             model=rt.entry.id,
@@ -368,11 +359,14 @@ class Engine:
             coexist_with=frozenset(spec.can_coexist_with),
             priority=spec.priority,
         )
-        ahead = list(itertools.takewhile(lambda m: m != rt.entry.id, self._arrivals))
-        return scheduler.plan(
-            want, self._residents(exclude=rt), free, info.total_bytes,
-            max_loaded_models=self._max_loaded(), ahead=ahead,
+        # The engine's own view, in the shape it reports: the front plans on /status the same way.
+        view = EngineStatus(
+            device=DeviceStatus(total_bytes=info.total_bytes, free_bytes=info.free_bytes),
+            scheduler=SchedulerStatus(max_loaded_models=self._max_loaded(),
+                                      placing=tuple(self._arrivals)),
+            models=self._placed(exclude=rt),
         )
+        return placement.plan_from_status(view, want)
 
     async def _place(self, rt: _Runtime) -> bool:
         """Make room for `rt` and reserve it: True with rt LOADING; False when nobody waits for
@@ -468,8 +462,7 @@ class Engine:
             reason, "evictions")
         self.stats[kind] += 1
         self.swaps.append(
-            {"at": time.time(), "unloaded": rt.entry.id, "reason": reason,
-             "bytes": rt.measured_bytes or rt.reserved_bytes}
+            Swap(time.time(), rt.entry.id, reason, rt.measured_bytes or rt.reserved_bytes)
         )
         log.info("unloading %s (%s)", rt.entry.id, reason)
 
@@ -735,42 +728,35 @@ class Engine:
 
     # ---- reports --------------------------------------------------------------------------
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> EngineStatus:
         self._measure()
         info = self.device.info()
-        return {
-            "engine": self.index,
-            "pid": os.getpid(),
-            "started_at": self.started_at,
-            "device": {
-                "kind": info.kind,
-                "name": info.name,
-                "total_bytes": info.total_bytes,
-                "used_bytes": info.used_bytes,
-                "free_bytes": info.free_bytes,
-                "temperature_c": info.temperature_c,
-                "utilization_pct": info.utilization_pct,
-                "reserved_loading_bytes": sum(
+        return EngineStatus(
+            engine=self.index,
+            pid=os.getpid(),
+            started_at=self.started_at,
+            device=DeviceStatus(
+                kind=info.kind,
+                name=info.name,
+                total_bytes=info.total_bytes,
+                used_bytes=info.used_bytes,
+                free_bytes=info.free_bytes,
+                temperature_c=info.temperature_c,
+                utilization_pct=info.utilization_pct,
+                reserved_loading_bytes=sum(
                     rt.reserved_bytes for rt in self._models.values()
                     if rt.state is ModelState.LOADING
                 ),
-            },
-            "paused": self.paused_reason,
-            "scheduler": {
-                "max_loaded_models": self._max_loaded(),
-                "loads": self.stats["loads"],
-                "evictions": self.stats["evictions"],
-                "unloads": self.stats["unloads"],
-                "expirations": self.stats["expirations"],
-                "load_failures": self.stats["load_failures"],
-                "crashes": self.stats["crashes"],
-                "waits": self.stats["waits"],
-                "no_fit": self.stats["no_fit"],
-                "thermal_pauses": self.stats["thermal_pauses"],
-                "recent_swaps": list(self.swaps),
-            },
-            "models": self.model_status(),
-        }
+            ),
+            paused=self.paused_reason,
+            scheduler=SchedulerStatus(
+                max_loaded_models=self._max_loaded(),
+                counters=dict(self.stats),
+                recent_swaps=tuple(self.swaps),
+                placing=tuple(self._arrivals),
+            ),
+            models=self.model_statuses(),
+        )
 
     def diag(self) -> dict[str, Any]:
         return {
@@ -779,52 +765,61 @@ class Engine:
             "devices": describe_devices(),
         }
 
-    def model_status(self) -> list[dict[str, Any]]:
-        out = []
+    def model_statuses(self) -> tuple[ModelStatus, ...]:
         now = self.clock()
-        for rt in self._models.values():
-            server = rt.server
-            estimate = self._estimates.get(rt.entry.id)
-            keep_alive = self._keep_alive(rt)
-            idle = rt.state is ModelState.READY and not rt.leases
-            out.append(
-                {
-                    "model": rt.entry.id,
-                    "backend": rt.spec.backend,
-                    "state": str(rt.state),
-                    "pid": server.pid if server else None,
-                    "upstream": server.url if server else None,
-                    "leases": len(rt.leases),
-                    "loaded_at": rt.loaded_at if server else None,
-                    "load_duration_s": rt.load_duration_s,
-                    "size_bytes": rt.entry.size_bytes,
-                    "pinned": self._resident(rt).pinned,  # services that cannot unload too
-                    "last_used": rt.last_used,
-                    "priority": rt.spec.priority,
-                    "group": rt.spec.group,
-                    "keep_alive_s": keep_alive,
-                    "expires_in_s": (
-                        max(0.0, rt.last_used + keep_alive - now)
-                        if idle and keep_alive is not None else None
-                    ),
-                    "waiting_for_memory_s": (
-                        now - rt.waiting_since if rt.waiting_since is not None else None
-                    ),
-                    "memory": {
-                        "estimate_bytes": estimate.total_bytes if estimate else None,
-                        "estimate": estimate.to_json() if estimate else None,
-                        "reserved_bytes": rt.reserved_bytes if server or rt.load else None,
-                        "measured_bytes": rt.measured_bytes if server else None,
-                        "host_bytes": server.memory_bytes() if server else None,
-                    },
-                    # What the backend says of itself (batching, prefix-cache hit rate…).
-                    "backend_stats": _backend_stats(server),
-                    "restarts": rt.restarts,
-                    "last_error": rt.last_error.message if rt.last_error else None,
-                    "cooldown_s": max(0.0, rt.cooldown_until - now) or None,
-                }
-            )
-        return out
+        return tuple(self._model_status(rt, now) for rt in self._models.values())
+
+    def model_status(self) -> list[dict[str, Any]]:
+        """`model_statuses()` as the engine's /status carries them."""
+        return [m.to_json() for m in self.model_statuses()]
+
+    def _model_status(self, rt: _Runtime, now: float, *, report: bool = True) -> ModelStatus:
+        """`rt` as reported; without `report`, only what placement reads (no estimate, backend
+        stats or host memory: those cost a walk of the process tree or a lock)."""
+        server = rt.server
+        keep_alive = self._keep_alive(rt)
+        idle = rt.state is ModelState.READY and not rt.leases
+        placed = server is not None or rt.load is not None
+        estimate = self._estimates.get(rt.entry.id) if report else None
+        return ModelStatus(
+            model=rt.entry.id,
+            backend=rt.spec.backend,
+            state=str(rt.state),
+            pid=server.pid if server else None,
+            upstream=server.url if server else None,
+            leases=len(rt.leases),
+            loaded_at=rt.loaded_at if server else None,
+            load_duration_s=rt.load_duration_s,
+            size_bytes=rt.entry.size_bytes,
+            pinned=self._pinned(rt),
+            last_used=rt.last_used,
+            priority=rt.spec.priority,
+            group=rt.spec.group,
+            keep_alive_s=keep_alive,
+            expires_in_s=(
+                max(0.0, rt.last_used + keep_alive - now)
+                if idle and keep_alive is not None else None
+            ),
+            waiting_for_memory_s=(
+                now - rt.waiting_since if rt.waiting_since is not None else None
+            ),
+            memory=ModelMemory(
+                estimate_bytes=estimate.total_bytes if estimate else None,
+                estimate=estimate.to_json() if estimate else None,
+                reserved_bytes=rt.reserved_bytes if placed else None,
+                # While loading too: the ledger counts what it holds already (plannable_free).
+                measured_bytes=rt.measured_bytes if placed else None,
+                host_bytes=server.memory_bytes() if server and report else None,
+                load_bytes=self._want_bytes(rt),
+            ),
+            # What the backend says of itself (batching, prefix-cache hit rate…).
+            backend_stats=_backend_stats(server) if report else None,
+            restarts=rt.restarts,
+            last_error=rt.last_error.message if rt.last_error else None,
+            cooldown_s=max(0.0, rt.cooldown_until - now) or None,
+            coexist_with=tuple(rt.spec.can_coexist_with),
+            waiters=rt.waiters,
+        )
 
 
 def _backend_stats(server: Backend | None) -> dict[str, Any] | None:

@@ -35,6 +35,7 @@ from modelyard.store.registry import ModelRegistry
 from modelyard.types import Lease
 from modelyard.wire.engines import EngineSet, SlotAction
 from modelyard.wire.logs import LogLine
+from modelyard.wire.status import EngineStatus
 
 if TYPE_CHECKING:
     from modelyard.engine.loop import Engine
@@ -128,7 +129,7 @@ class LocalEngineClient:
     def release(self, lease: Lease) -> None:
         self.engine.release(lease.id)
 
-    async def status(self) -> dict[str, Any]:
+    async def status(self) -> EngineStatus:
         return self.engine.status()
 
     async def diag(self) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from modelyard.wire.engines import EngineClient, SlotAction
 from modelyard.wire.logs import LogLine, LogSource
 
 __all__ = ["ENGINE_RETRY_AFTER_S", "EngineClient", "HttpEngineClient"]
+from modelyard.wire.status import EngineStatus
 
 ENGINE_RETRY_AFTER_S = 2.0
 
@@ -60,11 +61,17 @@ class HttpEngineClient:
         self._report_timeout: aiohttp.ClientTimeout | None = None
         self._relays: set[Abortable] = set()
         self._background: set[asyncio.Future[Any]] = set()  # session KV drops under way
+        # Why it may never be attached (a protocol mismatch): what every call then raises.
+        self._refused: ModelyardError | None = None
 
     @property
     def up(self) -> bool:
         return (self._answering and self._session is not None and self._leases is not None
                 and not self._leases.closed and not self._leases.silent)
+
+    def refuse(self, why: ModelyardError) -> None:
+        """The supervisor will not attach this engine: calls raise `why` from now on."""
+        self._refused = why
 
     def set_answering(self, answering: bool) -> None:
         """What the supervisor's last health probe found."""
@@ -125,6 +132,8 @@ class HttpEngineClient:
 
     def _check_up(self) -> None:
         """Fail fast, with the reason, while the engine is known not to answer."""
+        if self._refused is not None:
+            raise self._refused
         if self._session is None or self._leases is None or self._leases.closed:
             raise self._unavailable("down")
         if not self._answering:
@@ -191,8 +200,9 @@ class HttpEngineClient:
         if self._leases is not None:
             self._leases.release(lease.id)
 
-    async def status(self) -> dict[str, Any]:
-        return dict(await self._call("GET", "/status", timeout=self._report_timeout))
+    async def status(self) -> EngineStatus:
+        return EngineStatus.from_json(
+            await self._call("GET", "/status", timeout=self._report_timeout))
 
     async def diag(self) -> dict[str, Any]:
         return dict(await self._call("GET", "/diag", timeout=self._report_timeout))

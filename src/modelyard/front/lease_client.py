@@ -1,4 +1,6 @@
-"""The front's end of an engine's lease channel (protocol in engine/lease_channel.py).
+"""The front's end of an engine's lease channel (the channel: engine/lease_channel.py; its frames:
+wire/lease.py). Connecting checks the engine's protocol version: another version is
+EngineProtocolMismatch, one clear error instead of frames misread later.
 
 It also keeps the heartbeat: a stopped engine (SIGSTOP, a blocked event loop) closes nothing, so
 without one a request would wait for its grant until the supervisor's health probes kill the
@@ -15,14 +17,26 @@ import contextlib
 import itertools
 import logging
 from collections.abc import Callable
-from typing import Any
 
-import orjson
-
-from modelyard.errors import EngineUnavailable, from_native_body
+from modelyard.errors import EngineProtocolMismatch, EngineUnavailable, from_native_body
 from modelyard.request_ids import REQUEST_ID
 from modelyard.types import Lease
-from modelyard.wire.lease import HELLO_TIMEOUT_S, MAX_LINE_BYTES, PROTOCOL
+from modelyard.wire.lease import (
+    HELLO_TIMEOUT_S,
+    MAX_LINE_BYTES,
+    PROTOCOL,
+    Acquire,
+    Cancel,
+    FrameError,
+    Granted,
+    Hello,
+    HelloReply,
+    Ping,
+    Progress,
+    Refused,
+    Release,
+    decode_engine_frame,
+)
 
 log = logging.getLogger("modelyard.front.leases")
 
@@ -50,7 +64,7 @@ class LeaseClient:
         self._writer = writer
         self._name = name
         self._ids = itertools.count(1)
-        self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._waiting: dict[int, asyncio.Future[Granted | Refused]] = {}
         self._progress: dict[int, Callable[[str], None]] = {}
         self._closed = False
         self.silent = False  # no line from the engine for heartbeat_timeout_s
@@ -69,29 +83,34 @@ class LeaseClient:
         name: str = "engine",
     ) -> LeaseClient:
         """Open the channel and say hello with the engine's secret; LeaseChannelRefused if the
-        engine does not answer it."""
+        engine does not answer it, EngineProtocolMismatch if it speaks another version."""
         reader, writer = await asyncio.open_connection(host, port, limit=MAX_LINE_BYTES)
         try:
-            hello = {"op": "hello", "secret": secret, "protocol": PROTOCOL}
-            writer.write(orjson.dumps(hello) + b"\n")
+            writer.write(Hello(secret, PROTOCOL).encode())
             answer = await asyncio.wait_for(reader.readline(), HELLO_TIMEOUT_S)
-            reply = orjson.loads(answer) if answer else None
+            reply = decode_engine_frame(answer) if answer else None
         except (TimeoutError, ConnectionError, ValueError) as exc:
             writer.close()
             raise LeaseChannelRefused(f"{name}'s lease channel: no hello ({exc!r})") from exc
-        if not isinstance(reply, dict) or reply.get("op") != "hello":
+        if not isinstance(reply, HelloReply):
             writer.close()
             raise LeaseChannelRefused(f"{name}'s lease channel refused the hello: {answer!r}")
+        if reply.protocol != PROTOCOL:
+            writer.close()
+            raise EngineProtocolMismatch(
+                f"{name} speaks engine protocol {reply.protocol} and this front {PROTOCOL}: "
+                "run the same modelyard version on both"
+            )
         return cls(reader, writer, heartbeat_timeout_s=heartbeat_timeout_s, name=name)
 
     @property
     def closed(self) -> bool:
         return self._closed
 
-    def _send(self, payload: dict[str, Any]) -> None:
+    def _send(self, frame: Acquire | Release | Cancel | Ping) -> None:
         if self._closed:
             raise LeaseChannelClosed("lease channel closed")
-        self._writer.write(orjson.dumps(payload) + b"\n")
+        self._writer.write(frame.encode())
 
     async def acquire(
         self,
@@ -102,40 +121,30 @@ class LeaseClient:
         if self.silent:
             raise self._silence()
         request_id = next(self._ids)
-        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Granted | Refused] = asyncio.get_running_loop().create_future()
         self._waiting[request_id] = future
         try:
-            message: dict[str, Any] = {"op": "acquire", "id": request_id, "model": model}
-            if (rid := REQUEST_ID.get()) is not None:
-                message["request_id"] = rid  # the engine's logs of this grant carry it
-            if keep_alive_s is not None:
-                message["keep_alive_s"] = keep_alive_s
             if on_progress is not None:
-                message["progress"] = True
                 self._progress[request_id] = on_progress
-            self._send(message)
+            # The request id: the engine's logs of this grant carry it.
+            self._send(Acquire(request_id, model, keep_alive_s, on_progress is not None,
+                               REQUEST_ID.get()))
             reply = await future
         except asyncio.CancelledError:
             # If the grant is already on its way, _read gives it back.
             if self._waiting.pop(request_id, None) is not None and not self._closed:
-                self._send({"op": "cancel", "id": request_id})
+                self._send(Cancel(request_id))
             raise
         finally:
             self._progress.pop(request_id, None)
-        if "error" in reply:
-            raise from_native_body(reply["error"])
-        data = reply["lease"]
-        return Lease(
-            id=data["lease_id"],
-            model=data["model"],
-            upstream=data["upstream"],
-            load_duration_ns=data["load_duration_ns"],
-        )
+        if isinstance(reply, Refused):
+            raise from_native_body(dict(reply.error))
+        return reply.lease
 
     def release(self, lease_id: str) -> None:
         # A closed channel has released everything on the engine's side already.
         with contextlib.suppress(LeaseChannelClosed):
-            self._send({"op": "release", "lease": lease_id})
+            self._send(Release(lease_id))
 
     async def _read(self) -> None:
         try:
@@ -144,21 +153,21 @@ class LeaseClient:
                 if self.silent:
                     self.silent = False
                     log.warning("%s answers its lease channel again", self._name)
-                reply = orjson.loads(line)
-                if "op" in reply:  # pong: the heartbeat's answer, nothing more to do
-                    continue
-                if "progress" in reply:
-                    listener = self._progress.get(int(reply["id"]))
+                reply = decode_engine_frame(line)
+                if isinstance(reply, Progress):
+                    listener = self._progress.get(reply.id)
                     if listener is not None:
-                        listener(str(reply["progress"]))
+                        listener(reply.text)
                     continue
-                future = self._waiting.pop(int(reply["id"]), None)
+                if not isinstance(reply, Granted | Refused):
+                    continue  # pong: the heartbeat's answer, nothing more to do
+                future = self._waiting.pop(reply.id, None)
                 if future is None or future.done():
-                    if "lease" in reply:  # granted to a request that gave up waiting
-                        self.release(reply["lease"]["lease_id"])
+                    if isinstance(reply, Granted):  # granted to a request that gave up waiting
+                        self.release(reply.lease.id)
                     continue
                 future.set_result(reply)
-        except (ConnectionError, ValueError, asyncio.LimitOverrunError):
+        except (ConnectionError, FrameError, ValueError, asyncio.LimitOverrunError):
             pass
         finally:
             self._fail_all()
@@ -167,7 +176,7 @@ class LeaseClient:
         while not self._closed:
             await asyncio.sleep(timeout_s / PINGS_PER_TIMEOUT)
             with contextlib.suppress(LeaseChannelClosed):
-                self._send({"op": "ping"})
+                self._send(Ping())
             if not self.silent and self._clock() - self._heard > timeout_s:
                 self._fall_silent(timeout_s)
 
@@ -187,7 +196,7 @@ class LeaseClient:
                 future.set_exception(self._silence())
             # A grant that comes later is given back by _read; this lets it not come at all.
             with contextlib.suppress(LeaseChannelClosed):
-                self._send({"op": "cancel", "id": request_id})
+                self._send(Cancel(request_id))
         if self.on_silent is not None:
             self.on_silent()
 

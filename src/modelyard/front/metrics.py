@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from starlette.requests import Request
@@ -25,6 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from modelyard import metrics as m
 from modelyard.front.state import FrontState, state_of
+from modelyard.wire.status import EngineReport
 
 # The inference routes and the API each belongs to (the `api` label).
 API_OF_PATH = {
@@ -79,11 +80,12 @@ class RequestMetrics:
 
 
 def readings(
-    statuses: list[dict[str, Any]],
+    statuses: Iterable[EngineReport | Mapping[str, Any]],
     queues: dict[str, dict[str, Any]],
     pulls: dict[str, int],
 ) -> Iterator[Any]:
-    """Gauge families for the scrape: engines (from their /status), the front's queues, pulls."""
+    """Gauge families for the scrape: engines (from their /status), the front's queues, pulls.
+    (An engine given as a mapping is its entry of GET /status, decoded here.)"""
     from prometheus_client.core import GaugeMetricFamily
 
     made: dict[str, GaugeMetricFamily] = {}
@@ -97,28 +99,31 @@ def readings(
             family = made[name] = GaugeMetricFamily(name, spec.help, labels=spec.labels)
         family.add_metric(list(labels), float(value))
 
-    for engine in statuses:
-        name = str(engine["name"])
-        add("modelyard_engine_up", [name], 1 if engine.get("up") else 0)
-        if not engine.get("up"):
+    for report in statuses:
+        if not isinstance(report, EngineReport):
+            report = EngineReport.from_json(report)
+        name = report.name
+        add("modelyard_engine_up", [name], 1 if report.up else 0)
+        reported = report.status
+        if reported is None:
             continue
-        add("modelyard_engine_paused", [name], 1 if engine.get("paused") else 0)
-        device = engine.get("device") or {}
-        where = [name, str(device.get("name") or "")]
-        add("modelyard_device_memory_total_bytes", where, device.get("total_bytes"))
-        add("modelyard_device_memory_used_bytes", where, device.get("used_bytes"))
-        add("modelyard_device_memory_free_bytes", where, device.get("free_bytes"))
-        util = device.get("utilization_pct")
+        add("modelyard_engine_paused", [name], 1 if reported.paused else 0)
+        device = reported.device
+        where = [name, device.name or ""]
+        add("modelyard_device_memory_total_bytes", where, device.total_bytes)
+        add("modelyard_device_memory_used_bytes", where, device.used_bytes)
+        add("modelyard_device_memory_free_bytes", where, device.free_bytes)
+        util = device.utilization_pct
         add("modelyard_device_utilization_ratio", where, None if util is None else util / 100)
-        add("modelyard_device_temperature_celsius", where, device.get("temperature_c"))
-        for model in engine.get("models") or []:
-            which = [str(model["model"]), name]
-            add("modelyard_model_loaded", which, 1 if model.get("state") == "ready" else 0)
-            add("modelyard_model_leases", which, model.get("leases"))
-            memory = model.get("memory") or {}
-            add("modelyard_model_memory_estimated_bytes", which, memory.get("estimate_bytes"))
-            add("modelyard_model_memory_reserved_bytes", which, memory.get("reserved_bytes"))
-            add("modelyard_model_memory_measured_bytes", which, memory.get("measured_bytes"))
+        add("modelyard_device_temperature_celsius", where, device.temperature_c)
+        for held in reported.models:
+            which = [held.model, name]
+            add("modelyard_model_loaded", which, 1 if held.state == "ready" else 0)
+            add("modelyard_model_leases", which, held.leases)
+            memory = held.memory
+            add("modelyard_model_memory_estimated_bytes", which, memory.estimate_bytes)
+            add("modelyard_model_memory_reserved_bytes", which, memory.reserved_bytes)
+            add("modelyard_model_memory_measured_bytes", which, memory.measured_bytes)
     for model, figures in queues.items():
         add("modelyard_queue_depth", [model], figures.get("queued"))
         add("modelyard_requests_running", [model], figures.get("running"))

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from modelyard.engine import scheduler
-from modelyard.engine.ledger import Loading, plannable_free
+from modelyard.placement import view as placement
+from modelyard.wire.status import EngineStatus
 
 # A load that only busy models could make room for ranks below any number of evictions.
 BUSY_EVICTIONS = 1000
@@ -50,44 +51,20 @@ def pick_engine(
     return min(usable, key=lambda e: (e.evictions_needed, e.queued)).name
 
 
-def _bytes(m: Mapping[str, Any]) -> tuple[int, int]:
-    mem = m.get("memory") or {}
-    return int(mem.get("reserved_bytes") or 0), int(mem.get("measured_bytes") or 0)
-
-
-def _resident(m: Mapping[str, Any]) -> scheduler.Resident:
-    """As the engine counts it (Engine._resident): a loading model holds at least what it was
-    promised and is busy; a ready one holds what was measured."""
-    reserved, measured = _bytes(m)
-    loading = m["state"] == "loading"
-    return scheduler.Resident(
-        model=m["model"],
-        bytes=max(reserved, measured) if loading else (measured or reserved),
-        leases=int(m.get("leases", 0)) + (1 if loading else 0),
-        pinned=bool(m.get("pinned")),
-        priority=int(m.get("priority") or 0),
-        last_used=float(m.get("last_used") or 0.0),
-        group=m.get("group"),
-    )
-
-
 def view_from_status(
-    name: str, status: Mapping[str, Any], want: scheduler.Want, queued: int = 0
+    name: str,
+    status: EngineStatus | Mapping[str, Any],
+    want: scheduler.Want,
+    queued: int = 0,
 ) -> EngineView:
     """What routing needs to know of an engine, from its /status snapshot: whether `want` is
-    resident there, and how many evictions loading it would take (the engine's own policy,
-    run on the snapshot). An engine where it can never fit is incompatible."""
-    models = [m for m in status.get("models", []) if m["state"] in ("ready", "loading")]
-    resident = frozenset(m["model"] for m in models)
-    device = status.get("device") or {}
-    loading = [Loading(*_bytes(m)) for m in models if m["state"] == "loading"]
-    decision = scheduler.plan(
-        want,
-        [_resident(m) for m in models],
-        plannable_free(int(device.get("free_bytes") or 0), loading),
-        int(device.get("total_bytes") or 0),
-        max_loaded_models=(status.get("scheduler") or {}).get("max_loaded_models"),
-    )
+    resident there, and how many evictions loading it would take: the engine's own decision,
+    made by the same builder and policy on the same fields (placement/view.py). An engine where
+    it can never fit is incompatible. (A mapping is the snapshot's JSON, decoded here.)"""
+    if not isinstance(status, EngineStatus):
+        status = EngineStatus.from_json(status)
+    resident = frozenset(m.model for m in status.models if m.resident)
+    decision = placement.plan_from_status(status, want)
     compatible = not isinstance(decision, scheduler.NoFit)
     if isinstance(decision, scheduler.Evict):
         evictions = len(decision.victims)

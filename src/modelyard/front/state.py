@@ -8,7 +8,7 @@ import functools
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import aiohttp
 import orjson
@@ -38,6 +38,7 @@ from modelyard.store.estimate import MemoryEstimate, estimate_model, serving_byt
 from modelyard.store.registry import Entry, ModelRegistry
 from modelyard.types import Lease
 from modelyard.wire.engines import EngineProvider
+from modelyard.wire.status import EngineReport, ModelStatus
 
 if TYPE_CHECKING:
     from modelyard.front.archive import ArchiveStore
@@ -47,6 +48,13 @@ if TYPE_CHECKING:
 
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
+
+
+class EngineModel(NamedTuple):
+    """A model an engine reported, and which engine."""
+
+    engine: str
+    status: ModelStatus
 
 
 @dataclass
@@ -200,14 +208,14 @@ class FrontState:
             concurrency, self.settings.max_queue if max_queue is None else max_queue
         )
 
-    async def engine_statuses(self) -> list[dict[str, Any]]:
+    async def engine_statuses(self) -> list[EngineReport]:
         """Every engine's /status, named; an engine that does not answer says why."""
         out = []
         for engine in self.engines:
             try:
-                out.append({"name": engine.name, "up": True, **await engine.status()})
+                out.append(EngineReport(engine.name, await engine.status()))
             except ModelyardError as exc:
-                out.append({"name": engine.name, "up": False, "error": exc.message})
+                out.append(EngineReport(engine.name, error=exc.message))
         return out
 
     async def status_view(self) -> dict[str, Any]:
@@ -217,21 +225,21 @@ class FrontState:
         return {
             "version": __version__,
             "uptime_seconds": round(time.time() - self.started_at, 3),
-            "engines": await self.engine_statuses(),
+            "engines": [report.to_json() for report in await self.engine_statuses()],
             "queues": self.queues.stats(),
             **({"chat_sessions": self.sessions.stats()} if self.sessions is not None else {}),
         }
 
-    async def engine_models(self) -> dict[str, dict[str, Any]]:
-        """Every model the engines that answer know about, with the engine's name added."""
-        models: dict[str, dict[str, Any]] = {}
+    async def running_models(self) -> dict[str, EngineModel]:
+        """Every model the engines that answer know about, by id, with the engine's name."""
+        models: dict[str, EngineModel] = {}
         for engine in self.engines:
             try:
                 status = await engine.status()
             except ModelyardError:
                 continue
-            for m in status["models"]:
-                models[m["model"]] = {**m, "engine": engine.name}
+            for m in status.models:
+                models[m.model] = EngineModel(engine.name, m)
         return models
 
     async def open_relay(

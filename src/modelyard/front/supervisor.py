@@ -35,6 +35,7 @@ import httpx
 
 from modelyard import metrics
 from modelyard.config import EngineSpec, Settings
+from modelyard.errors import EngineProtocolMismatch
 from modelyard.front.engines import HttpEngineClient
 from modelyard.proc.ports import LOOPBACK, free_port
 from modelyard.proc.process import ChildProcess
@@ -107,6 +108,13 @@ class EngineSupervisor:
         while not self._stopping:
             try:
                 await self._start_once()
+            except EngineProtocolMismatch as exc:
+                # Another start of the same program speaks the same version: it stays down.
+                log.error("%s: %s; it stays down", self.client.name, exc.message)
+                self.client.refuse(exc)
+                if not self._first_start.done():
+                    self._first_start.set_result(None)
+                return
             except (NotReady, OSError) as exc:
                 log.error("%s failed to start: %s", self.client.name, exc)
                 if not self._first_start.done():
@@ -182,7 +190,7 @@ class EngineSupervisor:
                 report_timeout_s=self.settings.engine_health_timeout_s,
                 heartbeat_timeout_s=self.settings.engine_heartbeat_timeout_s,
             )
-        except OSError:
+        except (OSError, EngineProtocolMismatch):
             await self.process.stop(self.settings.stop_grace_s)  # not left behind unused
             raise
         self._base_url = base_url

@@ -24,6 +24,7 @@ from pydantic import BaseModel
 from modelyard.errors import ModelyardError
 from modelyard.types import Lease
 from modelyard.wire.logs import LogLine
+from modelyard.wire.status import EngineStatus
 
 SlotAction = Literal["restore", "save"]
 
@@ -71,7 +72,7 @@ class EngineClient(Protocol):
 
     # ---- reports ----------------------------------------------------------------------------
 
-    async def status(self) -> dict[str, Any]: ...
+    async def status(self) -> EngineStatus: ...
 
     async def diag(self) -> dict[str, Any]: ...
 

@@ -1,6 +1,36 @@
-"""The lease channel's constants, known to both ends (the protocol: engine/lease_channel.py)."""
+"""The lease channel's frames and constants, known to both ends: engine/lease_channel.py serves
+the channel, front/lease_client.py uses it.
+
+One newline-terminated JSON object per frame; one encoder (`encode()`) and one decoder per
+direction (`decode_front_frame`: what the engine reads, `decode_engine_frame`: what the front
+reads). This is the hottest path between the front and an engine (every request takes and gives
+back a lease), so frames are plain slotted dataclasses coded with orjson: no validation library.
+A malformed frame is a `FrameError` (a ValueError).
+
+    front → engine  Hello {"op": "hello", "secret": "…", "protocol": 1}
+    engine → front  HelloReply {"op": "hello", "protocol": 1}   (then the frames below)
+    front → engine  Ping {"op": "ping"}      engine → front  Pong {"op": "pong"}
+    front → engine  Acquire {"op": "acquire", "id": 7, "model": "m", "keep_alive_s": 300,
+                             "progress": true, "request_id": "…"}   (the last three optional)
+    engine → front  Progress {"id": 7, "progress": "loading m"}   (only if asked)
+    engine → front  Granted {"id": 7, "lease": {...}}   or   Refused {"id": 7, "error": {...}}
+    front → engine  Release {"op": "release", "lease": "…"}
+    front → engine  Cancel {"op": "cancel", "id": 7}   (the front stopped waiting for that grant)
+
+`PROTOCOL` is the version of the whole engine protocol (these frames and the engine's HTTP API,
+wire/status.py): the engine answers a hello that carries its secret with its own version, and a
+front that speaks another one refuses to attach (errors.EngineProtocolMismatch).
+"""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from modelyard.types import Lease
 
 MAX_LINE_BYTES = 1 << 20
 PROTOCOL = 1  # carried in the hello both ends exchange first
@@ -8,3 +38,169 @@ HELLO_TIMEOUT_S = 5.0  # a connection silent this long before its hello is close
 # How the front hands an engine process its secret: the environment is readable only by the same
 # user (/proc/PID/environ), while the command line is readable by everyone (/proc/PID/cmdline).
 SECRET_ENV = "MODELYARD_ENGINE_SECRET"
+# Tests start an engine that speaks another version (read by the engine only, never the front).
+PROTOCOL_OVERRIDE_ENV = "MODELYARD_ENGINE_PROTOCOL"
+
+
+class FrameError(ValueError):
+    """A line that is not a frame of this protocol."""
+
+
+def _line(payload: dict[str, Any]) -> bytes:
+    return orjson.dumps(payload) + b"\n"
+
+
+# ---- front → engine -------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Hello:
+    secret: str
+    protocol: int = PROTOCOL
+
+    def encode(self) -> bytes:
+        return _line({"op": "hello", "secret": self.secret, "protocol": self.protocol})
+
+
+@dataclass(slots=True)
+class Ping:
+    def encode(self) -> bytes:
+        return b'{"op":"ping"}\n'
+
+
+@dataclass(slots=True)
+class Acquire:
+    id: int
+    model: str
+    keep_alive_s: float | None = None
+    progress: bool = False  # send Progress frames while a load runs
+    request_id: str | None = None  # the engine's logs of this grant carry it
+
+    def encode(self) -> bytes:
+        message: dict[str, Any] = {"op": "acquire", "id": self.id, "model": self.model}
+        if self.request_id is not None:
+            message["request_id"] = self.request_id
+        if self.keep_alive_s is not None:
+            message["keep_alive_s"] = self.keep_alive_s
+        if self.progress:
+            message["progress"] = True
+        return _line(message)
+
+
+@dataclass(slots=True)
+class Release:
+    lease: str
+
+    def encode(self) -> bytes:
+        return _line({"op": "release", "lease": self.lease})
+
+
+@dataclass(slots=True)
+class Cancel:
+    id: int
+
+    def encode(self) -> bytes:
+        return _line({"op": "cancel", "id": self.id})
+
+
+FrontFrame = Hello | Ping | Acquire | Release | Cancel
+
+
+def decode_front_frame(line: bytes) -> FrontFrame:
+    """A frame the front sent; FrameError if it is none."""
+    try:
+        m = orjson.loads(line)
+        op = m["op"]
+        if op == "acquire":
+            keep_alive = m.get("keep_alive_s")
+            rid = m.get("request_id")
+            return Acquire(int(m["id"]), str(m["model"]),
+                           float(keep_alive) if keep_alive is not None else None,
+                           bool(m.get("progress")), str(rid) if rid is not None else None)
+        if op == "release":
+            return Release(str(m["lease"]))
+        if op == "ping":
+            return Ping()
+        if op == "cancel":
+            return Cancel(int(m["id"]))
+        if op == "hello":
+            secret = m["secret"]
+            if not isinstance(secret, str):
+                raise FrameError("hello: the secret is not a string")
+            return Hello(secret, int(m["protocol"]))
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise FrameError(f"not a lease-channel frame: {exc}") from exc
+    raise FrameError(f"unknown op {op!r}")
+
+
+# ---- engine → front -------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class HelloReply:
+    protocol: int
+
+    def encode(self) -> bytes:
+        return _line({"op": "hello", "protocol": self.protocol})
+
+
+@dataclass(slots=True)
+class Pong:
+    def encode(self) -> bytes:
+        return b'{"op":"pong"}\n'
+
+
+@dataclass(slots=True)
+class Progress:
+    id: int
+    text: str
+
+    def encode(self) -> bytes:
+        return _line({"id": self.id, "progress": self.text})
+
+
+@dataclass(slots=True)
+class Granted:
+    id: int
+    lease: Lease
+
+    def encode(self) -> bytes:
+        return _line({"id": self.id, "lease": self.lease.to_json()})
+
+
+@dataclass(slots=True)
+class Refused:
+    id: int
+    error: Mapping[str, Any]  # the native error body: errors.from_native_body rebuilds it
+
+    def encode(self) -> bytes:
+        return _line({"id": self.id, "error": dict(self.error)})
+
+
+EngineFrame = HelloReply | Pong | Progress | Granted | Refused
+
+
+def decode_engine_frame(line: bytes) -> EngineFrame:
+    """A frame the engine sent; FrameError if it is none."""
+    try:
+        m = orjson.loads(line)
+        if "lease" in m:
+            d = m["lease"]
+            return Granted(int(m["id"]), Lease(id=str(d["lease_id"]), model=str(d["model"]),
+                                               upstream=str(d["upstream"]),
+                                               load_duration_ns=int(d["load_duration_ns"])))
+        if "progress" in m:
+            return Progress(int(m["id"]), str(m["progress"]))
+        if "error" in m:
+            error = m["error"]
+            if not isinstance(error, dict):
+                raise FrameError("refusal without an error body")
+            return Refused(int(m["id"]), error)
+        op = m.get("op")
+        if op == "pong":
+            return Pong()
+        if op == "hello":
+            return HelloReply(int(m["protocol"]))
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise FrameError(f"not a lease-channel frame: {exc}") from exc
+    raise FrameError(f"not a lease-channel frame: {line[:200]!r}")

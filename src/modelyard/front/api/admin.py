@@ -57,7 +57,8 @@ async def unload(request: Request) -> Response:
 
 async def engines(request: Request) -> Response:
     state = state_of(request)
-    return _json({"engines": await state.engine_statuses(), "queues": state.queues.stats()})
+    reports = await state.engine_statuses()
+    return _json({"engines": [r.to_json() for r in reports], "queues": state.queues.stats()})
 
 
 async def reload(request: Request) -> Response:

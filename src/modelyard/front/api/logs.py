@@ -106,7 +106,8 @@ async def _reader(request: Request) -> _Source:
 
 async def _engine_of(state: FrontState, model: str) -> EngineClient:
     """The engine whose log of `model` to read: where it is loaded, else the first one up."""
-    where = (await state.engine_models()).get(model, {}).get("engine")
+    found_model = (await state.running_models()).get(model)
+    where = found_model.engine if found_model is not None else None
     engines = state.engines
     found = next((e for e in engines if e.name == where), None)
     found = found or next((e for e in engines if e.up), None) or next(iter(engines), None)
@@ -144,13 +145,14 @@ async def list_sources(state: FrontState) -> list[dict[str, Any]]:
     sources: list[dict[str, Any]] = [{"name": FRONT, "kind": "front", "engine": None}]
     sources += [{"name": e.name, "kind": "engine", "engine": e.name, "up": e.up}
                 for e in state.engines]
-    loaded = await state.engine_models()
+    loaded = await state.running_models()
     seen: set[str] = set()
     for entry in state.registry.entries():
         if entry.id in seen:
             continue
         seen.add(entry.id)
-        where = loaded.get(entry.id, {}).get("engine")
+        running = loaded.get(entry.id)
+        where = running.engine if running is not None else None
         sources.append({"name": entry.id, "kind": "model", "engine": where,
                         "backend": entry.spec.backend})
     return sources

@@ -92,25 +92,25 @@ def _is_admin(request: Request) -> bool:
 
 async def models(request: Request) -> Response:
     state = state_of(request)
-    running = await state.engine_models()
+    running = await state.running_models()
     out = []
     for entry in state.registry.entries():
-        m = running.get(entry.id, {})
+        m = running.get(entry.id)
         out.append(
             {
                 "model": entry.name,
                 "aliases": state.registry.aliases_of(entry.name),
                 "origin": entry.origin,
                 "preset": entry.preset.model_dump() if entry.preset else None,
-                "loaded": m.get("state") == "ready",
+                "loaded": m is not None and m.status.state == "ready",
                 "backend": entry.spec.backend,
                 "format": entry.format,
                 "source": entry.source,
                 "size_bytes": entry.size_bytes,
                 "local_path": str(entry.path) if entry.path else None,
                 "mmproj": str(mmproj) if (mmproj := getattr(entry.spec, "mmproj", None)) else None,
-                "load_duration": m.get("load_duration_s"),
-                "engine": m.get("engine"),
+                "load_duration": m.status.load_duration_s if m is not None else None,
+                "engine": m.engine if m is not None else None,
             }
         )
     return _json({"models": out if _is_admin(request) else client_models(out)})
@@ -119,7 +119,7 @@ async def models(request: Request) -> Response:
 async def health(request: Request) -> Response:
     state = state_of(request)
     engines_up = sum(1 for e in state.engines if e.up)
-    running = await state.engine_models()
+    running = await state.running_models()
     mem = psutil.virtual_memory()
     healthy = engines_up == len(state.engines) and engines_up > 0
     return _json(
@@ -129,7 +129,7 @@ async def health(request: Request) -> Response:
             "uptime_seconds": round(time.time() - state.started_at, 3),
             "engines": {"total": len(state.engines), "up": engines_up},
             "models_available": len(state.registry.entries()),
-            "models_cached": sum(1 for m in running.values() if m["state"] == "ready"),
+            "models_cached": sum(1 for m in running.values() if m.status.state == "ready"),
             "cache_limit": None,
             "downloads_active": 0,
             "downloads_queued": 0,

@@ -309,20 +309,19 @@ async def tags(request: Request) -> Response:
 async def ps(request: Request) -> Response:
     state = state_of(request)
     running = []
-    for m in (await state.engine_models()).values():
-        entry = state.registry.get(m["model"])
-        if m["state"] != "ready" or entry is None:
+    for engine, m in (await state.running_models()).values():
+        entry = state.registry.get(m.model)
+        if m.state != "ready" or entry is None:
             continue
         tag = _tag(entry, _gguf(entry))
         tag.pop("modified_at")
-        expires_in = m.get("expires_in_s")
+        expires_in = m.expires_in_s
         expires_at = (
             rfc3339(time.time() + expires_in) if expires_in is not None
             else "0001-01-01T00:00:00Z"
         )
-        mem = m.get("memory") or {}
-        size_vram = mem.get("measured_bytes") or mem.get("reserved_bytes") or 0
-        tag.update({"expires_at": expires_at, "size_vram": size_vram, "engine": m["engine"]})
+        size_vram = m.memory.measured_bytes or m.memory.reserved_bytes or 0
+        tag.update({"expires_at": expires_at, "size_vram": size_vram, "engine": engine})
         running.append(tag)
     return Response(orjson.dumps({"models": running}), media_type="application/json")
 

@@ -1,0 +1,102 @@
+"""wire/lease.py and wire/status.py: one encoder and one decoder per type, and what they put on
+the wire is what both ends have always exchanged."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from modelyard.types import Lease
+from modelyard.wire import lease as wire
+from modelyard.wire.status import EngineStatus
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
+
+LEASE = Lease(id="l1", model="m", upstream="http://127.0.0.1:5", load_duration_ns=7)
+
+FRONT_FRAMES: list[tuple[wire.FrontFrame, bytes]] = [
+    (wire.Hello("s3cret"), b'{"op":"hello","secret":"s3cret","protocol":1}\n'),
+    (wire.Ping(), b'{"op":"ping"}\n'),
+    (wire.Acquire(7, "m"), b'{"op":"acquire","id":7,"model":"m"}\n'),
+    (wire.Acquire(8, "m", 300.0, True, "req-1"),
+     b'{"op":"acquire","id":8,"model":"m","request_id":"req-1","keep_alive_s":300.0,'
+     b'"progress":true}\n'),
+    (wire.Release("l1"), b'{"op":"release","lease":"l1"}\n'),
+    (wire.Cancel(7), b'{"op":"cancel","id":7}\n'),
+]
+
+ENGINE_FRAMES: list[tuple[wire.EngineFrame, bytes]] = [
+    (wire.HelloReply(1), b'{"op":"hello","protocol":1}\n'),
+    (wire.Pong(), b'{"op":"pong"}\n'),
+    (wire.Progress(7, "loading m"), b'{"id":7,"progress":"loading m"}\n'),
+    (wire.Granted(7, LEASE), b'{"id":7,"lease":{"lease_id":"l1","model":"m",'
+     b'"upstream":"http://127.0.0.1:5","load_duration_ns":7}}\n'),
+    (wire.Refused(7, {"error": "model_not_found", "message": "no m"}),
+     b'{"id":7,"error":{"error":"model_not_found","message":"no m"}}\n'),
+]
+
+
+@pytest.mark.parametrize(("frame", "line"), FRONT_FRAMES)
+def test_front_frames(frame: wire.FrontFrame, line: bytes) -> None:
+    assert frame.encode() == line
+    assert wire.decode_front_frame(line) == frame
+
+
+@pytest.mark.parametrize(("frame", "line"), ENGINE_FRAMES)
+def test_engine_frames(frame: wire.EngineFrame, line: bytes) -> None:
+    assert frame.encode() == line
+    assert wire.decode_engine_frame(line) == frame
+
+
+@pytest.mark.parametrize("line", [
+    b"", b"not json\n", b"[1]\n", b'{"op":"launch"}\n', b'{"op":"acquire","id":"x"}\n',
+    b'{"op":"hello","secret":["s"],"protocol":1}\n', b'{"op":"hello","secret":"s"}\n',
+])
+def test_what_is_no_front_frame(line: bytes) -> None:
+    with pytest.raises(wire.FrameError):
+        wire.decode_front_frame(line)
+
+
+@pytest.mark.parametrize("line", [
+    b"", b"{}\n", b'{"id":7,"lease":{"model":"m"}}\n', b'{"id":7,"error":"boom"}\n',
+    b'{"op":"hello"}\n',
+])
+def test_what_is_no_engine_frame(line: bytes) -> None:
+    with pytest.raises(wire.FrameError):
+        wire.decode_engine_frame(line)
+
+
+STATUS: dict[str, Any] = {
+    "engine": 1, "pid": 42, "started_at": 1.5,
+    "device": {"kind": "simulated", "name": "simulated GPU 1", "total_bytes": 8, "used_bytes": 3,
+               "free_bytes": 5, "temperature_c": None, "utilization_pct": 0,
+               "reserved_loading_bytes": 2},
+    "paused": None,
+    "scheduler": {"max_loaded_models": 2, "loads": 3, "evictions": 1, "unloads": 0,
+                  "expirations": 0, "load_failures": 0, "crashes": 0, "waits": 1, "no_fit": 0,
+                  "thermal_pauses": 0,
+                  "recent_swaps": [{"at": 9.5, "unloaded": "a", "reason": "for b",
+                                    "bytes": 4}],
+                  "placing": ["d"]},
+    "models": [{
+        "model": "b", "backend": "openai", "state": "ready", "pid": 43,
+        "upstream": "http://127.0.0.1:6", "leases": 1, "loaded_at": 9.6,
+        "load_duration_s": 0.5, "size_bytes": None, "pinned": False, "last_used": 3.0,
+        "priority": 0, "group": None, "keep_alive_s": 300.0, "expires_in_s": None,
+        "waiting_for_memory_s": None,
+        "memory": {"estimate_bytes": 4, "estimate": {"total_bytes": 4}, "reserved_bytes": 4,
+                   "measured_bytes": 3, "host_bytes": None, "load_bytes": 3},
+        "backend_stats": None, "restarts": 0, "last_error": None, "cooldown_s": None,
+        "coexist_with": ["c"], "waiters": 0,
+    }],
+}
+
+
+def test_engine_status_round_trips_byte_for_byte() -> None:
+    status = EngineStatus.from_json(STATUS)
+    assert orjson.dumps(status.to_json()) == orjson.dumps(STATUS)
+    assert status.models[0].memory.measured_bytes == 3
+    assert status.scheduler.recent_swaps[0].unloaded == "a"
+    assert status.model("b") is status.models[0] and status.model("z") is None
