@@ -38,7 +38,8 @@ def test_summary_devices_engines_services_and_scheduler() -> None:
                                  "in_flight": 1, "memory_bytes": 500000000}]
     assert view["scheduler"]["loads"] == 3 and view["scheduler"]["waits"] == 2
     assert view["scheduler"]["recent_swaps"] == [
-        {"at": 1000.0, "unloaded": "a", "reason": "for b", "engine": "engine-0"}]
+        {"at": 1000.0, "unloaded": "a", "reason": "for b", "bytes": 4000,
+         "engine": "engine-0"}]
     assert view["pulls"][0]["bytes_done"] == 50
 
 

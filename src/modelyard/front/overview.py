@@ -8,85 +8,90 @@ from __future__ import annotations
 
 from typing import Any
 
+from modelyard.wire.status import EngineReport, ModelStatus
+
 _COUNTERS = ("loads", "evictions", "unloads", "expirations", "load_failures", "crashes", "waits",
              "no_fit", "thermal_pauses")
 
 
-def _held_bytes(model: dict[str, Any]) -> int:
-    memory = model.get("memory") or {}
-    return int(memory.get("measured_bytes") or memory.get("reserved_bytes") or 0)
+def _held_bytes(model: ModelStatus) -> int:
+    return model.memory.measured_bytes or model.memory.reserved_bytes or 0
 
 
-def _device(engine: dict[str, Any]) -> dict[str, Any] | None:
-    device = engine.get("device")
-    if not engine.get("up") or not device:
+def _device(report: EngineReport) -> dict[str, Any] | None:
+    status = report.status
+    if status is None:
         return None
-    total, used = device.get("total_bytes") or 0, device.get("used_bytes") or 0
+    device = status.device
+    total, used = device.total_bytes, device.used_bytes or 0
     return {
-        "engine": engine["name"],
-        **device,
+        "engine": report.name,
+        **device.to_json(),
         "used_fraction": round(used / total, 4) if total else None,
-        "holds": [{"model": m["model"], "bytes": _held_bytes(m)}
-                  for m in engine.get("models", []) if m.get("state") not in ("stopped", None)],
+        "holds": [{"model": m.model, "bytes": _held_bytes(m)}
+                  for m in status.models if m.state != "stopped"],
     }
 
 
-def _model(model: dict[str, Any]) -> dict[str, Any]:
+def _model(model: ModelStatus) -> dict[str, Any]:
     return {
-        "model": model["model"],
-        "backend": model.get("backend"),
-        "state": model.get("state"),
-        "pid": model.get("pid"),
-        "in_flight": model.get("leases", 0),
+        "model": model.model,
+        "backend": model.backend,
+        "state": model.state,
+        "pid": model.pid,
+        "in_flight": model.leases,
         "memory_bytes": _held_bytes(model),
-        "keep_alive_s": model.get("keep_alive_s"),
-        "expires_in_s": model.get("expires_in_s"),
-        "pinned": model.get("pinned", False),
-        "load_duration_s": model.get("load_duration_s"),
-        "last_error": model.get("last_error"),
+        "keep_alive_s": model.keep_alive_s,
+        "expires_in_s": model.expires_in_s,
+        "pinned": model.pinned,
+        "load_duration_s": model.load_duration_s,
+        "last_error": model.last_error,
     }
 
 
-def _engine(engine: dict[str, Any]) -> dict[str, Any]:
-    models = [_model(m) for m in engine.get("models", []) if m.get("state") != "stopped"]
+def _models(report: EngineReport) -> tuple[ModelStatus, ...]:
+    return report.status.models if report.status is not None else ()
+
+
+def _engine(report: EngineReport) -> dict[str, Any]:
+    models = [_model(m) for m in _models(report) if m.state != "stopped"]
+    status = report.status
     return {
-        "name": engine["name"],
-        "up": bool(engine.get("up")),
-        "pid": engine.get("pid"),
-        "error": engine.get("error"),
-        "cooling": engine.get("paused"),
+        "name": report.name,
+        "up": report.up,
+        "pid": status.pid if status is not None else None,
+        "error": report.error,
+        "cooling": status.paused if status is not None else None,
         "models": [m for m in models if m["backend"] != "service"],
     }
 
 
-def _services(engines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _services(reports: list[EngineReport]) -> list[dict[str, Any]]:
     """Registered services (TTS, STT, image): up when the engine has it ready."""
-    found = []
-    for engine in engines:
-        for m in engine.get("models", []):
-            if m.get("backend") == "service":
-                found.append({"model": m["model"], "engine": engine["name"],
-                              "state": m.get("state"), "healthy": m.get("state") == "ready",
-                              "url": m.get("upstream"), "in_flight": m.get("leases", 0),
-                              "memory_bytes": _held_bytes(m)})
-    return found
+    return [{"model": m.model, "engine": report.name, "state": m.state,
+             "healthy": m.state == "ready", "url": m.upstream, "in_flight": m.leases,
+             "memory_bytes": _held_bytes(m)}
+            for report in reports for m in _models(report) if m.backend == "service"]
 
 
-def _scheduler(engines: list[dict[str, Any]]) -> dict[str, Any]:
+def _scheduler(reports: list[EngineReport]) -> dict[str, Any]:
     totals: dict[str, Any] = dict.fromkeys(_COUNTERS, 0)
     swaps = []
-    for engine in engines:
-        sched = engine.get("scheduler") or {}
+    for report in reports:
+        if report.status is None:
+            continue
+        sched = report.status.scheduler
         for key in _COUNTERS:
-            totals[key] += int(sched.get(key) or 0)
-        swaps += [{**s, "engine": engine["name"]} for s in sched.get("recent_swaps", [])]
+            totals[key] += int(sched.counters.get(key) or 0)
+        swaps += [{**s.to_json(), "engine": report.name} for s in sched.recent_swaps]
     totals["recent_swaps"] = sorted(swaps, key=lambda s: s.get("at", 0))[-20:]
     return totals
 
 
 def overview(status: dict[str, Any], pulls: list[dict[str, Any]]) -> dict[str, Any]:
-    """`status` is the front's status_view() (engines' /status and the queues)."""
-    engines = status["engines"]
+    """`status` is the front's status_view() (engines' /status and the queues); each engine's
+    report is read through its wire type (wire/status.py), never by its JSON keys."""
+    engines = [EngineReport.from_json(e) for e in status["engines"]]
     queues: dict[str, dict[str, Any]] = status.get("queues", {})
     views = [_engine(e) for e in engines]
     return {
