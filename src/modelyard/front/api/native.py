@@ -114,8 +114,11 @@ async def chat(request: Request) -> Response:
     def stream(relay: Relay) -> AsyncIterator[bytes]:
         gen.load_duration_ns = relay.lease.load_duration_ns
         absorb: Callable[[dict[str, Any]], str] = gen.absorb
-        on_done: Callable[[], bytes] = lambda: sse_event(  # noqa: E731
-            {"delta": {}, **_final(req.model, gen, with_message=False)})
+
+        def done_event() -> bytes:
+            return sse_event({"delta": {}, **_final(req.model, gen, with_message=False)})
+
+        on_done: Callable[[], bytes] = done_event
         if turn is not None:
             absorb, on_done = tap_translated(turn, absorb, on_done)
         chunks = translated_stream(

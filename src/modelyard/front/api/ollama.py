@@ -195,7 +195,11 @@ async def _answer(
     def stream(relay: Relay) -> AsyncIterator[bytes]:
         gen.load_duration_ns = relay.lease.load_duration_ns
         absorb: Callable[[dict[str, Any]], str] = gen.absorb
-        on_done: Callable[[], bytes] = lambda: _done_lines(shape, gen)  # noqa: E731
+
+        def done_lines() -> bytes:
+            return _done_lines(shape, gen)
+
+        on_done: Callable[[], bytes] = done_lines
         if turn is not None:
             absorb, on_done = tap_translated(turn, absorb, on_done)
         chunks = translated_stream(

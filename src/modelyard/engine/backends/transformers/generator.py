@@ -55,7 +55,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch  # noqa: TID251
+import torch
 
 from modelyard.engine.backends.transformers.detok import (
     IncrementalDetokenizer,
