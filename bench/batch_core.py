@@ -34,8 +34,8 @@ import sys
 import time
 from typing import Any
 
-import torch  # noqa: TID251
-from transformers import (  # noqa: TID251
+import torch
+from transformers import (
     GenerationConfig,
     LlamaConfig,
     LlamaForCausalLM,
@@ -143,7 +143,7 @@ async def second_turn_ttft(model: Any, tokenizer: Any, cache_tokens: int, histor
 def hf_cb(model: Any, batch: list[list[int]], tokens: int) -> float:
     """transformers' continuous batching: a manager started (and warmed up) beforehand, then the
     requests added at once and their results awaited (no streaming, one sampling config)."""
-    from transformers.generation.configuration_utils import (  # noqa: TID251
+    from transformers.generation.configuration_utils import (
         ContinuousBatchingConfig,
     )
 
@@ -176,7 +176,7 @@ def hf_cb(model: Any, batch: list[list[int]], tokens: int) -> float:
 
 
 def load(path: str) -> tuple[Any, Any]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: TID251
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()

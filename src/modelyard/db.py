@@ -82,8 +82,10 @@ users = sa.Table(
     sa.Column("created_at", sa.Float, nullable=False),
 )
 
-# A web session: the signed cookie carries only the id; logout or a password change deletes it.
-sessions = sa.Table(
+# A web login session: the signed cookie carries only the id; logout or a password change deletes
+# it. The Python name says "login" (chat sessions are another thing, below); the table keeps its
+# name "sessions" so existing databases need no migration.
+login_sessions = sa.Table(
     "sessions",
     metadata,
     sa.Column("id", sa.String(64), primary_key=True),

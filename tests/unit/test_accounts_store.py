@@ -58,19 +58,19 @@ def test_a_given_first_password_is_not_returned(tmp_path: Path) -> None:
 
 def test_password_change_ends_every_session(database: sa.Engine) -> None:
     user = accounts.add_user(database, "carol", "first pass")
-    one = accounts.open_session(database, user, 3600)
-    two = accounts.open_session(database, user, 3600)
-    found = accounts.find_session(database, one.id)
+    one = accounts.open_login_session(database, user, 3600)
+    two = accounts.open_login_session(database, user, 3600)
+    found = accounts.find_login_session(database, one.id)
     assert found is not None and found.user.name == "carol" and found.csrf == one.csrf
     accounts.set_password(database, "carol", "second pass", must_change_password=False)
-    assert accounts.find_session(database, one.id) is None
-    assert accounts.find_session(database, two.id) is None
+    assert accounts.find_login_session(database, one.id) is None
+    assert accounts.find_login_session(database, two.id) is None
 
 
 def test_expired_sessions_are_not_found(database: sa.Engine) -> None:
     user = accounts.add_user(database, "dan", "long enough")
-    session = accounts.open_session(database, user, -1)
-    assert accounts.find_session(database, session.id) is None
+    login = accounts.open_login_session(database, user, -1)
+    assert accounts.find_login_session(database, login.id) is None
 
 
 def test_tokens_are_hashed_scoped_and_expire(database: sa.Engine) -> None:
@@ -120,10 +120,10 @@ def test_the_cli_token_file_is_0600_and_replaced_only_when_dead(
 
 def test_removing_a_user_removes_sessions_and_tokens(database: sa.Engine) -> None:
     user = accounts.add_user(database, "frank", "long enough")
-    session = accounts.open_session(database, user, 3600)
+    login = accounts.open_login_session(database, user, 3600)
     _, secret = tokens.create_token(database, "frank", "t", ["inference"])
     accounts.remove_user(database, "frank")
-    assert accounts.find_session(database, session.id) is None
+    assert accounts.find_login_session(database, login.id) is None
     assert tokens.find_token(database, secret) is None
     with pytest.raises(accounts.UserNotFound):
         accounts.remove_user(database, "frank")

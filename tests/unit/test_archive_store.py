@@ -168,7 +168,9 @@ async def test_owners_see_their_own_items_and_admins_all(store: ArchiveStore) ->
     theirs = await store.save("bob", "1w", item())
     anonymous = await store.save(None, "1w", item())
 
-    ids = lambda items: {i["id"] for i in items}  # noqa: E731
+    def ids(items: list[dict[str, Any]]) -> set[str]:
+        return {i["id"] for i in items}
+
     assert ids(await store.list_items(ALICE)) == {mine["id"]}
     assert ids(await store.list_items(BOB)) == {theirs["id"]}
     assert ids(await store.list_items(ADMIN)) == {mine["id"], theirs["id"], anonymous["id"]}

@@ -13,7 +13,7 @@ from modelyard.errors import (
     PasswordChangeRequired,
     Unauthorized,
 )
-from modelyard.front.accounts import Session, User
+from modelyard.front.accounts import LoginSession, User
 from modelyard.front.auth import (
     Identified,
     RouteClass,
@@ -22,9 +22,9 @@ from modelyard.front.auth import (
     check_browser_request,
     decide,
     host_name,
+    login_principal,
     origin_allowed,
     route_class,
-    session_principal,
     token_principal,
 )
 from modelyard.front.tokens import Token
@@ -40,8 +40,8 @@ def token(scopes: tuple[str, ...], owner_is_admin: bool = True) -> Identified:
     return Identified(token_principal(t))
 
 
-def session(user: User, csrf: str = "c" * 43) -> Identified:
-    return Identified(session_principal(user), Session("s1", user, csrf, 1e12))
+def login(user: User, csrf: str = "c" * 43) -> Identified:
+    return Identified(login_principal(user), LoginSession("s1", user, csrf, 1e12))
 
 
 @pytest.mark.parametrize(("method", "path", "cls"), [
@@ -102,8 +102,8 @@ NONE = Settings(host="127.0.0.1", auth="none")
     (LOOPBACK, "GET", "/admin/engines", None, "unauthorized"),
     (LOOPBACK, "GET", "/archive", None, "unauthorized"),
     (LOOPBACK, "GET", "/health", None, "anonymous:None:user"),
-    (LOOPBACK, "GET", "/admin/engines", session(ALICE), "forbidden"),
-    (LOOPBACK, "GET", "/admin/engines", session(ROOT), "session:root:admin"),
+    (LOOPBACK, "GET", "/admin/engines", login(ALICE), "forbidden"),
+    (LOOPBACK, "GET", "/admin/engines", login(ROOT), "session:root:admin"),
     (LOOPBACK, "GET", "/admin/engines", token(("inference",)), "forbidden"),
     (LOOPBACK, "GET", "/admin/engines", token(("inference", "admin")), "token:root:admin"),
     # an admin scope counts only while its owner is an admin
@@ -118,7 +118,7 @@ NONE = Settings(host="127.0.0.1", auth="none")
     (REQUIRED, "POST", "/auth/login", None, "anonymous:None:user"),
     # none: open, and whoever logs in anyway acts as an admin
     (NONE, "GET", "/admin/engines", None, "anonymous:None:admin"),
-    (NONE, "GET", "/admin/engines", session(ALICE), "session:alice:admin"),
+    (NONE, "GET", "/admin/engines", login(ALICE), "session:alice:admin"),
 ])
 def test_decisions(settings: Settings, method: str, path: str, who: Identified | None,
                    expected: str) -> None:
@@ -133,15 +133,15 @@ def test_a_bad_token_is_ignored_where_anonymous_callers_are_let_in() -> None:
 
 def test_sessions_need_csrf_on_unsafe_methods_and_a_changed_password() -> None:
     csrf = "c" * 43
-    assert outcome(LOOPBACK, "POST", "/tokens", session(ROOT)) == CsrfFailed.code
-    assert outcome(LOOPBACK, "POST", "/tokens", session(ROOT), csrf="wrong") == CsrfFailed.code
-    assert outcome(LOOPBACK, "POST", "/tokens", session(ROOT), csrf=csrf) == "session:root:admin"
-    assert outcome(LOOPBACK, "GET", "/tokens", session(ROOT)) == "session:root:admin"
+    assert outcome(LOOPBACK, "POST", "/tokens", login(ROOT)) == CsrfFailed.code
+    assert outcome(LOOPBACK, "POST", "/tokens", login(ROOT), csrf="wrong") == CsrfFailed.code
+    assert outcome(LOOPBACK, "POST", "/tokens", login(ROOT), csrf=csrf) == "session:root:admin"
+    assert outcome(LOOPBACK, "GET", "/tokens", login(ROOT)) == "session:root:admin"
     fresh = User("root", True, True, None, 0.0)
-    assert outcome(LOOPBACK, "GET", "/status", session(fresh)) == PasswordChangeRequired.code
-    assert outcome(LOOPBACK, "POST", "/auth/password", session(fresh),
+    assert outcome(LOOPBACK, "GET", "/status", login(fresh)) == PasswordChangeRequired.code
+    assert outcome(LOOPBACK, "POST", "/auth/password", login(fresh),
                    csrf=csrf) == "session:root:admin"
-    assert outcome(LOOPBACK, "GET", "/auth/me", session(fresh)) == "session:root:admin"
+    assert outcome(LOOPBACK, "GET", "/auth/me", login(fresh)) == "session:root:admin"
     # Tokens never need CSRF: a cross-site page cannot read or send them.
     assert outcome(LOOPBACK, "POST", "/tokens", token(("inference", "admin"))) == \
         "token:root:admin"
@@ -182,7 +182,7 @@ def test_an_inference_token_cannot_manage_its_account(method: str, path: str) ->
     assert outcome(LOOPBACK, method, path, token(("inference",))) == Forbidden.code
     assert outcome(REQUIRED, method, path, token(("inference",))) == Forbidden.code
     assert outcome(LOOPBACK, method, path, token(("inference", "admin"))) == "token:root:admin"
-    assert outcome(LOOPBACK, method, path, session(ALICE), csrf=csrf) == "session:alice:user"
+    assert outcome(LOOPBACK, method, path, login(ALICE), csrf=csrf) == "session:alice:user"
     assert outcome(LOOPBACK, method, path, None) == Unauthorized.code
 
 
@@ -221,7 +221,7 @@ def test_cross_site_requests_are_refused_where_the_browser_carries_the_authority
     assert browser("POST", "/auth/login", None, **text) == "unsupported_media_type"
     assert browser("POST", "/auth/login", None, **json_body) == "ok"
     assert browser("POST", "/auth/login", None, **json_body, **evil) == "origin_not_allowed"
-    cookie = session(ROOT)
+    cookie = login(ROOT)
     assert browser("POST", "/tokens", cookie, **text) == "unsupported_media_type"
     assert browser("POST", "/tokens", cookie, **json_body, **evil) == "origin_not_allowed"
     assert browser("POST", "/auth/logout", cookie) == "ok"  # no body, no type needed

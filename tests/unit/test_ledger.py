@@ -159,18 +159,18 @@ def test_a_child_on_the_child_env_claims_for_itself(device: SimulatedDevice) -> 
         "sys.stdout.write(repr(os.environ['CUDA_VISIBLE_DEVICES']) + '\\n'); sys.stdout.flush()\n"
         "time.sleep(30)\n"
     )
-    child = subprocess.Popen(
+    # `with`: leaving it closes the pipe and waits (an open pipe is a ResourceWarning)
+    with subprocess.Popen(
         [sys.executable, "-c", code], env={**os.environ, **device.child_env()},
         stdout=subprocess.PIPE,
-    )
-    try:
-        device.on_spawn(child.pid, 4 * GiB)  # the engine's stand-in for it
-        assert child.stdout is not None
-        assert child.stdout.readline() == b"''\n"  # it sees no GPU
-        assert device.used_by([child.pid]) == {child.pid: 1234}  # its own claim wins
-    finally:
-        child.kill()
-        child.wait()
+    ) as child:
+        try:
+            device.on_spawn(child.pid, 4 * GiB)  # the engine's stand-in for it
+            assert child.stdout is not None
+            assert child.stdout.readline() == b"''\n"  # it sees no GPU
+            assert device.used_by([child.pid]) == {child.pid: 1234}  # its own claim wins
+        finally:
+            child.kill()
     assert device.used_by([child.pid]) == {}
 
 

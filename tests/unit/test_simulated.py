@@ -241,12 +241,12 @@ def test_a_child_files_its_own_claim_through_the_env(
         "time.sleep(30)\n"
     )
     env = {**os.environ, CLAIMS_DIR_ENV: str(gpu.claims_dir)}
-    child = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE)
-    try:
-        assert child.stdout is not None
-        assert child.stdout.readline() == b"claimed\n"
-        assert gpu.used_by_pid() == {child.pid: 123456}
-    finally:
-        child.kill()
-        child.wait()
+    # `with`: leaving it closes the pipe and waits (an open pipe is a ResourceWarning)
+    with subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE) as child:
+        try:
+            assert child.stdout is not None
+            assert child.stdout.readline() == b"claimed\n"
+            assert gpu.used_by_pid() == {child.pid: 123456}
+        finally:
+            child.kill()
     assert gpu.used_by_pid() == {}

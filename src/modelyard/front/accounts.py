@@ -58,7 +58,7 @@ class User:
 
 
 @dataclass(frozen=True)
-class Session:
+class LoginSession:
     id: str
     user: User
     csrf: str
@@ -121,7 +121,7 @@ def remove_user(engine: sa.Engine, name: str) -> None:
         gone = conn.execute(db.users.delete().where(db.users.c.name == name)).rowcount
         if not gone:
             raise UserNotFound(name)
-        conn.execute(db.sessions.delete().where(db.sessions.c.user == name))
+        conn.execute(db.login_sessions.delete().where(db.login_sessions.c.user == name))
         tokens.delete_with_descendants(conn, db.tokens.c.owner == name)
 
 
@@ -142,7 +142,7 @@ def set_password(engine: sa.Engine, name: str, password: str, *,
         ).rowcount
         if not updated:
             raise UserNotFound(name)
-        conn.execute(db.sessions.delete().where(db.sessions.c.user == name))
+        conn.execute(db.login_sessions.delete().where(db.login_sessions.c.user == name))
         tokens.delete_with_descendants(conn, db.tokens.c.owner == name)
     if home is not None and cli_owner == name:
         tokens.ensure_cli_token(engine, home, name)
@@ -182,33 +182,34 @@ def ensure_first_admin(engine: sa.Engine, password: str | None) -> str | None:
     return generated
 
 
-# ---- sessions ----------------------------------------------------------------------------------
+# ---- login sessions ------------------------------------------------------------------------------
 
 
-def open_session(engine: sa.Engine, user: User, ttl_s: float) -> Session:
+def open_login_session(engine: sa.Engine, user: User, ttl_s: float) -> LoginSession:
     now = time.time()
-    session = Session(secrets.token_urlsafe(32), user, secrets.token_urlsafe(32), now + ttl_s)
+    login = LoginSession(secrets.token_urlsafe(32), user, secrets.token_urlsafe(32), now + ttl_s)
     with engine.begin() as conn:
-        conn.execute(db.sessions.delete().where(db.sessions.c.expires_at < now))
-        conn.execute(db.sessions.insert().values(
-            id=session.id, user=user.name, csrf=session.csrf, created_at=now,
-            expires_at=session.expires_at))
-    return session
+        conn.execute(db.login_sessions.delete().where(db.login_sessions.c.expires_at < now))
+        conn.execute(db.login_sessions.insert().values(
+            id=login.id, user=user.name, csrf=login.csrf, created_at=now,
+            expires_at=login.expires_at))
+    return login
 
 
-def find_session(engine: sa.Engine, session_id: str) -> Session | None:
-    session = db.sessions.c
-    query = (sa.select(session.id.label("session_id"), session.csrf, session.expires_at,
+def find_login_session(engine: sa.Engine, login_id: str) -> LoginSession | None:
+    login = db.login_sessions.c
+    query = (sa.select(login.id.label("login_id"), login.csrf, login.expires_at,
                        *db.users.c)
-             .join(db.users, db.users.c.name == db.sessions.c.user)
-             .where(db.sessions.c.id == session_id, db.sessions.c.expires_at > time.time()))
+             .join(db.users, db.users.c.name == db.login_sessions.c.user)
+             .where(db.login_sessions.c.id == login_id,
+                    db.login_sessions.c.expires_at > time.time()))
     with engine.connect() as conn:
         row = conn.execute(query).first()
     if row is None:
         return None
-    return Session(row.session_id, _user(row), row.csrf, row.expires_at)
+    return LoginSession(row.login_id, _user(row), row.csrf, row.expires_at)
 
 
-def close_session(engine: sa.Engine, session_id: str) -> None:
+def close_login_session(engine: sa.Engine, login_id: str) -> None:
     with engine.begin() as conn:
-        conn.execute(db.sessions.delete().where(db.sessions.c.id == session_id))
+        conn.execute(db.login_sessions.delete().where(db.login_sessions.c.id == login_id))

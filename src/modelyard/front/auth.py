@@ -61,7 +61,9 @@ from modelyard.front.login_throttle import LoginThrottle
 from modelyard.front.principal import ANONYMOUS_ADMIN, ANONYMOUS_INFERENCE, Principal
 from modelyard.front.render import error_response
 
-SESSION_COOKIE = "modelyard_session"
+# The web login's cookie. Its name (and the signing salt below) keep the word "session" that
+# browsers and clients already hold; only the Python names say "login".
+LOGIN_COOKIE = "modelyard_session"
 CSRF_HEADER = "x-csrf-token"
 SECRET_KEY_FILE = "secret-key"
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -157,7 +159,7 @@ def load_secret_key(home: Path) -> str:
 @dataclass
 class Identified:
     principal: Principal
-    session: accounts.Session | None = None
+    login: accounts.LoginSession | None = None
 
 
 class Auth:
@@ -177,8 +179,8 @@ class Auth:
     async def by_token_id(self, token_id: str) -> tokens.Token | None:
         return await asyncio.to_thread(tokens.get_token, self.db, token_id)
 
-    def cookie_value(self, session: accounts.Session) -> str:
-        return self.cookies.dumps(session.id)
+    def cookie_value(self, login: accounts.LoginSession) -> str:
+        return self.cookies.dumps(login.id)
 
     async def by_token(self, secret: str) -> tokens.Token | None:
         key = tokens.hash_secret(secret)
@@ -195,12 +197,12 @@ class Auth:
             return None
         return token
 
-    async def by_cookie(self, value: str) -> accounts.Session | None:
+    async def by_cookie(self, value: str) -> accounts.LoginSession | None:
         try:
-            session_id = self.cookies.loads(value, max_age=int(self.settings.session_ttl_s))
+            login_id = self.cookies.loads(value, max_age=int(self.settings.session_ttl_s))
         except BadSignature:
             return None
-        return await asyncio.to_thread(accounts.find_session, self.db, str(session_id))
+        return await asyncio.to_thread(accounts.find_login_session, self.db, str(login_id))
 
     async def identify(self, headers: Headers) -> tuple[Identified | None, bool]:
         """(who, whether a bearer token was given but is not valid)."""
@@ -211,15 +213,15 @@ class Auth:
             if token is None:
                 return None, True
             return Identified(token_principal(token)), False
-        cookie = _cookie(headers, SESSION_COOKIE)
+        cookie = _cookie(headers, LOGIN_COOKIE)
         if cookie:
-            session = await self.by_cookie(cookie)
-            if session is not None:
-                return Identified(session_principal(session.user), session), False
+            login = await self.by_cookie(cookie)
+            if login is not None:
+                return Identified(login_principal(login.user), login), False
         return None, False
 
 
-def session_principal(user: accounts.User) -> Principal:
+def login_principal(user: accounts.User) -> Principal:
     scopes = frozenset({"inference", "admin"} if user.is_admin else {"inference"})
     return Principal(user.name, user.is_admin, scopes, "session",
                      archive_retention=user.archive_retention)
@@ -259,18 +261,18 @@ def decide(settings: Settings, cls: RouteClass, method: str, path: str,
             "this route needs authentication: log in to the Web Studio, or send "
             "`Authorization: Bearer <token>` (`modelyard tokens create NAME` makes one)")
     principal = who.principal
-    if who.session is not None:
-        if who.session.user.must_change_password and path not in _PASSWORD_CHANGE_ROUTES:
+    if who.login is not None:
+        if who.login.user.must_change_password and path not in _PASSWORD_CHANGE_ROUTES:
             raise PasswordChangeRequired(
                 "change the one-time password first (POST /auth/password or the Studio)")
-        if method not in _SAFE_METHODS and csrf_header != who.session.csrf:
+        if method not in _SAFE_METHODS and csrf_header != who.login.csrf:
             raise CsrfFailed("missing or wrong X-CSRF-Token header (it comes with the login "
                              "and from GET /auth/me)")
     if mode == "none":
         return replace(principal, is_admin=True, scopes=ANONYMOUS_ADMIN.scopes)
     if cls is RouteClass.ADMIN and not principal.can("admin"):
         raise Forbidden("this route needs the admin scope (an admin's login or admin token)")
-    if cls is RouteClass.ACCOUNT and who.session is None and not principal.can("admin"):
+    if cls is RouteClass.ACCOUNT and who.login is None and not principal.can("admin"):
         raise Forbidden("managing tokens and the password needs a login (the Web Studio) or an "
                         "admin token; an inference token cannot")
     if cls is RouteClass.INFERENCE and not principal.can("inference"):
@@ -313,8 +315,8 @@ class AuthGate:
             await error_response(path, exc)(scope, receive, send)
             return
         scope["modelyard.principal"] = principal
-        if who is not None and who.session is not None:
-            scope["modelyard.session"] = who.session
+        if who is not None and who.login is not None:
+            scope["modelyard.login_session"] = who.login
         await self.app(scope, receive, send)
 
     def _check_host(self, headers: Headers) -> None:
@@ -392,7 +394,7 @@ def check_browser_request(settings: Settings, method: str, path: str, headers: H
         raise OriginNotAllowed(
             f"a request from the page of another site ({origin}) may not change anything here; "
             "list that origin in `cors_origins` if it is yours")
-    with_cookie = who is not None and who.session is not None
+    with_cookie = who is not None and who.login is not None
     has_body = headers.get("content-length", "0") != "0" or "transfer-encoding" in headers
     if (is_login or (with_cookie and has_body)) and not _json_media(
             headers.get("content-type", "")):
@@ -408,14 +410,14 @@ def _routed(scope: Scope) -> bool:
 
 
 def cookie_header(value: str, *, max_age_s: float, secure: bool) -> str:
-    parts = [f"{SESSION_COOKIE}={value}", "Path=/", "HttpOnly", "SameSite=Lax",
+    parts = [f"{LOGIN_COOKIE}={value}", "Path=/", "HttpOnly", "SameSite=Lax",
              f"Max-Age={int(max_age_s)}"]
     if secure:
         parts.append("Secure")
     return "; ".join(parts)
 
 
-def session_of(scope: MutableMapping[str, Any]) -> accounts.Session | None:
-    session = scope.get("modelyard.session")
-    assert session is None or isinstance(session, accounts.Session)
-    return session
+def login_session_of(scope: MutableMapping[str, Any]) -> accounts.LoginSession | None:
+    login = scope.get("modelyard.login_session")
+    assert login is None or isinstance(login, accounts.LoginSession)
+    return login

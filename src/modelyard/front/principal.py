@@ -13,6 +13,7 @@ from starlette.requests import Request
 from modelyard.errors import Forbidden
 
 Scope = Literal["inference", "admin"]
+# "session" is a web login (GET /auth/me shows `via`, so the value stays as clients know it).
 Via = Literal["session", "token", "anonymous"]
 
 

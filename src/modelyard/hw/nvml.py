@@ -158,7 +158,7 @@ class NvmlProbe:
             return self._nvml
         if self._nvml is None:
             try:
-                import pynvml  # noqa: TID251
+                import pynvml
             except ImportError:
                 # An optional extra, and callers fall back to nvidia-smi: worth a note, not a
                 # warning on every CPU-only host.

@@ -20,7 +20,7 @@ CORPUS = [
 
 def build_tokenizer() -> Any:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast  # noqa: TID251
+    from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -35,8 +35,8 @@ def build_tokenizer() -> Any:
 
 def build_model(tokenizer: Any, hidden: int = 64, layers: int = 2, seed: int = 0,
                 context: int = 1024) -> Any:
-    import torch  # noqa: TID251
-    from transformers import LlamaConfig, LlamaForCausalLM  # noqa: TID251
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     config = LlamaConfig(
@@ -58,7 +58,7 @@ def tokenizer() -> Any:
 
 @pytest.fixture(scope="session")
 def model(tokenizer: Any) -> Iterator[Any]:
-    import torch  # noqa: TID251
+    import torch
 
     # Tiny matrices: intra-op threads only add synchronisation, which on a busy 2-core machine
     # costs more than the arithmetic (a 64-wide linear took 0.5 ms with 2 threads under load).

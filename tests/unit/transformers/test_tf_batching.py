@@ -31,7 +31,7 @@ _REFERENCES: dict[tuple[Any, ...], list[int]] = {}
 
 def reference(model: Any, ids: list[int], n: int, **kwargs: Any) -> list[int]:
     """`model.generate(do_sample=False)` for one prompt (memoised: the model never changes)."""
-    import torch  # noqa: TID251
+    import torch
 
     key = (id(model), tuple(ids), n, tuple(sorted(kwargs.items())))
     if key not in _REFERENCES:

@@ -26,7 +26,7 @@ TEXTS = [
 def sentencepiece_like() -> Any:
     """A Llama-2 style tokenizer: "▁" word marks, a Strip decoder, byte fallback."""
     from tokenizers import Tokenizer, decoders, models, normalizers
-    from transformers import PreTrainedTokenizerFast  # noqa: TID251
+    from transformers import PreTrainedTokenizerFast
 
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
     for b in range(256):

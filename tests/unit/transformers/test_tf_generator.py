@@ -101,7 +101,7 @@ async def test_eos_finishes_with_stop(model: Any, tokenizer: Any) -> None:
     """Make EOS the most likely token by biasing the output layer (a copy of the model)."""
     import copy
 
-    import torch  # noqa: TID251
+    import torch
 
     eos_model = copy.deepcopy(model)
     with torch.no_grad():

@@ -78,7 +78,7 @@ def use_vllm(spec: TransformersModel) -> bool:
         return spec.runtime == "vllm"
     if spec.gguf_file or importlib.util.find_spec("vllm") is None:
         return False
-    import torch  # noqa: TID251  (engines only: the front never builds a backend)
+    import torch  # engines only: the front never builds a backend
 
     return bool(torch.cuda.is_available())
 

@@ -30,7 +30,7 @@ from starlette.routing import Route
 from modelyard.config import ArchiveRetention
 from modelyard.errors import Conflict, Forbidden, InvalidRequest, Unauthorized
 from modelyard.front import accounts, tokens
-from modelyard.front.auth import Auth, cookie_header, session_of
+from modelyard.front.auth import Auth, cookie_header, login_session_of
 from modelyard.front.principal import Principal, principal_of
 from modelyard.front.state import read_json_object, state_of, validate
 
@@ -59,13 +59,13 @@ class Login(BaseModel):
     password: str = Field(min_length=1, max_length=1024)
 
 
-async def _start_session(request: Request, auth: Auth, user: accounts.User,
+async def _start_login_session(request: Request, auth: Auth, user: accounts.User,
                          status: int = 200) -> Response:
-    session = await asyncio.to_thread(accounts.open_session, auth.db, user,
+    login = await asyncio.to_thread(accounts.open_login_session, auth.db, user,
                                       auth.settings.session_ttl_s)
-    cookie = cookie_header(auth.cookie_value(session), max_age_s=auth.settings.session_ttl_s,
+    cookie = cookie_header(auth.cookie_value(login), max_age_s=auth.settings.session_ttl_s,
                            secure=request.url.scheme == "https")
-    return _json({"user": user.public(), "csrf_token": session.csrf}, status,
+    return _json({"user": user.public(), "csrf_token": login.csrf}, status,
                  {"Set-Cookie": cookie})
 
 
@@ -78,7 +78,7 @@ async def login(request: Request) -> Response:
     if user is None:
         raise Unauthorized("wrong user name or password")
     auth.logins.succeeded(req.username, address)
-    return await _start_session(request, auth, user)
+    return await _start_login_session(request, auth, user)
 
 
 # Who `auth: none` serves when nobody logged in: the Studio shows it as an admin.
@@ -88,7 +88,7 @@ _NOBODY = {"name": "anonymous", "is_admin": True, "must_change_password": False,
 
 async def me(request: Request) -> Response:
     principal = principal_of(request)
-    session = session_of(request.scope)
+    login = login_session_of(request.scope)
     if principal.user is None and _auth(request).settings.auth == "none":
         return _json({"user": _NOBODY, "via": "anonymous", "scopes": sorted(principal.scopes),
                       "csrf_token": None})
@@ -97,7 +97,7 @@ async def me(request: Request) -> Response:
         raise Unauthorized("this user no longer exists")
     return _json({"user": user.public(), "via": principal.via,
                   "scopes": sorted(principal.scopes),
-                  "csrf_token": session.csrf if session else None})
+                  "csrf_token": login.csrf if login else None})
 
 
 class Preferences(BaseModel):
@@ -118,9 +118,9 @@ async def update_me(request: Request) -> Response:
 
 
 async def logout(request: Request) -> Response:
-    session = session_of(request.scope)
-    if session is not None:
-        await asyncio.to_thread(accounts.close_session, _auth(request).db, session.id)
+    login = login_session_of(request.scope)
+    if login is not None:
+        await asyncio.to_thread(accounts.close_login_session, _auth(request).db, login.id)
     expired = cookie_header("", max_age_s=0, secure=request.url.scheme == "https")
     return _json({"status": "logged_out"}, headers={"Set-Cookie": expired})
 
@@ -148,9 +148,9 @@ async def change_password(request: Request) -> Response:
     auth.forget_tokens()  # the user's tokens were revoked with the old password
     user = await asyncio.to_thread(accounts.get_user, auth.db, name)
     assert user is not None
-    if session_of(request.scope) is None:
+    if login_session_of(request.scope) is None:
         return _json({"status": "changed", "user": user.public()})
-    return await _start_session(request, auth, user)
+    return await _start_login_session(request, auth, user)
 
 
 # ---- tokens ------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from modelyard import __version__
 from modelyard.embeddings_shapes import MAX_INPUTS
 from modelyard.front.api import accounts, admin, native, ollama, openai, pulls, services
 from modelyard.front.archive import KINDS, MAX_LIST
-from modelyard.front.auth import SESSION_COOKIE, RouteClass, route_class
+from modelyard.front.auth import LOGIN_COOKIE, RouteClass, route_class
 from modelyard.front.logs import MAX_LIMIT
 
 JSON = "application/json"
@@ -302,7 +302,7 @@ def document() -> Schema:
             "securitySchemes": {
                 "bearer": {"type": "http", "scheme": "bearer",
                            "description": "An API token (POST /tokens, or the CLI's token)."},
-                "session": {"type": "apiKey", "in": "cookie", "name": SESSION_COOKIE,
+                "session": {"type": "apiKey", "in": "cookie", "name": LOGIN_COOKIE,
                             "description": "The Web Studio's session (POST /auth/login)."},
             },
         },

@@ -154,7 +154,7 @@ def _no_ids(body: dict[str, Any]) -> list[int]:
 
 def _free_memory() -> None:
     gc.collect()
-    import torch  # noqa: TID251
+    import torch
 
     if torch.cuda.is_available():
         torch.cuda.empty_cache()

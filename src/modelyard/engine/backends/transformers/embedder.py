@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from modelyard.embeddings_shapes import EmbeddingResult, InputTooLong, InvalidParams
 
 if TYPE_CHECKING:
-    import torch  # noqa: TID251
+    import torch
 
 log = logging.getLogger("modelyard.engine.transformers")
 
@@ -153,7 +153,7 @@ def pool(
     modes: tuple[str, ...], hidden: torch.Tensor, attention_mask: torch.Tensor
 ) -> torch.Tensor:
     """sentence-transformers' Pooling.forward: [batch, seq, dim] → [batch, dim * len(modes)]."""
-    import torch  # noqa: TID251
+    import torch
 
     mask = attention_mask.unsqueeze(-1).expand(hidden.size()).to(hidden.dtype)
     outputs = []
@@ -184,7 +184,7 @@ def pool(
 
 
 def _activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
-    import torch  # noqa: TID251
+    import torch
 
     short = name.rsplit(".", 1)[-1]
     table: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -206,7 +206,7 @@ class Dense:
 
     @classmethod
     def load(cls, folder: Path, device: str) -> Dense:
-        import torch  # noqa: TID251
+        import torch
 
         config = _read_json(folder / "config.json")
         if (folder / "model.safetensors").is_file():
@@ -226,7 +226,7 @@ class Dense:
         )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        import torch  # noqa: TID251
+        import torch
 
         return self.activation(torch.nn.functional.linear(x, self.weight, self.bias))
 
@@ -267,8 +267,8 @@ class Embedder:
         `dtype`: float32, float16 or bfloat16; None or "auto": float32 on the CPU, float16 on
         a GPU. Raises UnsupportedEmbeddingRepo for a repo it cannot run as sentence-transformers
         would."""
-        import torch  # noqa: TID251
-        from transformers import AutoModel, AutoTokenizer  # noqa: TID251
+        import torch
+        from transformers import AutoModel, AutoTokenizer
 
         path = Path(path)
         if dtype in (None, "auto"):
@@ -342,7 +342,7 @@ class Embedder:
     def _batch(self, rows: list[list[int]]) -> dict[str, torch.Tensor]:
         """Pad `rows` to one length on the tokenizer's padding side, with the attention mask
         (and zero token types where the model has them), as the tokenizer's own padding does."""
-        import torch  # noqa: TID251
+        import torch
 
         width = max(len(r) for r in rows)
         pad_id = self.tokenizer.pad_token_id
@@ -367,7 +367,7 @@ class Embedder:
         return batch
 
     def _forward(self, rows: list[list[int]]) -> torch.Tensor:
-        import torch  # noqa: TID251
+        import torch
 
         batch = self._batch(rows)
         with torch.inference_mode():
@@ -388,7 +388,7 @@ class Embedder:
         longer text raises InputTooLong naming its index). `dimensions`: keep the first N
         components and L2-normalise them again (Matryoshka); more than the model has is an
         InvalidParams. Safe to call from any thread (calls run one at a time)."""
-        import torch  # noqa: TID251
+        import torch
 
         if dimensions is not None and not 1 <= dimensions <= self.dimension:
             raise InvalidParams(

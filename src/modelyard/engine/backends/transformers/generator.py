@@ -55,7 +55,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch  # noqa: TID251
+import torch
 
 from modelyard.engine.backends.transformers.detok import (
     IncrementalDetokenizer,
@@ -166,7 +166,11 @@ class BatchGenerator:
         self._context = _context_length(model)
         self.kv_bytes_per_token = _kv_bytes_per_token(model)
         self._token_text = TokenText(tokenizer)
-        self._keep_one = "logits_to_keep" in _forward_params(model)
+        params = _forward_params(model)
+        self._keep_one = "logits_to_keep" in params
+        # transformers 5.x renames forward's `past_key_values` to `cache` (the old name warns
+        # from 5.24 and goes in 5.40); models of earlier 5.x releases take only the old name.
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
         self._prefix: PrefixCache[RowKV] = PrefixCache(prefix_cache_tokens)
         self._pins: SessionPins[RowKV] = SessionPins(session_cache_tokens)
         # ("add" | "cancel", seq), ("forget", session key) or ("stop", None)
@@ -359,9 +363,11 @@ class BatchGenerator:
             self._prompt_tokens += sum(len(s.prompt) for s, _ in joining)
 
     def _forward(self, inputs: dict[str, Any]) -> torch.Tensor:
+        args = {k: v for k, v in inputs.items() if k != "past_key_values"}
+        args[self._cache_arg] = inputs["past_key_values"]
         if self._keep_one:
-            inputs = {**inputs, "logits_to_keep": 1}
-        out = self._model(**inputs, use_cache=True)
+            args["logits_to_keep"] = 1
+        out = self._model(**args, use_cache=True)
         logits: torch.Tensor = out.logits
         return logits[:, -1, :]
 

@@ -20,9 +20,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar, cast
 
-import torch  # noqa: TID251
-from transformers import DynamicCache  # noqa: TID251
-from transformers.cache_utils import DynamicLayer  # noqa: TID251
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 T = TypeVar("T")
 LayerKV = tuple[torch.Tensor, torch.Tensor]

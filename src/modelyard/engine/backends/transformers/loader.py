@@ -35,7 +35,7 @@ def weights_bytes(path: Path) -> int:
 
 def decide_precision(spec: TransformersModel) -> Precision:
     """Cheap (no weights read): raises InvalidRequest for a quantization that cannot run here."""
-    import torch  # noqa: TID251
+    import torch
 
     cuda = torch.cuda.is_available()
     source = spec.path / spec.gguf_file if spec.gguf_file else spec.path
@@ -50,15 +50,15 @@ def decide_precision(spec: TransformersModel) -> Precision:
 
 
 def load_causal_lm(spec: TransformersModel, precision: Precision) -> Loaded:
-    import torch  # noqa: TID251
-    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: TID251
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if spec.trust_remote_code:
         log.warning("%s: trust_remote_code is on: running the repo's own Python code", spec.id)
     dtype = getattr(torch, precision.dtype)
     kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": spec.trust_remote_code}
     if precision.load_in_4bit:
-        from transformers import BitsAndBytesConfig  # noqa: TID251
+        from transformers import BitsAndBytesConfig
 
         kwargs["quantization_config"] = BitsAndBytesConfig(  # type: ignore[no-untyped-call]
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype

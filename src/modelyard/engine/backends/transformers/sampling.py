@@ -12,7 +12,7 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch  # noqa: TID251
+import torch
 
 from modelyard.engine.backends.transformers.params import SamplingParams
 
