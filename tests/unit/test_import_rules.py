@@ -59,8 +59,10 @@ RULES: tuple[Rule, ...] = (
         source="modelyard.front",
         forbid=("modelyard.engine", "modelyard.proc", "modelyard.hw"),
         allow=(
-            # the in-process provider runs an engine; the local one spawns engine processes
-            ("modelyard.front.engines.provider", ("modelyard.engine", "modelyard.proc")),
+            # the in-process provider runs an engine; the local one spawns engine processes,
+            # one per GPU it counts on this machine
+            ("modelyard.front.engines.provider",
+             ("modelyard.engine", "modelyard.proc", "modelyard.hw")),
             # the supervisor spawns and watches engine processes
             ("modelyard.front.engines.supervisor", ("modelyard.proc",)),
         ),
@@ -73,9 +75,11 @@ RULES: tuple[Rule, ...] = (
               "modelyard.wire"),
     ),
     Rule(
-        "wire imports only stdlib, pydantic, types and errors",
+        "wire imports only stdlib, pydantic, orjson, types and errors",
         source="modelyard.wire",
-        only=(STDLIB, "pydantic", "modelyard.types", "modelyard.errors", "modelyard.wire"),
+        # orjson: the lease frames' codec, on every request (pydantic would cost microseconds)
+        only=(STDLIB, "pydantic", "orjson", "modelyard.types", "modelyard.errors",
+              "modelyard.wire"),
     ),
     Rule(
         "hw imports nothing above it (types, errors, config allowed)",
@@ -331,9 +335,11 @@ def test_the_checker_catches_planted_violations(tmp_path: Path) -> None:
         f"({tmp_path}/modelyard/engine/loop.py:1)",
         "[hw imports nothing above it (types, errors, config allowed)] "
         f"modelyard.hw.nvml imports modelyard.engine.ledger  ({tmp_path}/modelyard/hw/nvml.py:1)",
-        "[wire imports only stdlib, pydantic, types and errors] modelyard.wire.status imports "
+        "[wire imports only stdlib, pydantic, orjson, types and errors] modelyard.wire.status "
+        "imports "
         f"modelyard.front.routing  ({tmp_path}/modelyard/wire/status.py:1)",
-        "[wire imports only stdlib, pydantic, types and errors] modelyard.wire.status imports "
+        "[wire imports only stdlib, pydantic, orjson, types and errors] modelyard.wire.status "
+        "imports "
         f"httpx  ({tmp_path}/modelyard/wire/status.py:2)",
         "[no import cycles] modelyard.front.a -> modelyard.front.b -> modelyard.front.a",
         "[no import cycles] modelyard.front.d -> modelyard.front.e -> modelyard.front.d",

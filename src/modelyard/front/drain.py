@@ -32,6 +32,7 @@ import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from modelyard.errors import ModelyardError, ServerShuttingDown
+from modelyard.front.render import error_response
 
 log = logging.getLogger("modelyard.front")
 
@@ -144,8 +145,6 @@ class Drain:
         exc = self.error
         with contextlib.suppress(OSError, RuntimeError):
             if not record.started:
-                from modelyard.front.render import error_response  # imports the APIs
-
                 await error_response(record.path, exc)(scope, receive, send)
                 return
             tail = b""

@@ -7,11 +7,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from modelyard.errors import ModelyardError
-from modelyard.front.api import services
+
+# The service APIs (front/api/services.py): errors modelyard raises there are in the native
+# shape, since their answers are audio or images, not OpenAI JSON. Here, not in the API module,
+# so that rendering an error needs no API (and nothing in the relay imports the routes).
+SERVICE_PATH_PREFIXES = ("/v1/audio/", "/v1/images/")
 
 
 def error_response(path: str, exc: ModelyardError) -> Response:
-    if path.startswith(services.PATH_PREFIXES):
+    if path.startswith(SERVICE_PATH_PREFIXES):
         body = exc.native_body()
     elif path.startswith("/v1/"):
         body = exc.openai_body()

@@ -24,13 +24,14 @@ from modelyard.config import ServiceKind, ServiceModel
 from modelyard.errors import InvalidRequest
 from modelyard.front import archive_capture
 from modelyard.front.proxy import RELAY_ERRORS, LeasedStream, Relay, broken_stream
+from modelyard.front.render import SERVICE_PATH_PREFIXES
 from modelyard.front.state import FrontState, read_json_object, request_priority, state_of
 from modelyard.store.registry import Entry
 
 log = logging.getLogger("modelyard.front.services")
 
 # Routes whose own errors render in the native shape, not the OpenAI envelope of other /v1/.
-PATH_PREFIXES = ("/v1/audio/", "/v1/images/")
+PATH_PREFIXES = SERVICE_PATH_PREFIXES
 
 # Upstream response headers passed to the client with the body (raw bytes need their encoding).
 _PASSED_HEADERS = ("content-encoding", "content-length", "content-disposition")
