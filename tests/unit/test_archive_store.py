@@ -405,9 +405,10 @@ async def test_traversal_through_the_route_is_not_found(
 # ---- what the APIs hand to the archive ----------------------------------------------------------
 
 
-def a_request(store: ArchiveStore | None, principal: Principal, headers: dict[str, str],
+def a_request(store: ArchiveStore, principal: Principal, headers: dict[str, str],
               settings: Settings | None = None) -> Request:
-    front = SimpleNamespace(archive=store, settings=settings or Settings())
+    front = SimpleNamespace(archive=store,
+                            catalog=SimpleNamespace(settings=settings or Settings()))
     scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions",
              "query_string": b"", "app": SimpleNamespace(state=SimpleNamespace(front=front)),
              "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
@@ -442,7 +443,6 @@ def test_service_outputs_are_archived_unless_off(store: ArchiveStore) -> None:
     default = plan(a_request(store, ALICE, {}), default_on=True)
     assert default is not None and default.retention == "1w"
     assert plan(a_request(store, ALICE, {"X-Modelyard-Archive": "off"}), default_on=True) is None
-    assert plan(a_request(None, ALICE, {}), default_on=True) is None  # no archive open
 
 
 @pytest.mark.parametrize(("header", "field", "param"), [

@@ -216,6 +216,12 @@ class StubState:
     async def route(self, entry: StubEntry) -> StubEngine:
         return self.engine
 
+    @property
+    def catalog(self) -> StubState:  # FrontState's catalog and dispatcher parts in one
+        return self
+
+    dispatch = catalog
+
 
 def client_for(state: StubState) -> TestClient:
     async def on_error(request: Any, exc: Exception) -> Any:

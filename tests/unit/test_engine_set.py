@@ -1,5 +1,5 @@
 """The provider's versioned set of engines (wire/engines.py `EngineSet`, front/engine_provider.py)
-and engine overrides looked up by name (front/state.py `engine_spec`)."""
+and engine overrides looked up by name (front/dispatch/dispatcher.py `engine_spec`)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from modelyard.config import Settings
+from modelyard.front.dispatch.dispatcher import engine_spec
 from modelyard.front.engine_provider import StaticEngines
-from modelyard.front.state import engine_spec
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(10)]
 

@@ -20,9 +20,9 @@ from modelyard.config import Settings
 from modelyard.engine.backends.openai_server import log_path
 from modelyard.errors import ModelyardError
 from modelyard.front.api import logs as logs_api
+from modelyard.front.dispatch.dispatcher import EngineModel
 from modelyard.front.logs import FRONT, BufferLog, LogBuffer
 from modelyard.front.render import render_error
-from modelyard.front.state import EngineModel
 from modelyard.proc.logfile import FileLog, parse_line
 from modelyard.proc.process import rotate_log
 from modelyard.store.registry import ModelRegistry
@@ -307,9 +307,18 @@ class StubEngine:
 
 @dataclass
 class StubState:
+    """FrontState's catalog, dispatcher and ops parts in one."""
+
     settings: Settings
     registry: ModelRegistry
     engines: list[Any] = field(default_factory=list)
+    logs: LogBuffer = field(default_factory=lambda: LogBuffer(10))
+
+    @property
+    def catalog(self) -> StubState:
+        return self
+
+    dispatch = ops = catalog
 
     async def running_models(self) -> dict[str, EngineModel]:
         return {"m1": EngineModel("engine-1", ModelStatus(model="m1", state="ready"))}
@@ -329,7 +338,7 @@ def client(tmp_path: Path) -> Any:
                                 [StubEngine("engine-0", settings),
                                  StubEngine("engine-1", settings, up=False)])
     ring = LogBuffer(100)
-    app.state.logs = ring
+    app.state.front.logs = ring
     logger = logging.getLogger("test.logs.routes")
     logger.setLevel(logging.INFO)
     with ring.capture(logger):
@@ -395,7 +404,6 @@ async def test_stream_ends_when_the_client_leaves(tmp_path: Path, spec_version: 
     app = Starlette(routes=logs_api.routes, exception_handlers={ModelyardError: _on_error})
     app.state.front = StubState(settings, ModelRegistry.build(settings),
                                 [StubEngine("engine-0", settings)])
-    app.state.logs = LogBuffer(10)
     mlog = log_path(settings, "m1")
     mlog.parent.mkdir(parents=True)
     mlog.write_text("old line\n")

@@ -13,10 +13,12 @@ import contextlib
 import logging
 import os
 import sys
-from collections.abc import AsyncIterator, Sequence
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import sqlalchemy as sa
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -37,7 +39,10 @@ from modelyard.front.api import openapi as openapi_api
 from modelyard.front.api import sessions as sessions_api
 from modelyard.front.api import studio as studio_api
 from modelyard.front.archive import ArchiveStore
+from modelyard.front.catalog import Catalog
+from modelyard.front.dispatch.dispatcher import Dispatcher
 from modelyard.front.engine_provider import ChildProcess, InProcessEngines, LocalEngines
+from modelyard.front.engines import EngineClient
 from modelyard.front.jobs import PullJobs
 from modelyard.front.logs import LogBuffer
 from modelyard.front.mcp_client import McpHub
@@ -46,9 +51,9 @@ from modelyard.front.reload import ConfigReloader
 from modelyard.front.render import render_error
 from modelyard.front.session_kv import SessionKv
 from modelyard.front.sessions import SessionStore
-from modelyard.front.state import FrontState
+from modelyard.front.state import Chat, FrontState, Identity, Ops
 from modelyard.request_ids import RequestIdMiddleware
-from modelyard.store.registry import ModelRegistry
+from modelyard.store.registry import Entry, ModelRegistry
 from modelyard.wire.engines import EngineProvider
 
 log = logging.getLogger("modelyard.front")
@@ -102,34 +107,40 @@ def create_app(
                 metrics.setup_multiprocess(settings.home)  # before engines start: they inherit
             stack.callback(metrics.release_multiprocess)  # last, once the engines have stopped
             # The front's own records, for GET /admin/logs (and an in-process engine's).
-            app.state.logs = stack.enter_context(LogBuffer(settings.log_buffer_lines).capture())
-            engines = provider or _default_provider(settings, registry, config_file,
-                                                    app.state.logs)
+            logs = stack.enter_context(LogBuffer(settings.log_buffer_lines).capture())
+            engines = provider or _default_provider(settings, registry, config_file, logs)
             try:
                 await engines.start()
             finally:  # what started stops, even when the first start failed
                 stack.push_async_callback(engines.stop)
             upstream = new_upstream_session(settings.request_timeout_s)
             stack.push_async_callback(upstream.close)
-            state = FrontState(settings, registry, engines, upstream)
+            started_at = time.time()
+            mcp = McpHub(settings.mcp_servers)  # the tool loop's MCP servers
+            stack.push_async_callback(mcp.close)  # their processes end with the front
+            session_kv = SessionKv(lambda: engines.view.engines)
+            identity = await _open_identity(settings, stack)
+            # A pull job that finishes places its model through the dispatcher, built next.
+            catalog = await _open_catalog(settings, registry, engines, identity.db, stack,
+                                          lambda entry: dispatch.route(entry))
+            dispatch = Dispatcher(catalog, engines, upstream, session_kv)
+            archive = ArchiveStore.for_settings(settings, identity.db)
+            await archive.start()  # and its sweeper; stopped before the database closes
+            stack.push_async_callback(archive.stop)
+            sessions = SessionStore.for_settings(settings, identity.db)
+            sessions.on_drop = session_kv.drop_session
+            await sessions.start()  # reloads persisted ones; stopped (and flushed) first
+            stack.push_async_callback(sessions.stop)
+            reloader = ConfigReloader(catalog, dispatch, config_file)  # POST /admin/reload
+            state = FrontState(
+                catalog, dispatch, identity, archive, Chat(sessions, session_kv, mcp),
+                Ops(reloader, logs), started_at=started_at,
+            )
             app.state.front = state
-            app.state.mcp = McpHub(settings.mcp_servers)  # the tool loop's MCP servers
-            stack.push_async_callback(app.state.mcp.close)  # their processes end with the front
-            await _open_model_store(state, stack)
-            assert state.db is not None
-            state.archive = ArchiveStore.for_settings(settings, state.db)
-            await state.archive.start()  # and its sweeper; stopped before the database closes
-            stack.push_async_callback(state.archive.stop)
-            state.sessions = SessionStore.for_settings(settings, state.db)
-            state.session_kv = SessionKv(lambda: state.engines)
-            state.sessions.on_drop = state.session_kv.drop_session
-            await state.sessions.start()  # reloads persisted ones; stopped (and flushed) first
-            stack.push_async_callback(state.sessions.stop)
             for directory in import_dirs:
                 added = await pulls.import_models(state, directory)
                 log.info("imported %d model(s) from %s", len(added), directory)
-            app.state.reloader = ConfigReloader(state, config_file)  # POST /admin/reload
-            stack.enter_context(app.state.reloader.on_sighup())
+            stack.enter_context(reloader.on_sighup())
             await load_startup_models(state)
             yield
 
@@ -165,56 +176,65 @@ def _middleware(settings: Settings) -> list[Middleware]:
     return stack
 
 
-async def _open_accounts(state: FrontState) -> None:
-    """First boot: `admin` with a one-time password, printed once (never logged), and the
-    CLI's admin token in $MODELYARD_HOME/cli-token (0600)."""
-    assert state.db is not None
-    settings = state.settings
+async def _open_identity(settings: Settings, stack: contextlib.AsyncExitStack) -> Identity:
+    """The database, and the accounts in it. First boot: `admin` with a one-time password,
+    printed once (never logged), and the CLI's admin token in $MODELYARD_HOME/cli-token
+    (0600)."""
+    database = await asyncio.to_thread(db.connect, settings.db_url)
+    stack.callback(database.dispose)
     password = os.environ.get("MODELYARD_ADMIN_PASSWORD") or None
-    generated = await asyncio.to_thread(accounts.ensure_first_admin, state.db, password)
+    generated = await asyncio.to_thread(accounts.ensure_first_admin, database, password)
     if generated:
         print(f"\nmodelyard first boot: log in to http://{settings.host}:{settings.port}/ as "
               f"`admin` with the one-time password\n\n    {generated}\n\nYou will choose a new "
               "one at first login. (This is shown only once.)\n", file=sys.stderr, flush=True)
-    admins = [u.name for u in await asyncio.to_thread(accounts.list_users, state.db)
+    admins = [u.name for u in await asyncio.to_thread(accounts.list_users, database)
               if u.is_admin]
     if admins:
         owner = accounts.ADMIN if accounts.ADMIN in admins else admins[0]
-        await asyncio.to_thread(tokens.ensure_cli_token, state.db, settings.home, owner)
+        await asyncio.to_thread(tokens.ensure_cli_token, database, settings.home, owner)
     key = await asyncio.to_thread(auth.load_secret_key, settings.home)
-    state.auth = auth.Auth(settings, state.db, key)
+    return Identity(database, auth.Auth(settings, database, key))
 
 
-async def _open_model_store(state: FrontState, stack: contextlib.AsyncExitStack) -> None:
-    """The database and the pull jobs; jobs a previous run left unfinished become interrupted."""
-    database = await asyncio.to_thread(db.connect, state.settings.db_url)
-    stack.callback(database.dispose)
-    state.db = database
-    await _open_accounts(state)
+async def _open_catalog(
+    settings: Settings,
+    registry: ModelRegistry,
+    provider: EngineProvider,
+    database: sa.Engine,
+    stack: contextlib.AsyncExitStack,
+    route: Callable[[Entry], Awaitable[EngineClient]],
+) -> Catalog:
+    """The catalog and its pull jobs; jobs a previous run left unfinished become interrupted.
+    `route` places a model a job pulled with `init` (the dispatcher's)."""
 
     async def on_pulled(job: dict[str, Any]) -> None:
         if job.get("init") and job.get("model_id"):
-            entry = state.registry.resolve(job["model_id"])
-            await (await state.route(entry)).load(entry.id)
+            entry = catalog.registry.resolve(job["model_id"])
+            await (await route(entry)).load(entry.id)
 
-    jobs = PullJobs(state.settings, database, catalog_changed=state.rescan, on_pulled=on_pulled,
+    async def catalog_changed() -> None:
+        await catalog.rescan()
+
+    jobs = PullJobs(settings, database, catalog_changed=catalog_changed, on_pulled=on_pulled,
                     spawn=ChildProcess)
     interrupted = await jobs.recover()
     if interrupted:
         log.warning("%d pull job(s) were interrupted by the last shutdown: POST "
                     "/jobs/{id}/resume continues them", interrupted)
     stack.push_async_callback(jobs.shutdown)
-    state.jobs = jobs
-    await state.rescan()  # the catalog now includes what the database holds
+    catalog = Catalog(settings, registry, jobs, provider)
+    await catalog.rescan()  # the catalog now includes what the database holds
+    return catalog
 
 
 async def load_startup_models(state: FrontState) -> None:
     """`startup_models` are loaded before the server reports ready; a failure is logged, not
     fatal (the model will say why on its first request)."""
-    for name in state.settings.startup_models:
+    for name in state.catalog.settings.startup_models:
         try:
-            entry = state.registry.resolve(name)
-            engine = await state.route(entry)
+            entry = state.catalog.registry.resolve(name)
+            engine = await state.dispatch.route(entry)
             await engine.load(entry.id)
             log.info("startup model %s loaded on %s", entry.id, engine.name)
         except ModelyardError as exc:

@@ -96,8 +96,6 @@ def plan_for(request: Request, *, default_on: bool, body_value: object = None) -
     if said is False or (said is None and not default_on):
         return None
     store = state_of(request).archive
-    if store is None:
-        return None
     principal = principal_of(request)
     retention = said if isinstance(said, str) else effective_retention(
         None, principal, store.default_retention)
@@ -410,7 +408,7 @@ def _decoded_images(body: bytes) -> list[tuple[bytes, str | None]]:
 def service_capture(request: Request, *, kind: str, model: str, body: bytes
                     ) -> ServiceCapture | None:
     """The capture of a service's output, unless the request (or the config) says off."""
-    default_on = state_of(request).settings.archive_service_outputs
+    default_on = state_of(request).catalog.settings.archive_service_outputs
     plan = plan_for(request, default_on=default_on)
     if plan is None:
         return None

@@ -297,7 +297,7 @@ class AuthGate:
             headers = Headers(scope=scope)
             self._check_host(headers)
             receive = self._limit_body(headers, receive)
-            auth: Auth = scope["app"].state.front.auth
+            auth: Auth = scope["app"].state.front.identity.auth
             cls = route_class(scope["method"], path)
             who, bad_token = (None, False)
             if cls is not RouteClass.PUBLIC or headers.get("cookie") or headers.get(

@@ -198,9 +198,9 @@ async def metrics(request: Request) -> Response:
     from prometheus_client import CONTENT_TYPE_LATEST
 
     state: FrontState = state_of(request)
-    statuses = await state.engine_statuses()
-    pulls = state.jobs.active() if state.jobs is not None else {}
-    families = list(readings(statuses, state.queues.stats(), pulls))
+    statuses = await state.dispatch.engine_statuses()
+    pulls = state.catalog.jobs.active()
+    families = list(readings(statuses, state.dispatch.queues.stats(), pulls))
     return Response(exposition(families), media_type=CONTENT_TYPE_LATEST)
 
 

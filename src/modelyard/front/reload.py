@@ -23,8 +23,9 @@ from pydantic import ValidationError
 
 from modelyard.config import Settings, default_config_file, load_settings
 from modelyard.errors import InvalidRequest, ModelyardError
+from modelyard.front.catalog import Catalog
+from modelyard.front.dispatch.dispatcher import Dispatcher
 from modelyard.front.engines import EngineClient
-from modelyard.front.state import FrontState
 from modelyard.store.config_diff import diff_specs, keep_running, restart_required, spec_views
 from modelyard.store.registry import ModelRegistry
 
@@ -34,8 +35,11 @@ _BACKENDS = frozenset({"llamacpp", "openai", "service", "transformers"})
 
 
 class ConfigReloader:
-    def __init__(self, state: FrontState, config_file: Path | None) -> None:
-        self.state = state
+    def __init__(
+        self, catalog: Catalog, dispatch: Dispatcher, config_file: Path | None
+    ) -> None:
+        self.catalog = catalog  # whose settings and models a reload replaces
+        self.dispatch = dispatch  # what it remembers of the old ones, and the engines
         self.config_file = config_file
         self._lock = asyncio.Lock()  # one reload at a time
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -44,7 +48,7 @@ class ConfigReloader:
         try:
             self._started: Settings = load_settings(config_file)
         except (OSError, ValueError, yaml.YAMLError):
-            self._started = state.settings
+            self._started = catalog.settings
 
     def _path(self) -> Path:
         path = self.config_file or default_config_file()
@@ -89,19 +93,19 @@ class ConfigReloader:
 
     async def _reload(self) -> dict[str, Any]:
         async with self._lock:
-            state = self.state
+            catalog, dispatch = self.catalog, self.dispatch
             fresh = await asyncio.to_thread(self._read)
-            settings = keep_running(fresh, state.settings)
+            settings = keep_running(fresh, catalog.settings)
             registry = await asyncio.to_thread(ModelRegistry.build, settings)
-            diff = diff_specs(spec_views(state.registry, state.settings),
+            diff = diff_specs(spec_views(catalog.registry, catalog.settings),
                               spec_views(registry, settings))
-            state.settings, state.registry = settings, registry
+            catalog.settings, catalog.registry = settings, registry
             for model_id in [*diff.restart, *diff.updated]:
-                state.estimates.pop(model_id, None)
-            for key in [k for k in state.upstreams if k[1] in diff.restart]:
-                del state.upstreams[key]  # no early send to a server about to stop
+                dispatch.estimates.pop(model_id, None)
+            for key in [k for k in dispatch.upstreams if k[1] in diff.restart]:
+                del dispatch.upstreams[key]  # no early send to a server about to stop
             engines = await asyncio.gather(*(_reload_engine(e, settings)
-                                             for e in state.engines))
+                                             for e in dispatch.engines))
             return {"status": "reloaded", **diff.to_json(),
                     "restart_required": restart_required(self._started, fresh),
                     "engines": engines}

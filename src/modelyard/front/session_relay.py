@@ -50,9 +50,7 @@ def session_id_for(request: Request, data: dict[str, Any], *, chat: bool = True)
 
 
 def store_of(request: Request) -> SessionStore:
-    store = state_of(request).sessions
-    assert store is not None, "the session store opens with the front"
-    return store
+    return state_of(request).chat.sessions
 
 
 def begin_turn(request: Request, session_id: str, model: str, body: dict[str, Any], *,
@@ -61,12 +59,12 @@ def begin_turn(request: Request, session_id: str, model: str, body: dict[str, An
     `kv_hints` False: a body for several upstream requests (a tool loop's rounds), which the
     per-turn slot restore and save do not fit."""
     state = state_of(request)
-    entry = state.registry.get(model)
+    entry = state.catalog.registry.get(model)
     canonical = entry.name if entry is not None else model  # aliases name one model
     owner = owner_of(principal_of(request))
     turn = store_of(request).begin(owner, session_id, canonical, body)
-    if kv_hints and entry is not None and state.session_kv is not None:
-        turn.body, turn.kv = state.session_kv.plan(
+    if kv_hints and entry is not None:
+        turn.body, turn.kv = state.chat.session_kv.plan(
             entry.spec, session_key(owner, session_id), turn.body)
     return turn
 

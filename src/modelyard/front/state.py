@@ -1,222 +1,75 @@
-"""What every front handler shares: settings, registry, engines and the upstream client."""
+"""What every front handler shares: the owners of the front's parts, built once at startup
+(front/app.py's lifespan) and composed here, and the small helpers every handler uses to read a
+request.
+
+The parts: the catalog (settings, models, pulls: front/catalog.py), the dispatcher (engines,
+queues, leases, the relay: front/dispatch/dispatcher.py), identity (database, auth), the archive,
+chat (sessions, their KV reuse, MCP servers) and ops (config reload, log buffer).
+"""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import functools
 import time
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import aiohttp
 import orjson
 import sqlalchemy as sa
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
-from modelyard import metrics
-from modelyard.config import EngineSpec, Settings
-from modelyard.engine import scheduler
-from modelyard.errors import (
-    ClientClosedRequest,
-    EngineUnavailable,
-    InvalidRequest,
-    ModelLoadFailed,
-    ModelNotPulled,
-    ModelyardError,
-    UpstreamError,
-)
-from modelyard.front.engines import EngineClient
-from modelyard.front.jobs import PullJobs
-from modelyard.front.presets import apply_preset_bytes
-from modelyard.front.proxy import Relay, send_upstream
-from modelyard.front.queueing import Limits, ModelQueues
-from modelyard.front.routing import EngineView, pick_engine, view_from_status
-from modelyard.store.estimate import MemoryEstimate, estimate_model, serving_bytes
-from modelyard.store.registry import Entry, ModelRegistry
-from modelyard.types import Lease
-from modelyard.wire.engines import EngineProvider
-from modelyard.wire.status import EngineReport, ModelStatus
+from modelyard.errors import InvalidRequest
+from modelyard.front.catalog import Catalog
+from modelyard.front.dispatch.dispatcher import Dispatcher
 
 if TYPE_CHECKING:
     from modelyard.front.archive import ArchiveStore
     from modelyard.front.auth import Auth
-    from modelyard.front.session_kv import SessionKv, SlotKv
+    from modelyard.front.logs import LogBuffer
+    from modelyard.front.mcp_client import McpHub
+    from modelyard.front.reload import ConfigReloader
+    from modelyard.front.session_kv import SessionKv
     from modelyard.front.sessions import SessionStore
 
 M = TypeVar("M", bound=BaseModel)
-T = TypeVar("T")
 
 
-class EngineModel(NamedTuple):
-    """A model an engine reported, and which engine."""
+@dataclass(frozen=True)
+class Identity:
+    """Who calls: the database of users and tokens, and the auth that reads them."""
 
-    engine: str
-    status: ModelStatus
+    db: sa.Engine
+    auth: Auth  # identifies callers (front/auth.py)
 
 
-@dataclass
+@dataclass(frozen=True)
+class Chat:
+    """Server-side chat sessions, their KV reuse in the backends, and the tool loop's MCP
+    servers."""
+
+    sessions: SessionStore  # front/sessions.py
+    session_kv: SessionKv  # front/session_kv.py
+    mcp: McpHub  # front/mcp_client.py
+
+
+@dataclass(frozen=True)
+class Ops:
+    """Running the server: config reload (POST /admin/reload, SIGHUP) and the log buffer
+    (GET /admin/logs)."""
+
+    reloader: ConfigReloader
+    logs: LogBuffer
+
+
+@dataclass(frozen=True)
 class FrontState:
-    settings: Settings
-    registry: ModelRegistry
-    provider: EngineProvider  # which engines there are (front/engine_provider.py)
-    upstream: aiohttp.ClientSession
+    catalog: Catalog
+    dispatch: Dispatcher
+    identity: Identity
+    archive: ArchiveStore  # generated files, transcripts (front/archive.py)
+    chat: Chat
+    ops: Ops
     started_at: float = field(default_factory=time.time)
-    # (engine, model) → upstream when last granted: where to send before the grant confirms it,
-    # and the routing hint "already resident".
-    upstreams: dict[tuple[str, str], str] = field(default_factory=dict)
-    queues: ModelQueues = field(default_factory=ModelQueues)
-    # Requests in flight per engine: "least queued work" when routing a cold model.
-    inflight: dict[str, int] = field(default_factory=dict)
-    estimates: dict[str, MemoryEstimate | None] = field(default_factory=dict)  # for routing
-    jobs: PullJobs | None = None
-    db: sa.Engine | None = None
-    auth: Auth | None = None  # identifies callers (front/auth.py); opened with the database
-    archive: ArchiveStore | None = None  # generated files, transcripts (front/archive.py)
-    sessions: SessionStore | None = None  # server-side chat sessions (front/sessions.py)
-    session_kv: SessionKv | None = None  # their KV reuse in the backends (front/session_kv.py)
-
-    @property
-    def engines(self) -> tuple[EngineClient, ...]:
-        """The engines now: the provider's current view (it may change between awaits)."""
-        return self.provider.view.engines
-
-    @property
-    def gpu_count(self) -> int:
-        return self.provider.gpu_count
-
-    def _compatible(self, engine: EngineClient, entry: Entry) -> bool:
-        """The engine may run the model's backend and has every capability it requires."""
-        spec = engine_spec(self.settings, engine.name)
-        if spec is None:
-            return not entry.spec.requires
-        backend_ok = spec.backends is None or entry.spec.backend in spec.backends
-        return backend_ok and set(entry.spec.requires) <= set(spec.capabilities)
-
-    async def resolve(self, name: str) -> Entry:
-        """The catalog entry `name` reaches; with `auto_pull`, a hub reference not yet on disk
-        is pulled first (the request waits for the download)."""
-        try:
-            return self.registry.resolve(name)
-        except ModelNotPulled:
-            if not self.settings.auto_pull or self.jobs is None:
-                raise
-        submitted, _ = await self.jobs.submit(name)
-        job = await self.jobs.wait(submitted["id"])
-        if job["status"] != "succeeded":
-            raise ModelLoadFailed(
-                f"auto_pull of '{name}' {job['status']}: {job.get('error')}", model=name
-            )
-        await self.rescan()
-        return self.registry.resolve(job.get("model_id") or name)
-
-    async def rescan(self) -> None:
-        """Rebuild the catalog (disk, database, config) here and in every engine."""
-        self.registry = await asyncio.to_thread(ModelRegistry.build, self.settings)
-        await asyncio.gather(*(e.rescan() for e in self.engines if e.up),
-                             return_exceptions=True)
-
-    async def route(self, entry: Entry) -> EngineClient:
-        """The engine that serves `entry` (DESIGN.md §1: pinned, resident, default, least
-        loaded). For a cold model among several engines, each engine's snapshot says how many
-        evictions loading it there would take."""
-        metrics.note_model(entry.id)  # the request being served, if any, is for this model
-        if len(self.engines) == 1 and self.engines[0].up and entry.spec.engine is None:
-            return self.engines[0]  # nothing to choose
-        pinned = f"engine-{entry.spec.engine}" if entry.spec.engine is not None else None
-        default = self.settings.default_engine
-        hinted = any((e.name, entry.id) in self.upstreams for e in self.engines if e.up)
-        if pinned is None and not hinted:
-            views = await self._snapshot_views(entry)
-        else:
-            views = [
-                EngineView(
-                    name=e.name,
-                    up=e.up,
-                    compatible=self._compatible(e, entry),
-                    resident=frozenset([entry.id]) if (e.name, entry.id) in self.upstreams
-                    else frozenset(),
-                    queued=self.inflight.get(e.name, 0),
-                )
-                for e in self.engines
-            ]
-        name = pick_engine(
-            views, entry.id, pinned=pinned,
-            default=f"engine-{default}" if default is not None else None,
-        )
-        if name is None:
-            why = f"its pinned {pinned} is down or cannot run it" if pinned else "none is up"
-            raise EngineUnavailable(
-                f"no engine can serve '{entry.id}' now ({why}; engines that crashed are "
-                "being restarted)",
-                model=entry.id,
-                retry_after_s=2.0,
-            )
-        chosen = self.provider.view.get(name)
-        if chosen is None:  # removed while the views were taken: choose again
-            return await self.route(entry)
-        return chosen
-
-    async def _snapshot_views(self, entry: Entry) -> list[EngineView]:
-        want = scheduler.Want(
-            model=entry.id,
-            bytes=await self._want_bytes(entry),
-            group=entry.spec.group,
-            coexist_with=frozenset(entry.spec.can_coexist_with),
-            priority=entry.spec.priority,
-        )
-
-        async def view(engine: EngineClient) -> EngineView:
-            if not engine.up:
-                return EngineView(engine.name, up=False)
-            try:
-                snapshot = await engine.status()
-            except ModelyardError:
-                return EngineView(engine.name, up=False)
-            found = view_from_status(
-                engine.name, snapshot, want, self.inflight.get(engine.name, 0)
-            )
-            if not self._compatible(engine, entry):
-                return EngineView(engine.name, compatible=False)
-            return found
-
-        engines = self.engines  # one view throughout: the set may change while status is read
-        views = list(await asyncio.gather(*(view(e) for e in engines)))
-        if not any(v.compatible and v.up for v in views):
-            # It fits nowhere: let an engine say why (503 insufficient_memory, in words).
-            views = [replace(v, compatible=self._compatible(e, entry))
-                     for v, e in zip(views, engines, strict=True)]
-        return views
-
-    async def _want_bytes(self, entry: Entry) -> int:
-        if entry.id not in self.estimates:
-            self.estimates[entry.id] = await asyncio.to_thread(
-                estimate_model, entry.spec, self.settings
-            )
-        return serving_bytes(entry.spec, self.estimates[entry.id], file_bytes=entry.size_bytes)
-
-    def limits(self, entry: Entry, engine: EngineClient) -> Limits:
-        """max_concurrency: the model's, else its engine's, else the server's (same for queues)."""
-        spec = engine_spec(self.settings, engine.name)
-        concurrency = entry.spec.max_concurrency or (
-            spec.max_concurrency if spec else None
-        ) or self.settings.max_concurrency
-        max_queue = entry.spec.max_queue
-        return Limits(
-            concurrency, self.settings.max_queue if max_queue is None else max_queue
-        )
-
-    async def engine_statuses(self) -> list[EngineReport]:
-        """Every engine's /status, named; an engine that does not answer says why."""
-        out = []
-        for engine in self.engines:
-            try:
-                out.append(EngineReport(engine.name, await engine.status()))
-            except ModelyardError as exc:
-                out.append(EngineReport(engine.name, error=exc.message))
-        return out
 
     async def status_view(self) -> dict[str, Any]:
         """GET /status: version, uptime, every engine's status and the queues."""
@@ -225,230 +78,10 @@ class FrontState:
         return {
             "version": __version__,
             "uptime_seconds": round(time.time() - self.started_at, 3),
-            "engines": [report.to_json() for report in await self.engine_statuses()],
-            "queues": self.queues.stats(),
-            **({"chat_sessions": self.sessions.stats()} if self.sessions is not None else {}),
+            "engines": [report.to_json() for report in await self.dispatch.engine_statuses()],
+            "queues": self.dispatch.queues.stats(),
+            "chat_sessions": self.chat.sessions.stats(),
         }
-
-    async def running_models(self) -> dict[str, EngineModel]:
-        """Every model the engines that answer know about, by id, with the engine's name."""
-        models: dict[str, EngineModel] = {}
-        for engine in self.engines:
-            try:
-                status = await engine.status()
-            except ModelyardError:
-                continue
-            for m in status.models:
-                models[m.model] = EngineModel(engine.name, m)
-        return models
-
-    async def open_relay(
-        self,
-        model: str,
-        path: str,
-        payload: bytes,
-        *,
-        keep_alive_s: float | None = None,
-        priority: int = 0,
-        content_type: str = "application/json",
-        client: Request | None = None,
-        on_progress: Callable[[str], None] | None = None,
-        session_kv: SlotKv | None = None,
-    ) -> Relay:
-        """Queue for `model`, lease it on an engine and send it the request (`payload`, of
-        `content_type`); the caller owns `relay.close()`, which gives back the lease and the
-        queue slot. With `client`, a client that disconnects while the request waits (in the
-        queue, for a load) takes it out of the queue at once; `on_progress` hears what a load
-        it waits for does (swap progress); `session_kv`: the slot a session turn restores
-        before it is sent and saves after (front/session_kv.py)."""
-        call = Call(path, payload, content_type, keep_alive_s, priority, on_progress, session_kv)
-        entry = await self.resolve(model)
-        if entry.preset is not None and call.content_type == "application/json":
-            call = replace(call, payload=apply_preset_bytes(entry.preset, call.payload))
-        engine = await self.route(entry)
-        limits = self.limits(entry, engine)
-        # Waiting (a full queue, a cold model) watches the client, so one that leaves stops
-        # waiting; a request served at once skips the watch, which costs two tasks.
-        must_wait = (
-            self.queues.running(entry.id) >= limits.max_concurrency
-            or self.queues.queued(entry.id) > 0
-            or (engine.name, entry.id) not in self.upstreams
-        )
-        work = self._open_relay_elsewhere_if_down(entry, engine, limits, call)
-        if client is None or not must_wait:
-            return await work
-        return await unless_disconnected(client, work, Relay.close)
-
-    async def _open_relay_elsewhere_if_down(
-        self, entry: Entry, engine: EngineClient, limits: Limits, call: Call
-    ) -> Relay:
-        """`_open_relay`; if its engine went down (silent, crashed) before the grant, nothing
-        was sent to the client yet: another engine that can serve it takes it, else 503."""
-        try:
-            return await self._open_relay(entry, engine, limits, call)
-        except EngineUnavailable:
-            if engine.up or len(self.engines) < 2:
-                raise
-        other = await self.route(entry)  # 503 engine_unavailable if no other engine can
-        return await self._open_relay(entry, other, self.limits(entry, other), call)
-
-    async def _open_relay(
-        self, entry: Entry, engine: EngineClient, limits: Limits, call: Call
-    ) -> Relay:
-        slot = await self.queues.acquire(
-            entry.id, limits, priority=call.priority, timeout_s=self.settings.queue_timeout_s
-        )
-        self.inflight[engine.name] = self.inflight.get(engine.name, 0) + 1
-
-        def done() -> None:
-            slot.release()
-            self.inflight[engine.name] -= 1
-
-        try:
-            # A service keeps its URL across unload/reload: an early request could reach it
-            # unloaded (and make it load behind the scheduler's back), yet be confirmed.
-            early = entry.spec.backend != "service"
-            relay = await self._lease_and_send(engine, entry.id, call, send_early=early)
-        except BaseException:
-            done()
-            raise
-        relay.on_close = done
-        return relay
-
-    async def _lease_and_send(
-        self, engine: EngineClient, model_id: str, call: Call, *, send_early: bool = True
-    ) -> Relay:
-        key = (engine.name, model_id)
-        kv = call.kv
-        # A session's KV is restored into its slot before the request may go.
-        guess = self.upstreams.get(key) if send_early and kv is None else None
-        if guess is None:
-            lease = await engine.acquire(model_id, call.keep_alive_s, call.on_progress)
-            response = None
-        else:
-            lease, response = await self._lease_while_sending(engine, model_id, guess, call)
-        self.upstreams[key] = lease.upstream
-        if self.session_kv is not None:
-            self.session_kv.sending(lease.upstream, kv)
-        if response is None:
-            payload = call.payload
-            try:
-                if kv is not None:  # claim a slot, restore the session's KV there
-                    payload = await kv.prepare(engine, lease.upstream, payload)
-                response = await send_upstream(
-                    self.upstream, lease.upstream + call.path, payload, lease.model,
-                    call.content_type,
-                )
-            except BaseException:
-                if kv is not None:
-                    kv.release()
-                engine.release(lease)
-                raise
-        relay = Relay(engine, lease, response)
-        if kv is not None:
-            relay.on_release = lambda: kv.after(lease.upstream, ok=relay.status == 200)
-        return relay
-
-    async def _lease_while_sending(
-        self, engine: EngineClient, model_id: str, guess: str, call: Call
-    ) -> tuple[Lease, aiohttp.ClientResponse | None]:
-        """Take the lease and, meanwhile, send the request where the model was last granted.
-
-        An engine grants a ready model at once, so the grant nearly always names that upstream
-        and the lease round trip adds no latency. The engine's answer always wins: if it names
-        another upstream (the model was reloaded) or refuses, the early request is dropped —
-        closing its connection stops the backend — and nothing of it reaches the client. A None
-        response tells the caller to send the request itself.
-        """
-        early = asyncio.ensure_future(
-            send_upstream(
-                self.upstream, guess + call.path, call.payload, model_id, call.content_type
-            )
-        )
-        try:
-            lease = await engine.acquire(model_id, call.keep_alive_s, call.on_progress)
-        except BaseException:
-            _drop(early)
-            raise
-        if lease.upstream != guess:
-            _drop(early)
-            return lease, None
-        try:
-            return lease, await early
-        except UpstreamError:
-            return lease, None  # e.g. it died since; one more try on the granted upstream
-        except BaseException:
-            engine.release(lease)
-            raise
-
-
-def engine_spec(settings: Settings, name: str) -> EngineSpec | None:
-    """Engine `name`'s overrides: `engine_specs` are keyed by the N of `engine-N`."""
-    number = _engine_number(name)
-    return settings.engine_specs.get(number) if number is not None else None
-
-
-@functools.cache
-def _engine_number(name: str) -> int | None:
-    """N of `engine-N` (once per name: `limits` asks per request)."""
-    prefix, _, number = name.rpartition("-")
-    return int(number) if prefix == "engine" and number.isdigit() else None
-
-
-@dataclass(frozen=True)
-class Call:
-    """One request on its way to a backend, and how it asked to be served."""
-
-    path: str
-    payload: bytes
-    content_type: str
-    keep_alive_s: float | None
-    priority: int
-    on_progress: Callable[[str], None] | None
-    kv: SlotKv | None = None
-
-
-def _drop(early: asyncio.Future[aiohttp.ClientResponse]) -> None:
-    """Abandon a request sent before its lease: close its response whenever it arrives."""
-
-    def close(done: asyncio.Future[aiohttp.ClientResponse]) -> None:
-        if not done.cancelled() and done.exception() is None:
-            done.result().close()
-
-    early.cancel()
-    if early.done():
-        close(early)
-    else:
-        early.add_done_callback(close)
-
-
-async def _disconnect(request: Request) -> None:
-    """Returns when the client has gone (the body must have been read already)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def unless_disconnected(
-    request: Request, work: Coroutine[Any, Any, T], discard: Callable[[T], None]
-) -> T:
-    """`await work`, unless the client disconnects first: then `work` is cancelled (leaving its
-    queue, dropping its wait for a grant) and ClientClosedRequest is raised. A result that
-    arrives anyway is given to `discard`."""
-    task = asyncio.ensure_future(work)
-    gone = asyncio.ensure_future(_disconnect(request))
-    try:
-        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-        if not task.done():
-            task.cancel()
-    finished = task.done() and not task.cancelled()
-    client_gone = gone.done() and not gone.cancelled()
-    if finished and not client_gone:
-        return task.result()
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        discard(await task)
-    raise ClientClosedRequest("the client closed the connection while the request waited")
 
 
 def request_priority(request: Request) -> int:

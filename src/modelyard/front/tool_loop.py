@@ -5,7 +5,7 @@ through a preset whose `mcp_servers` names servers. Those entries are replaced b
 tools as OpenAI function tools (named as the server names them; a name two servers share becomes
 `SERVER__NAME`); the client's own function tools may sit beside them.
 
-Each round is one ordinary relay through `FrontState.open_relay` (queue slot, lease), asked
+Each round is one ordinary relay through `Dispatcher.open_relay` (queue slot, lease), asked
 non-streaming and read whole; the relay is closed -- the lease released -- before any tool runs,
 so the scheduler serves others while a tool works. The calls of one answer run concurrently. The
 loop ends at an answer without tool calls, at a call of a client tool (that answer goes back to

@@ -19,11 +19,11 @@ from starlette.responses import Response, StreamingResponse
 
 from modelyard.errors import InvalidRequest, ModelyardError
 from modelyard.front import archive_capture
-from modelyard.front.mcp_client import McpHub
+from modelyard.front.dispatch.dispatcher import unless_disconnected
 from modelyard.front.proxy import Relay
 from modelyard.front.session_relay import begin_turn, commit_body, session_id_for, tagged
 from modelyard.front.sse import sse_event
-from modelyard.front.state import FrontState, request_priority, state_of, unless_disconnected
+from modelyard.front.state import FrontState, request_priority, state_of
 from modelyard.front.tool_loop import Final, RoundEvent, ToolLoop, mcp_servers_of, unknown_servers
 from modelyard.front.translate import now_rfc3339
 from modelyard.metrics import stream_failed
@@ -32,20 +32,13 @@ TRACE_FIELD = "x_modelyard_tool_rounds"
 ROUND_FIELD = "x_modelyard_tool_round"
 
 
-def hub_of(request: Request) -> McpHub:
-    hub = getattr(request.app.state, "mcp", None)
-    if hub is None:  # an app built without the lifespan's hub (tests): one per app
-        hub = request.app.state.mcp = McpHub(state_of(request).settings.mcp_servers)
-    return hub
-
-
 def tool_loop_for(request: Request, data: dict[str, Any], model: str, *, api: str,
                   stream: bool, fields: dict[str, Any] | None = None) -> ToolLoop | None:
     """The loop a chat request opts into, or None; unknown servers are refused. In a chat
     session (named in `fields`, the request's own fields, else in `data`), the loop runs on the
     stored history and stores the turn when it answers; archived when asked (header or
     `fields`' `archive`), its transcript is the whole exchange."""
-    settings = state_of(request).settings
+    settings = state_of(request).catalog.settings
     servers = mcp_servers_of(data, settings)
     if servers is None:
         return None
@@ -57,7 +50,7 @@ def tool_loop_for(request: Request, data: dict[str, Any], model: str, *, api: st
         )
     fields = data if fields is None else fields
     data = {k: v for k, v in data.items() if k != archive_capture.BODY_FIELD}
-    loop = ToolLoop(hub_of(request), settings, data, servers)
+    loop = ToolLoop(state_of(request).chat.mcp, settings, data, servers)
     sid = session_id_for(request, fields)
     if sid is not None:
         turn = begin_turn(request, sid, model, data, kv_hints=False)
@@ -94,7 +87,7 @@ def _opener(request: Request, state: FrontState, model: str, path: str) -> Calla
     [bytes], Awaitable[Relay]
 ]:
     def open_round(payload: bytes) -> Awaitable[Relay]:
-        return state.open_relay(
+        return state.dispatch.open_relay(
             model, path, payload, priority=request_priority(request), client=request
         )
 

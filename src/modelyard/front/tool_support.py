@@ -119,7 +119,7 @@ def check_tools_for(state: Any, model: str, data: dict[str, Any]) -> None:
     if not has_tools(data) or data.get("tool_choice") == "none":
         return
     try:
-        entry = state.registry.resolve(model)
+        entry = state.catalog.registry.resolve(model)
     except Exception:  # unresolvable names are the relay's to report
         return
     check_tools(entry, data)

@@ -40,7 +40,7 @@ def check_vision_for(state: Any, model: str, data: dict[str, Any]) -> None:
     if not has_images(data.get("messages")):
         return
     try:
-        entry = state.registry.resolve(model)
+        entry = state.catalog.registry.resolve(model)
     except Exception:  # unresolvable names are the relay's to report
         return
     if not supports_vision(entry.spec):

@@ -41,9 +41,7 @@ def _json(payload: Any, status: int = 200, headers: dict[str, str] | None = None
 
 
 def _auth(request: Request) -> Auth:
-    auth = state_of(request).auth
-    assert auth is not None, "the front opens auth at startup"
-    return auth
+    return state_of(request).identity.auth
 
 
 def _user_name(principal: Principal) -> str:

@@ -17,7 +17,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from modelyard.front.reload import ConfigReloader
 from modelyard.front.state import read_json_object, state_of, validate
 
 
@@ -33,19 +32,19 @@ def _json(payload: Any) -> Response:
 
 async def load(request: Request) -> Response:
     state = state_of(request)
-    entry = state.registry.resolve(request.path_params["model"])
+    entry = state.catalog.registry.resolve(request.path_params["model"])
     body = await read_json_object(request) if await request.body() else {}
     req = validate(LoadRequest, body)
-    engine = await state.route(entry)
+    engine = await state.dispatch.route(entry)
     result = await engine.load(entry.id, req.keep_alive_s)
     return _json({**result, "engine": engine.name})
 
 
 async def unload(request: Request) -> Response:
     state = state_of(request)
-    entry = state.registry.resolve(request.path_params["model"])
+    entry = state.catalog.registry.resolve(request.path_params["model"])
     unloaded_from = []
-    for engine in state.engines:
+    for engine in state.dispatch.engines:
         if not engine.up:
             continue
         result = await engine.unload(entry.id)
@@ -57,13 +56,13 @@ async def unload(request: Request) -> Response:
 
 async def engines(request: Request) -> Response:
     state = state_of(request)
-    reports = await state.engine_statuses()
-    return _json({"engines": [r.to_json() for r in reports], "queues": state.queues.stats()})
+    reports = await state.dispatch.engine_statuses()
+    return _json({"engines": [r.to_json() for r in reports],
+                  "queues": state.dispatch.queues.stats()})
 
 
 async def reload(request: Request) -> Response:
-    reloader: ConfigReloader = request.app.state.reloader
-    return _json(await reloader.reload())
+    return _json(await state_of(request).ops.reloader.reload())
 
 
 routes = [

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, Response
 from starlette.routing import Route
 
-from modelyard.errors import InvalidRequest, ModelyardError
+from modelyard.errors import InvalidRequest
 from modelyard.front.archive import KINDS, MAX_LIST, ArchiveStore
 from modelyard.front.principal import principal_of
 from modelyard.front.state import state_of
@@ -32,10 +32,7 @@ def _json(payload: Any, status: int = 200) -> Response:
 
 
 def _store(request: Request) -> ArchiveStore:
-    store = state_of(request).archive
-    if store is None:  # opened in the lifespan, before any request
-        raise ModelyardError("the archive is not open")
-    return store
+    return state_of(request).archive
 
 
 def _number(request: Request, name: str) -> float | None:

@@ -48,7 +48,7 @@ def upstream_path(state: FrontState, model: str) -> str:
     """Where the model's backend takes embeddings: /v1/embeddings, or the route a `service`
     model declares for `embeddings` in its `paths`."""
     try:
-        entry = state.registry.resolve(model)
+        entry = state.catalog.registry.resolve(model)
     except ModelyardError:
         return PATH  # open_relay resolves it again (pulling it, with auto_pull) or says why
     if isinstance(entry.spec, ServiceModel):
@@ -60,7 +60,7 @@ async def openai_embeddings(request: Request) -> Response:
     state = state_of(request)
     body = await request.body()
     req = parse_openai_request(await read_json_object(request))
-    relay = await state.open_relay(
+    relay = await state.dispatch.open_relay(
         req.model, upstream_path(state, req.model), body, priority=request_priority(request),
         client=request,
     )
@@ -91,8 +91,8 @@ async def _load_or_unload(state: FrontState, req: EmbeddingRequest) -> None:
     """Ollama loads the model for a request with nothing to embed (unloads it for
     `keep_alive: 0`)."""
     keep_alive_s = keep_alive_seconds(req.keep_alive)
-    entry = await state.resolve(req.model)
-    engine = await state.route(entry)
+    entry = await state.catalog.resolve(req.model)
+    engine = await state.dispatch.route(entry)
     if keep_alive_s == 0:
         await engine.unload(entry.id)
     else:
@@ -109,7 +109,7 @@ async def _ollama(
     if not req.texts:
         await _load_or_unload(state, req)
         return EmbeddingResult([], 0), 0, time.monotonic_ns() - started
-    relay = await state.open_relay(
+    relay = await state.dispatch.open_relay(
         req.model, upstream_path(state, req.model), orjson.dumps(openai_body(req)),
         keep_alive_s=keep_alive_seconds(req.keep_alive), priority=request_priority(request),
         client=request,

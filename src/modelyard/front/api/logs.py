@@ -39,16 +39,15 @@ KEEPALIVE_S = 15.0  # an idle stream says so this often: proxies keep it open, d
 
 
 def log_buffer(request: Request) -> LogBuffer:
-    buffer: LogBuffer = request.app.state.logs
-    return buffer
+    return state_of(request).ops.logs
 
 
 def _find_engine(state: FrontState, name: str) -> EngineClient:
     wanted = name if name.startswith("engine-") else f"engine-{name}"
-    for engine in state.engines:
+    for engine in state.dispatch.engines:
         if engine.name == wanted:
             return engine
-    known = ", ".join(e.name for e in state.engines) or "none"
+    known = ", ".join(e.name for e in state.dispatch.engines) or "none"
     raise RouteNotFound(f"no engine '{name}' (engines: {known})", param="engine")
 
 
@@ -97,7 +96,7 @@ async def _reader(request: Request) -> _Source:
     model = request.query_params.get("model")
     engine = _find_engine(state, engine_name) if engine_name else None
     if model:
-        entry = state.registry.resolve(model)  # 404 model_not_found, naming it
+        entry = state.catalog.registry.resolve(model)  # 404 model_not_found, naming it
         return _EngineLog(engine or await _engine_of(state, entry.id), entry.id)
     if engine is None:
         return _FrontLog(log_buffer(request))
@@ -106,9 +105,9 @@ async def _reader(request: Request) -> _Source:
 
 async def _engine_of(state: FrontState, model: str) -> EngineClient:
     """The engine whose log of `model` to read: where it is loaded, else the first one up."""
-    found_model = (await state.running_models()).get(model)
+    found_model = (await state.dispatch.running_models()).get(model)
     where = found_model.engine if found_model is not None else None
-    engines = state.engines
+    engines = state.dispatch.engines
     found = next((e for e in engines if e.name == where), None)
     found = found or next((e for e in engines if e.up), None) or next(iter(engines), None)
     if found is None:
@@ -144,10 +143,10 @@ async def list_sources(state: FrontState) -> list[dict[str, Any]]:
     on, if any). Models served inside an engine (transformers) log into that engine's log."""
     sources: list[dict[str, Any]] = [{"name": FRONT, "kind": "front", "engine": None}]
     sources += [{"name": e.name, "kind": "engine", "engine": e.name, "up": e.up}
-                for e in state.engines]
-    loaded = await state.running_models()
+                for e in state.dispatch.engines]
+    loaded = await state.dispatch.running_models()
     seen: set[str] = set()
-    for entry in state.registry.entries():
+    for entry in state.catalog.registry.entries():
         if entry.id in seen:
             continue
         seen.add(entry.id)

@@ -92,14 +92,14 @@ def _is_admin(request: Request) -> bool:
 
 async def models(request: Request) -> Response:
     state = state_of(request)
-    running = await state.running_models()
+    running = await state.dispatch.running_models()
     out = []
-    for entry in state.registry.entries():
+    for entry in state.catalog.registry.entries():
         m = running.get(entry.id)
         out.append(
             {
                 "model": entry.name,
-                "aliases": state.registry.aliases_of(entry.name),
+                "aliases": state.catalog.registry.aliases_of(entry.name),
                 "origin": entry.origin,
                 "preset": entry.preset.model_dump() if entry.preset else None,
                 "loaded": m is not None and m.status.state == "ready",
@@ -118,23 +118,23 @@ async def models(request: Request) -> Response:
 
 async def health(request: Request) -> Response:
     state = state_of(request)
-    engines_up = sum(1 for e in state.engines if e.up)
-    running = await state.running_models()
+    engines_up = sum(1 for e in state.dispatch.engines if e.up)
+    running = await state.dispatch.running_models()
     mem = psutil.virtual_memory()
-    healthy = engines_up == len(state.engines) and engines_up > 0
+    healthy = engines_up == len(state.dispatch.engines) and engines_up > 0
     return _json(
         {
             "status": "healthy" if healthy else "degraded",
             "version": __version__,
             "uptime_seconds": round(time.time() - state.started_at, 3),
-            "engines": {"total": len(state.engines), "up": engines_up},
-            "models_available": len(state.registry.entries()),
+            "engines": {"total": len(state.dispatch.engines), "up": engines_up},
+            "models_available": len(state.catalog.registry.entries()),
             "models_cached": sum(1 for m in running.values() if m.status.state == "ready"),
             "cache_limit": None,
             "downloads_active": 0,
             "downloads_queued": 0,
-            "gpu_status": "available" if state.gpu_count else "unavailable",
-            "gpu_count": state.gpu_count,
+            "gpu_status": "available" if state.dispatch.gpu_count else "unavailable",
+            "gpu_count": state.dispatch.gpu_count,
             "memory": {
                 "host_total_bytes": mem.total,
                 "host_available_bytes": mem.available,
@@ -154,26 +154,26 @@ async def overview_status(request: Request) -> Response:
     state = state_of(request)
     if not _is_admin(request):
         return _json(client_overview(await state.status_view()))
-    pulls = [j for j in await state.jobs.list() if j["status"] in ACTIVE] if state.jobs else []
+    pulls = [j for j in await state.catalog.jobs.list() if j["status"] in ACTIVE]
     return _json(overview(await state.status_view(), pulls))
 
 
 async def diag(request: Request) -> Response:
     state = state_of(request)
     engines = []
-    for engine in state.engines:
+    for engine in state.dispatch.engines:
         try:
             engines.append({"name": engine.name, "up": True, **await engine.diag()})
         except ModelyardError as exc:
             engines.append({"name": engine.name, "up": False, "error": exc.message})
     if not _is_admin(request):
         return _json(client_diag({"engines": engines}))
-    llama = state.settings.resolve_llama_server()
+    llama = state.catalog.settings.resolve_llama_server()
     return _json(
         {
             "engines": engines,
             "llama_server": str(llama) if llama else None,
-            "home": str(state.settings.home),
+            "home": str(state.catalog.settings.home),
         }
     )
 

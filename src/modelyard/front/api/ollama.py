@@ -205,8 +205,8 @@ async def _load_or_unload(
 ) -> Response:
     """Ollama loads a model for a request with nothing to generate, and unloads it when that
     request says `keep_alive: 0`."""
-    entry = state.registry.resolve(req.model)
-    engine = await state.route(entry)
+    entry = state.catalog.registry.resolve(req.model)
+    engine = await state.dispatch.route(entry)
     if keep_alive_s == 0:
         await engine.unload(entry.id)
         reason = "unload"
@@ -302,15 +302,15 @@ def _tag(entry: Entry, info: GgufInfo | None, name: str | None = None) -> dict[s
 
 async def tags(request: Request) -> Response:
     state = state_of(request)
-    models = [_tag(e, _gguf(e), name) for name, e in state.registry.names()]
+    models = [_tag(e, _gguf(e), name) for name, e in state.catalog.registry.names()]
     return Response(orjson.dumps({"models": models}), media_type="application/json")
 
 
 async def ps(request: Request) -> Response:
     state = state_of(request)
     running = []
-    for engine, m in (await state.running_models()).values():
-        entry = state.registry.get(m.model)
+    for engine, m in (await state.dispatch.running_models()).values():
+        entry = state.catalog.registry.get(m.model)
         if m.state != "ready" or entry is None:
             continue
         tag = _tag(entry, _gguf(entry))
@@ -339,7 +339,7 @@ async def show(request: Request) -> Response:
     name = req.model or req.name
     if not name:
         raise InvalidRequest("`model` is required", param="model")
-    entry = state.registry.resolve(name)
+    entry = state.catalog.registry.resolve(name)
     info = _gguf(entry)
     if entry.format == "safetensors" and entry.path is not None:
         return _show_safetensors(entry)

@@ -110,10 +110,10 @@ LIMIT_FIELDS = ("max_tokens", "max_completion_tokens", "n_predict")
 def default_max_tokens(state: FrontState, model: str, data: dict[str, Any]) -> int | None:
     """The `max_tokens` a text completion gets when neither it nor its preset sets a limit:
     `default_max_tokens` (llama-server alone would generate until the context is full)."""
-    cap = state.settings.default_max_tokens
+    cap = state.catalog.settings.default_max_tokens
     if cap is None or any(data.get(k) is not None for k in LIMIT_FIELDS):
         return None
-    entry = state.registry.get(model)
+    entry = state.catalog.registry.get(model)
     preset = None if entry is None else entry.preset
     if preset is not None and any(preset.parameters.get(k) is not None for k in LIMIT_FIELDS):
         return None
@@ -125,7 +125,7 @@ async def list_models(request: Request) -> Response:
     created = int(state.started_at)
     data: list[dict[str, Any]] = [
         {"id": name, "object": "model", "created": created, "owned_by": "modelyard"}
-        for name, _ in state.registry.names()
+        for name, _ in state.catalog.registry.names()
     ]
     return Response(
         orjson.dumps({"object": "list", "data": data}), media_type="application/json"
@@ -134,7 +134,7 @@ async def list_models(request: Request) -> Response:
 
 async def retrieve_model(request: Request) -> Response:
     state = state_of(request)
-    entry = state.registry.resolve(request.path_params["model"])
+    entry = state.catalog.registry.resolve(request.path_params["model"])
     return Response(
         orjson.dumps(
             {"id": entry.name, "object": "model", "created": int(time.time()),

@@ -38,8 +38,7 @@ def _json(payload: Any, status: int = 200) -> Response:
 
 
 def _jobs(state: FrontState) -> PullJobs:
-    assert state.jobs is not None, "the front starts its pull jobs at startup"
-    return state.jobs
+    return state.catalog.jobs
 
 
 class PullRequest(BaseModel):
@@ -129,7 +128,7 @@ async def ollama_pull(request: Request) -> Response:
         if final["status"] != "succeeded":
             err = _failure(final)
             return _json(err.ollama_body(), err.status)
-        await state.rescan()
+        await state.catalog.rescan()
         return _json({"status": "success"})
 
     async def lines() -> AsyncIterator[bytes]:
@@ -139,7 +138,7 @@ async def ollama_pull(request: Request) -> Response:
                 yield orjson.dumps(_failure(seen).ollama_body()) + b"\n"
                 return
             if seen["status"] == "succeeded":
-                await state.rescan()
+                await state.catalog.rescan()
             for event in _ollama_events(seen, sent):
                 yield orjson.dumps(event) + b"\n"
 
@@ -161,7 +160,8 @@ class NameRequest(BaseModel):
 
 async def ollama_delete(request: Request) -> Response:
     state = state_of(request)
-    entry = state.registry.resolve(validate(NameRequest, await read_json_object(request)).target())
+    name = validate(NameRequest, await read_json_object(request)).target()
+    entry = state.catalog.registry.resolve(name)
     await delete_model(state, entry)
     return Response(status_code=200)
 
@@ -174,7 +174,7 @@ async def delete_model(state: FrontState, entry: Entry) -> None:
             "models it pulled or imported — remove it from the config or the disk yourself",
             param="model",
         )
-    for engine in state.engines:
+    for engine in state.dispatch.engines:
         if engine.up:
             await engine.unload(entry.id)
 
@@ -188,7 +188,7 @@ async def delete_model(state: FrontState, entry: Entry) -> None:
     removed, others = await _in_db(state, forget)
     if removed and removed[0]["source"] == "pulled":
         await asyncio.to_thread(_delete_pulled_files, removed[0], others)
-    await state.rescan()
+    await state.catalog.rescan()
 
 
 def _snapshot(row: dict[str, Any]) -> Path:
@@ -226,15 +226,15 @@ class CopyRequest(BaseModel):
 async def ollama_copy(request: Request) -> Response:
     state = state_of(request)
     req = validate(CopyRequest, await read_json_object(request))
-    entry = state.registry.resolve(req.source)
-    if state.registry.get(req.destination) is not None:
+    entry = state.catalog.registry.resolve(req.source)
+    if state.catalog.registry.get(req.destination) is not None:
         raise InvalidRequest(f"'{req.destination}' already names a model", param="destination")
 
     def add(c: sa.Connection) -> None:
         c.execute(sa.insert(db.aliases).values(name=req.destination, model=entry.name))
 
     await _in_db(state, add)
-    await state.rescan()
+    await state.catalog.rescan()
     return Response(status_code=200)
 
 
@@ -243,10 +243,10 @@ async def ollama_copy(request: Request) -> Response:
 
 async def rescan(request: Request) -> Response:
     state = state_of(request)
-    await state.rescan()
+    await state.catalog.rescan()
     return _json({"models": [
         {"model": e.name, "origin": e.origin, "source": e.source}
-        for e in state.registry.entries()
+        for e in state.catalog.registry.entries()
     ]})
 
 
@@ -298,12 +298,12 @@ async def import_models(state: FrontState, directory: Path) -> list[str]:
         return added
 
     added: list[str] = await _in_db(state, add)
-    await state.rescan()
+    await state.catalog.rescan()
     return added
 
 
 async def _in_db(state: FrontState, fn: Any) -> Any:
-    database = state.db
+    database = state.identity.db
     assert database is not None, "the front opens its database at startup"
 
     def run() -> Any:
@@ -316,7 +316,7 @@ async def _in_db(state: FrontState, fn: Any) -> Any:
 async def delete_route(request: Request) -> Response:
     """DELETE /models/{id}: the native form of /api/delete."""
     state = state_of(request)
-    entry = state.registry.get(request.path_params["model"])
+    entry = state.catalog.registry.get(request.path_params["model"])
     if entry is None:
         raise ModelNotFound(request.path_params["model"])
     await delete_model(state, entry)

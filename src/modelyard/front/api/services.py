@@ -42,7 +42,7 @@ def find_service(state: FrontState, kind: ServiceKind, name: str | None) -> Entr
     if name is None:
         serving = [
             e
-            for e in state.registry.entries()
+            for e in state.catalog.registry.entries()
             if isinstance(e.spec, ServiceModel) and kind in e.spec.paths
         ]
         if len(serving) == 1:
@@ -52,7 +52,7 @@ def find_service(state: FrontState, kind: ServiceKind, name: str | None) -> Entr
             f"`model` is required: name the service for this {kind} request ({which})",
             param="model",
         )
-    entry = state.registry.resolve(name)
+    entry = state.catalog.registry.resolve(name)
     if not isinstance(entry.spec, ServiceModel) or kind not in entry.spec.paths:
         raise InvalidRequest(
             f"model '{entry.id}' does not serve {kind} requests: only a `service` model that "
@@ -131,7 +131,7 @@ async def _forward(request: Request, kind: ServiceKind, model: str | None) -> Re
     body = await request.body()
     # Outputs are archived unless the request says `X-Modelyard-Archive: off`.
     capture = archive_capture.service_capture(request, kind=kind, model=entry.id, body=body)
-    relay = await state.open_relay(
+    relay = await state.dispatch.open_relay(
         entry.id,
         entry.spec.paths[kind],
         body,

@@ -73,10 +73,8 @@ async def asset(request: Request) -> Response:
 
 
 async def pull_jobs(state: FrontState) -> list[dict[str, Any]]:
-    if state.jobs is None:
-        return []
     now = time.time()
-    return [j for j in await state.jobs.list()
+    return [j for j in await state.catalog.jobs.list()
             if j["status"] in ACTIVE or now - (j.get("finished_at") or 0.0) < RECENT_JOB_S]
 
 

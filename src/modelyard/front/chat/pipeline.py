@@ -5,8 +5,8 @@ parsed request (front/chat/request.py) through here, and only frames the answer 
 In order: the MCP tool loop (when the chat opts in: front/tool_loop_http.py), the server-side
 session (its history spliced in, the turn committed as the answer passes:
 front/session_relay.py), the archive capture (when asked: front/archive_capture.py), the lease
-and the relay (state.open_relay; swap progress while a model loads: front/swap_progress.py),
-then the answer, streamed or whole.
+and the relay (state.dispatch.open_relay; swap progress while a model loads:
+front/swap_progress.py), then the answer, streamed or whole.
 
 Rules it keeps (DESIGN.md §3.3, §3.8, §3.13): a request that needs nothing read sends the
 client's bytes and relays the backend's unchanged (the OpenAI passthrough: no parse, no copy);
@@ -73,7 +73,7 @@ async def answer(request: Request, call: ChatCall, render: Render) -> Response:
     watch = None if call.stream else ClientWatch(request.receive)
 
     def open_relay(say: Callable[[str], None] | None) -> Awaitable[Relay]:
-        return state.open_relay(
+        return state.dispatch.open_relay(
             call.model, call.path, body, keep_alive_s=call.keep_alive_s,
             priority=call.priority, client=None if watch else request, on_progress=say,
             session_kv=None if turn is None else turn.kv,
@@ -104,7 +104,7 @@ async def answer(request: Request, call: ChatCall, render: Render) -> Response:
 
     opened = await watched(watch, open_for_stream(
         open_relay,
-        enabled=call.stream and call.progress and state.settings.notify_model_swap,
+        enabled=call.stream and call.progress and state.catalog.settings.notify_model_swap,
         render_progress=lambda text: render.progress(call, gen, text),
         render_error=render.error_event,
         body=stream_body,
