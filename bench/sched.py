@@ -80,7 +80,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from modelyard.engine.scheduler import (
+from modelyard.placement.policy import (
     Decision,
     Evict,
     Load,

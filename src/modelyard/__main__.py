@@ -1,3 +1,3 @@
-from modelyard.cli import main
+from modelyard.cli.main import main
 
 main()

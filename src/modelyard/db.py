@@ -131,8 +131,8 @@ archive = sa.Table(
     sa.Column("meta", sa.JSON, nullable=False, default=dict),
 )
 
-# Server-side chat sessions (front/sessions.py), kept only with `chat_session_persist`; not the
-# login sessions above.
+# Server-side chat sessions (front/chat/sessions/store.py), kept only with `chat_session_persist`;
+# not the login sessions above.
 chat_sessions = sa.Table(
     "chat_sessions",
     metadata,

@@ -7,7 +7,7 @@ Two kinds:
   loads, evictions (with the reason) and crashes, and times its loads;
 - **readings** (device memory, utilization, temperature, engine up, model memory, queue depth):
   computed by the front at scrape time from each engine's /status and its own queues
-  (front/metrics.py), so a dead engine's last reading never lingers.
+  (front/ops/metrics.py), so a dead engine's last reading never lingers.
 
 Multiprocess: the front and its engine processes record into one directory of memory-mapped
 files (prometheus_client's multiprocess mode, `PROMETHEUS_MULTIPROC_DIR`), and the front's
@@ -336,7 +336,7 @@ def pull_finished(status: str) -> None:
 
 
 class Request:
-    """One inference request as the front's middleware sees it (front/metrics.py); handlers
+    """One inference request as the front's middleware sees it (front/ops/metrics.py); handlers
     deeper down add what only they know through the hooks below (`current`)."""
 
     __slots__ = ("api", "complete", "error", "first_at", "last", "model", "opened",

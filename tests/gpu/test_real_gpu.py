@@ -6,7 +6,7 @@ Skipped where no GPU answers (see tests/conftest.py); run them on a GPU host wit
 import pytest
 
 from modelyard.config import Settings
-from modelyard.front.supervisor import plan_engines
+from modelyard.front.engines.supervisor import plan_engines
 from modelyard.hw.smi import query_gpus
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(60)]

@@ -17,7 +17,7 @@ from tests.support import Server, fake_model
 
 from modelyard.config import Settings
 from modelyard.front.app import create_app
-from modelyard.front.auth import RouteClass, route_class
+from modelyard.front.identity.auth import RouteClass, route_class
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -1,6 +1,6 @@
 """A damaged database stops `modelyard serve` with one line that says what and how to fix it (no
 first boot over it, no traceback); `modelyard db reset` moves it aside on purpose; a schema
-change is preceded by a backup (src/modelyard/db.py, src/modelyard/cli_db.py). Real processes."""
+change is preceded by a backup (src/modelyard/db.py, src/modelyard/cli/db.py). Real processes."""
 
 from __future__ import annotations
 

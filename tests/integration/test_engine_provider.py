@@ -1,4 +1,4 @@
-"""The front learns its engines from a provider (front/engine_provider.py), by name, and the set
+"""The front learns its engines from a provider (front/engines/provider.py), by name, and the set
 may change while it runs: an engine process removed is no longer routed to nor listed, and one
 added back under the same name serves again. The front is `create_app` served on a real socket in
 this process (so the test holds its provider); engines and models are real processes.
@@ -23,8 +23,8 @@ from tests.support import fake_model, free_port
 
 from modelyard.config import load_settings
 from modelyard.front.app import create_app
-from modelyard.front.engine_provider import LocalEngines
-from modelyard.front.supervisor import EnginePlan
+from modelyard.front.engines.provider import LocalEngines
+from modelyard.front.engines.supervisor import EnginePlan
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -15,7 +15,7 @@ from modelyard.config import OpenAIServerModel, Settings
 from modelyard.engine.lease_channel import serve_lease_channel
 from modelyard.engine.loop import Engine
 from modelyard.errors import EngineUnavailable, ModelNotFound
-from modelyard.front.lease_client import LeaseChannelRefused, LeaseClient
+from modelyard.front.engines.lease_client import LeaseChannelRefused, LeaseClient
 from modelyard.store.registry import ModelRegistry
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]

@@ -22,7 +22,7 @@ from tests.integration.test_scheduling import GIB, sim_config, sim_model
 from tests.support import Server, poll
 
 from modelyard import metrics
-from modelyard.front.metrics import family_name
+from modelyard.front.ops.metrics import family_name
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -1,5 +1,5 @@
-"""A chat session's KV cache survives other traffic and model swaps (front/session_kv.py), through
-a real `modelyard serve` and the fake llama-server with two slots, prompt caching and slot
+"""A chat session's KV cache survives other traffic and model swaps (front/chat/sessions/kv.py),
+through a real `modelyard serve` and the fake llama-server with two slots, prompt caching and slot
 save/restore (tests/fakes/fake_backend.py): a session turn goes to its own slot (`id_slot`), its
 KV is saved after the turn and restored before the next, so the backend reports the whole earlier
 conversation as cached even when other requests used every slot meanwhile; the same conversation

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 
 from modelyard import db
 from modelyard.errors import Conflict, Forbidden, InvalidRequest
-from modelyard.front import accounts, tokens
+from modelyard.front.identity import accounts, tokens
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 

@@ -27,9 +27,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from modelyard import db
 from modelyard.config import Settings
 from modelyard.errors import ArchiveItemNotFound, InvalidRequest, ModelyardError
-from modelyard.front import archive_capture
 from modelyard.front.api import archive as archive_api
-from modelyard.front.archive import (
+from modelyard.front.archive import capture as archive_capture
+from modelyard.front.archive.store import (
     RETENTION_S,
     ArchiveStore,
     NewItem,
@@ -38,7 +38,7 @@ from modelyard.front.archive import (
     parse_retention,
     safe_filename,
 )
-from modelyard.front.principal import Principal
+from modelyard.front.identity.principal import Principal
 from modelyard.front.render import render_error
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(20)]

@@ -13,8 +13,8 @@ from modelyard.errors import (
     PasswordChangeRequired,
     Unauthorized,
 )
-from modelyard.front.accounts import LoginSession, User
-from modelyard.front.auth import (
+from modelyard.front.identity.accounts import LoginSession, User
+from modelyard.front.identity.auth import (
     Identified,
     RouteClass,
     allowed_host_names,
@@ -27,7 +27,7 @@ from modelyard.front.auth import (
     route_class,
     token_principal,
 )
-from modelyard.front.tokens import Token
+from modelyard.front.identity.tokens import Token
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(10)]
 

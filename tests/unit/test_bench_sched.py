@@ -12,8 +12,8 @@ import pytest
 from bench import sched
 from bench.sched import Policy, Request, Result, SimulationError, Trace
 
-from modelyard.engine import scheduler
-from modelyard.engine.scheduler import Decision, Evict, Load, Ready, Resident, Want
+from modelyard.placement import policy as scheduler
+from modelyard.placement.policy import Decision, Evict, Load, Ready, Resident, Want
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 

@@ -11,8 +11,8 @@ import pytest
 from modelyard.errors import InvalidRequest
 from modelyard.front.chat import render
 from modelyard.front.chat.request import CHAT_PATH, ChatCall
+from modelyard.front.chat.translate import Generation
 from modelyard.front.sse import read_event
-from modelyard.front.translate import Generation
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(10)]
 

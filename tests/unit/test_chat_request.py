@@ -46,7 +46,7 @@ def _native(data: dict[str, Any], priority: int = 0) -> ChatCall:
 
 def _upstream(call: ChatCall) -> dict[str, Any]:
     """What reaches the backend, less the fields each API sets its own way: `stream_options`,
-    and `session_id` (a turn's upstream body is made without it: front/sessions.py)."""
+    and `session_id` (a turn's upstream body is made without it: front/chat/sessions/store.py)."""
     sent = orjson.loads(call.body) if call.body is not None else call.payload
     return {k: v for k, v in sent.items() if k not in ("stream_options", "session_id")}
 

@@ -1,6 +1,6 @@
 """What a chat carries besides text -- content parts, images, tools -- is checked before it is
-relayed (front/chat_shapes.py), and images only go to a model that reads them
-(front/vision_support.py): a client's mistake is a 400 naming the field, not the backend's 500."""
+relayed (front/chat/shapes.py), and images only go to a model that reads them
+(front/chat/vision.py): a client's mistake is a 400 naming the field, not the backend's 500."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import pytest
 
 from modelyard.config import LlamaCppModel, OpenAIServerModel, ServiceModel, TransformersModel
 from modelyard.errors import InvalidRequest
-from modelyard.front.chat_shapes import (
+from modelyard.front.chat.shapes import (
     check_ollama_chat,
     check_ollama_images,
     check_openai_chat,
     has_images,
 )
-from modelyard.front.vision_support import supports_vision
+from modelyard.front.chat.vision import supports_vision
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(10)]
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from modelyard.errors import ClientClosedRequest
-from modelyard.front.proxy import ClientWatch
+from modelyard.front.dispatch.relay import ClientWatch
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(10)]
 

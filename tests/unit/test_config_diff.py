@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from modelyard.config import LlamaCppModel, OpenAIServerModel, Settings
-from modelyard.front.reload import field_path
+from modelyard.front.ops.reload import field_path
 from modelyard.store.config_diff import (
     IN_PLACE_FIELDS,
     RELOADABLE,

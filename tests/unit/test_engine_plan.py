@@ -1,7 +1,7 @@
 import pytest
 
 from modelyard.config import Settings
-from modelyard.front.supervisor import EnginePlan, plan_engines
+from modelyard.front.engines.supervisor import EnginePlan, plan_engines
 from modelyard.hw.devices import visible_gpus
 from modelyard.types import DeviceInfo
 

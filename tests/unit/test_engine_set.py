@@ -1,4 +1,4 @@
-"""The provider's versioned set of engines (wire/engines.py `EngineSet`, front/engine_provider.py)
+"""The provider's versioned set of engines (wire/engines.py `EngineSet`, front/engines/provider.py)
 and engine overrides looked up by name (front/dispatch/dispatcher.py `engine_spec`)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from modelyard.config import Settings
 from modelyard.front.dispatch.dispatcher import engine_spec
-from modelyard.front.engine_provider import StaticEngines
+from modelyard.front.engines.provider import StaticEngines
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(10)]
 

@@ -21,7 +21,7 @@ class Spy:
             attempts.append(name)
         return None
 sys.meta_path.insert(0, Spy())
-import modelyard.cli, modelyard.front.app, modelyard.front.supervisor
+import modelyard.cli.main, modelyard.front.app, modelyard.front.engines.supervisor
 from modelyard.config import Settings
 modelyard.front.app.create_app(Settings(scan_hf_cache=False))
 print(",".join(attempts))
@@ -34,8 +34,8 @@ def test_front_process_imports_no_heavy_stack() -> None:
 
 
 def test_the_spy_catches_an_attempt() -> None:
-    code = SPY.replace("import modelyard.cli,", "import contextlib\nwith contextlib.suppress("
-                       "ImportError):\n    import torch\nimport modelyard.cli,")
+    code = SPY.replace("import modelyard.cli.main,", "import contextlib\nwith contextlib.suppress("
+                       "ImportError):\n    import torch\nimport modelyard.cli.main,")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "torch" in out.stdout
 

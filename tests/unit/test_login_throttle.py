@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from modelyard.errors import TooManyAttempts
-from modelyard.front.login_throttle import (
+from modelyard.front.identity.login_throttle import (
     ADDRESS_FREE_FAILURES,
     FIRST_BLOCK_S,
     FORGET_AFTER_S,

@@ -1,4 +1,4 @@
-"""Live logs (front/logs.py, front/api/logs.py): line parsing, redaction, reading files by seq,
+"""Live logs (front/ops/logs.py, front/api/logs.py): line parsing, redaction, reading files by seq,
 following them through rotation and truncation, the in-memory ring, rotation on start, and the
 routes' source resolution over a stub front."""
 
@@ -21,7 +21,7 @@ from modelyard.engine.backends.openai_server import log_path
 from modelyard.errors import ModelyardError
 from modelyard.front.api import logs as logs_api
 from modelyard.front.dispatch.dispatcher import EngineModel
-from modelyard.front.logs import FRONT, BufferLog, LogBuffer
+from modelyard.front.ops.logs import FRONT, BufferLog, LogBuffer
 from modelyard.front.render import render_error
 from modelyard.proc.logfile import FileLog, parse_line
 from modelyard.proc.process import rotate_log

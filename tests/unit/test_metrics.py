@@ -21,7 +21,7 @@ from starlette.testclient import TestClient
 
 from modelyard import metrics
 from modelyard.errors import ModelLoadFailed, ModelyardError, QueueFull, UpstreamError
-from modelyard.front.metrics import RequestMetrics, exposition, readings
+from modelyard.front.ops.metrics import RequestMetrics, exposition, readings
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 

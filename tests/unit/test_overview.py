@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from modelyard.cli_status import render
-from modelyard.front.overview import overview
+from modelyard.cli.status import render
+from modelyard.front.ops.overview import overview
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(10)]
 

@@ -20,9 +20,9 @@ import orjson
 import pytest
 
 from modelyard.config import OpenAIServerModel, Settings
-from modelyard.engine import scheduler
 from modelyard.engine.loop import Engine, ModelState
-from modelyard.front import routing
+from modelyard.front.dispatch import routing
+from modelyard.placement import policy as scheduler
 from modelyard.placement import view as placement
 from modelyard.store.estimate import serving_bytes
 from modelyard.store.registry import ModelRegistry

@@ -6,7 +6,7 @@ import orjson
 import pytest
 
 from modelyard.config import LlamaCppModel, Preset, Settings
-from modelyard.front.presets import apply_preset, apply_preset_bytes
+from modelyard.front.chat.presets import apply_preset, apply_preset_bytes
 from modelyard.store.registry import ModelRegistry
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(10)]

@@ -1,4 +1,5 @@
-"""front/queueing.py: per-model bounded priority queues, race-free hand-over, Retry-After."""
+"""front/dispatch/queueing.py: per-model bounded priority queues, race-free hand-over,
+Retry-After."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import random
 
 import pytest
 
-from modelyard.front.queueing import Limits, ModelQueues, QueueFull, QueueTimeout, Slot
+from modelyard.front.dispatch.queueing import Limits, ModelQueues, QueueFull, QueueTimeout, Slot
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from modelyard.front.redact import client_diag, client_models, client_overview, client_status
+from modelyard.front.ops.redact import client_diag, client_models, client_overview, client_status
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(10)]
 

@@ -1,6 +1,6 @@
 import pytest
 
-from modelyard.front.routing import EngineView, pick_engine
+from modelyard.front.dispatch.routing import EngineView, pick_engine
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(10)]
 

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from modelyard.engine.scheduler import Want
-from modelyard.front import routing
-from modelyard.front.routing import EngineView, pick_engine, view_from_status
+from modelyard.front.dispatch import routing
+from modelyard.front.dispatch.routing import EngineView, pick_engine, view_from_status
+from modelyard.placement.policy import Want
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from modelyard.engine.scheduler import (
+from modelyard.placement.policy import (
     Decision,
     Evict,
     Load,

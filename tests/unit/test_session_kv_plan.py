@@ -1,7 +1,7 @@
 """Session KV without servers. The engine's side (engine/session_slots.py): which backends save
 slots and how many, the file names, what dropping a session deletes. The front's side
-(front/session_kv.py) over a stub engine client: which backends get which hints, the home slot,
-a busy home slot, and what the front forgets when a session is dropped."""
+(front/chat/sessions/kv.py) over a stub engine client: which backends get which hints, the home
+slot, a busy home slot, and what the front forgets when a session is dropped."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from modelyard.config import (
     TransformersModel,
 )
 from modelyard.engine.session_slots import SessionSlots, _model_version, slot_count
-from modelyard.front.session_kv import TRANSFORMERS_FIELD, SessionKv, session_key
+from modelyard.front.chat.sessions.kv import TRANSFORMERS_FIELD, SessionKv, session_key
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(10)]
 

@@ -1,4 +1,5 @@
-"""Server-side chat sessions (front/sessions.py): splicing, bounds, TTL, ownership, persistence."""
+"""Server-side chat sessions (front/chat/sessions/store.py): splicing, bounds, TTL, ownership,
+persistence."""
 
 from __future__ import annotations
 
@@ -11,10 +12,9 @@ import pytest
 
 from modelyard import db
 from modelyard.errors import Conflict, InvalidRequest, SessionNotFound
-from modelyard.front.principal import ANONYMOUS_ADMIN, ANONYMOUS_INFERENCE, Principal
-from modelyard.front.session_answer import Answer, SseAnswer, turn_stats
-from modelyard.front.session_relay import tap_sse
-from modelyard.front.sessions import (
+from modelyard.front.chat.sessions.answer import Answer, SseAnswer, turn_stats
+from modelyard.front.chat.sessions.relay import tap_sse
+from modelyard.front.chat.sessions.store import (
     ChatSession,
     SessionStore,
     owner_of,
@@ -23,6 +23,7 @@ from modelyard.front.sessions import (
     splice,
     valid_session_id,
 )
+from modelyard.front.identity.principal import ANONYMOUS_ADMIN, ANONYMOUS_INFERENCE, Principal
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(10)]
 

@@ -1,5 +1,5 @@
 """Tool calling: the transformers backend's per-family parser, the Ollama translation, and the
-front's capability rule (front/tool_support.py)."""
+front's capability rule (front/chat/tools/support.py)."""
 
 import json
 from pathlib import Path
@@ -19,8 +19,8 @@ from modelyard.config import (
 from modelyard.engine.backends.transformers import tool_calls as tc
 from modelyard.errors import ToolsUnsupported, from_native_body
 from modelyard.front.api.ollama import ChatRequest, chat_payload
-from modelyard.front.tool_support import supports_tools
-from modelyard.front.translate import Generation
+from modelyard.front.chat.tools.support import supports_tools
+from modelyard.front.chat.translate import Generation
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(10)]
 

@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from modelyard.config import McpServer, Settings
-from modelyard.front.tool_loop import RoundEvent, mcp_servers_of, unknown_servers
+from modelyard.front.chat.tools.loop import RoundEvent, mcp_servers_of, unknown_servers
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(10)]
 

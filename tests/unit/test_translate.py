@@ -1,7 +1,7 @@
 import pytest
 
 from modelyard.front.api.ollama import ChatRequest, GenerateRequest, chat_payload, generate_payload
-from modelyard.front.translate import Generation
+from modelyard.front.chat.translate import Generation
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(10)]
 

@@ -16,7 +16,7 @@ closes the channel after that answer, and the front reports the mismatch.
 The frames (hello, ping/pong, acquire, progress, granted/refused, release, cancel) and their one
 encoder and decoder each are in wire/lease.py. The front pings about four times per
 engine_heartbeat_timeout_s: an engine silent for that long is down for the front (see
-front/lease_client.py).
+front/engines/lease_client.py).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 All state here is mutated only from the engine's event loop, so there is one owner (DESIGN.md
 §3.1) without locks on the state itself. What to load and what to evict is decided by the pure
-policy in engine/scheduler.py; this module applies its decisions:
+policy in placement/policy.py; this module applies its decisions:
 
 * a burst of requests for a cold model joins one load task (§3.5);
 * placement decisions are taken one at a time (``_placing``), and a model being loaded holds its
@@ -36,7 +36,6 @@ from typing import Any
 
 from modelyard import metrics
 from modelyard.config import ModelSpec, ServiceModel, Settings
-from modelyard.engine import scheduler
 from modelyard.engine.backends.base import Backend, make_backend
 from modelyard.engine.ledger import Device, make_device, wait_for_recovery
 from modelyard.errors import (
@@ -48,6 +47,7 @@ from modelyard.errors import (
 )
 from modelyard.hw.devices import describe_devices
 from modelyard.hw.thermal import DEFAULT_THRESHOLDS, ThermalSensors, engine_paused
+from modelyard.placement import policy as scheduler
 from modelyard.placement import view as placement
 from modelyard.placement.ledger import Loading, plannable_free
 from modelyard.store.config_diff import diff_specs, keep_running, spec_views
@@ -619,7 +619,7 @@ class Engine:
             spec = rt.spec
             # Before placing: a model that cannot run here must not evict anything. In a thread:
             # a transformers model imports torch here (seconds), and the loop must keep
-            # answering the front's heartbeat (front/lease_client.py).
+            # answering the front's heartbeat (front/engines/lease_client.py).
             server = await asyncio.to_thread(make_backend, spec, self.settings, env=self.env)
             if not await self._place(rt):
                 metrics.model_loaded(rt.entry.id, self.index, "cancelled")

@@ -1,5 +1,5 @@
-"""The engine's side of session KV reuse: its llama-servers' slots (front/session_kv.py decides
-when a session turn restores and saves; this module knows how).
+"""The engine's side of session KV reuse: its llama-servers' slots (front/chat/sessions/kv.py
+decides when a session turn restores and saves; this module knows how).
 
 Only the engine knows a backend's command line (whether it saves slots: `--slot-save-path`, and
 how many it has: `--parallel`), where the slot files are, and which file a session's KV of a
@@ -144,7 +144,7 @@ class SessionSlots:
 
 
 def _check_key(key: str) -> None:
-    """A session key is a hex digest (front/session_kv.py `session_key`): never a path."""
+    """A session key is a hex digest (front/chat/sessions/kv.py `session_key`): never a path."""
     if not key or len(key) > 64 or any(c not in "0123456789abcdef" for c in key):
         raise InvalidRequest("a session key is a lowercase hex digest", param="key")
 

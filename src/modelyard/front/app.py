@@ -1,7 +1,7 @@
 """The public front: the OpenAI, Ollama and native APIs over one or more engines.
 
 `create_app` builds the ASGI app. It learns its engines from an `EngineProvider`
-(front/engine_provider.py), started on startup and stopped on shutdown; by default one engine in
+(front/engines/provider.py), started on startup and stopped on shutdown; by default one engine in
 this process for `single_process`, otherwise one supervised engine process per GPU (one CPU engine
 when there is none). Errors are rendered in the shape of the API that was called.
 """
@@ -29,8 +29,6 @@ from starlette.responses import Response
 from modelyard import db, metrics
 from modelyard.config import Settings
 from modelyard.errors import ClientDisconnected, MethodNotAllowed, ModelyardError, RouteNotFound
-from modelyard.front import accounts, auth, tokens
-from modelyard.front import metrics as front_metrics
 from modelyard.front.api import accounts as accounts_api
 from modelyard.front.api import admin, embeddings, native, ollama, openai, pulls, services
 from modelyard.front.api import archive as archive_api
@@ -38,19 +36,21 @@ from modelyard.front.api import logs as logs_api
 from modelyard.front.api import openapi as openapi_api
 from modelyard.front.api import sessions as sessions_api
 from modelyard.front.api import studio as studio_api
-from modelyard.front.archive import ArchiveStore
+from modelyard.front.archive.store import ArchiveStore
 from modelyard.front.catalog import Catalog
+from modelyard.front.chat.sessions.kv import SessionKv
+from modelyard.front.chat.sessions.store import SessionStore
+from modelyard.front.chat.tools.mcp import McpHub
 from modelyard.front.dispatch.dispatcher import Dispatcher
-from modelyard.front.engine_provider import ChildProcess, InProcessEngines, LocalEngines
-from modelyard.front.engines import EngineClient
-from modelyard.front.jobs import PullJobs
-from modelyard.front.logs import LogBuffer
-from modelyard.front.mcp_client import McpHub
-from modelyard.front.proxy import new_upstream_session
-from modelyard.front.reload import ConfigReloader
+from modelyard.front.dispatch.relay import new_upstream_session
+from modelyard.front.engines.client import EngineClient
+from modelyard.front.engines.provider import ChildProcess, InProcessEngines, LocalEngines
+from modelyard.front.identity import accounts, auth, tokens
+from modelyard.front.ops import metrics as front_metrics
+from modelyard.front.ops.jobs import PullJobs
+from modelyard.front.ops.logs import LogBuffer
+from modelyard.front.ops.reload import ConfigReloader
 from modelyard.front.render import render_error
-from modelyard.front.session_kv import SessionKv
-from modelyard.front.sessions import SessionStore
 from modelyard.front.state import Chat, FrontState, Identity, Ops
 from modelyard.request_ids import RequestIdMiddleware
 from modelyard.store.registry import Entry, ModelRegistry

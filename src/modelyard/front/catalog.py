@@ -1,7 +1,7 @@
 """The front's catalog: the settings in force, the models they and the disk name, and the pulls
 that add to them.
 
-A reload (front/reload.py) replaces `settings` and `registry` together; everything else reads
+A reload (front/ops/reload.py) replaces `settings` and `registry` together; everything else reads
 them here, so one reload is seen by every handler and by the dispatcher at once.
 """
 
@@ -11,7 +11,7 @@ import asyncio
 
 from modelyard.config import Settings
 from modelyard.errors import ModelLoadFailed, ModelNotPulled
-from modelyard.front.jobs import PullJobs
+from modelyard.front.ops.jobs import PullJobs
 from modelyard.store.registry import Entry, ModelRegistry
 from modelyard.wire.engines import EngineProvider
 
@@ -26,7 +26,7 @@ class Catalog:
     ) -> None:
         self.settings = settings
         self.registry = registry
-        self.jobs = jobs  # pulls from a hub (front/jobs.py)
+        self.jobs = jobs  # pulls from a hub (front/ops/jobs.py)
         self.provider = provider  # whose engines a rescan reaches
 
     async def resolve(self, name: str) -> Entry:

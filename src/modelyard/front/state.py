@@ -23,13 +23,13 @@ from modelyard.front.catalog import Catalog
 from modelyard.front.dispatch.dispatcher import Dispatcher
 
 if TYPE_CHECKING:
-    from modelyard.front.archive import ArchiveStore
-    from modelyard.front.auth import Auth
-    from modelyard.front.logs import LogBuffer
-    from modelyard.front.mcp_client import McpHub
-    from modelyard.front.reload import ConfigReloader
-    from modelyard.front.session_kv import SessionKv
-    from modelyard.front.sessions import SessionStore
+    from modelyard.front.archive.store import ArchiveStore
+    from modelyard.front.chat.sessions.kv import SessionKv
+    from modelyard.front.chat.sessions.store import SessionStore
+    from modelyard.front.chat.tools.mcp import McpHub
+    from modelyard.front.identity.auth import Auth
+    from modelyard.front.ops.logs import LogBuffer
+    from modelyard.front.ops.reload import ConfigReloader
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -39,7 +39,7 @@ class Identity:
     """Who calls: the database of users and tokens, and the auth that reads them."""
 
     db: sa.Engine
-    auth: Auth  # identifies callers (front/auth.py)
+    auth: Auth  # identifies callers (front/identity/auth.py)
 
 
 @dataclass(frozen=True)
@@ -47,9 +47,9 @@ class Chat:
     """Server-side chat sessions, their KV reuse in the backends, and the tool loop's MCP
     servers."""
 
-    sessions: SessionStore  # front/sessions.py
-    session_kv: SessionKv  # front/session_kv.py
-    mcp: McpHub  # front/mcp_client.py
+    sessions: SessionStore  # front/chat/sessions/store.py
+    session_kv: SessionKv  # front/chat/sessions/kv.py
+    mcp: McpHub  # front/chat/tools/mcp.py
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ class FrontState:
     catalog: Catalog
     dispatch: Dispatcher
     identity: Identity
-    archive: ArchiveStore  # generated files, transcripts (front/archive.py)
+    archive: ArchiveStore  # generated files, transcripts (front/archive/store.py)
     chat: Chat
     ops: Ops
     started_at: float = field(default_factory=time.time)

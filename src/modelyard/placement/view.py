@@ -12,7 +12,7 @@ import dataclasses
 import itertools
 from collections.abc import Iterable
 
-from modelyard.engine import scheduler
+from modelyard.placement import policy as scheduler
 from modelyard.placement.ledger import Loading, plannable_free
 from modelyard.wire.status import EngineStatus, ModelStatus
 

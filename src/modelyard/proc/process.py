@@ -8,7 +8,7 @@ The child writes its output straight into its log file. Nothing is piped through
 llama-server logs about ten lines per request, and relaying them cost the engine more CPU per
 request than everything else it does — CPU a small host takes from inference. The file is read
 back only when someone needs it: the last lines for an error, its growth as load progress, the
-Studio's live logs (front/logs.py).
+Studio's live logs (front/ops/logs.py).
 
 A log file over `log_max_bytes` is rotated when the child starts (file.log → file.log.1 …, as
 logging's RotatingFileHandler names them): the child holds the file open for its whole life, so a

@@ -30,7 +30,7 @@ SlotAction = Literal["restore", "save"]
 
 
 class Abortable(Protocol):
-    """A relay in flight that the engine's client may end (front/drain.py)."""
+    """A relay in flight that the engine's client may end (front/dispatch/drain.py)."""
 
     def abort(self, exc: ModelyardError) -> None: ...
 
@@ -93,7 +93,8 @@ class EngineClient(Protocol):
         an empty batch now and then while nothing is written (a chance to stop)."""
         ...
 
-    # ---- session KV (llama-server slots; front/session_kv.py) --------------------------------
+    # ---- session KV (llama-server slots; front/chat/sessions/kv.py)
+    # --------------------------------
 
     async def kv_slots(self, model: str) -> int | None:
         """How many slots `model`'s server has when it saves and restores them; else None."""

@@ -1,5 +1,5 @@
 """The lease channel's frames and constants, known to both ends: engine/lease_channel.py serves
-the channel, front/lease_client.py uses it.
+the channel, front/engines/lease_client.py uses it.
 
 One newline-terminated JSON object per frame; one encoder (`encode()`) and one decoder per
 direction (`decode_front_frame`: what the engine reads, `decode_engine_frame`: what the front

@@ -43,7 +43,7 @@ _REDACTIONS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"(?i)\b(bearer)(\s+)[A-Za-z0-9._~+/=:-]+"), r"\1\2[redacted]"),
     (re.compile(r"""(?i)\b(authorization["']?\s*[:=]\s*["']?)(?!bearer\s)((?:basic|digest|"""
                 r"""token)\s+)?[^\s"',;]+"""), r"\1\2[redacted]"),
-    # modelyard tokens (front/tokens.py), OpenAI-style and Hugging Face keys
+    # modelyard tokens (front/identity/tokens.py), OpenAI-style and Hugging Face keys
     (re.compile(r"\bmy-[A-Za-z0-9_-]{20,}"), "my-[redacted]"),
     (re.compile(r"\bsk-[A-Za-z0-9_-]{20,}"), "sk-[redacted]"),
     (re.compile(r"\bhf_[A-Za-z0-9]{20,}"), "hf_[redacted]"),

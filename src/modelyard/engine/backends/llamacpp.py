@@ -12,7 +12,7 @@ from modelyard.errors import BackendUnavailable
 # once more requests than slots were in flight — 7 req/s at 8 concurrent 1-token requests on the
 # demo model against 59 with this layout. `$ctx_total` is the context times the slots.
 # `--slot-save-path` lets the front save a chat session's KV after each turn and restore it into
-# the session's slot before the next (front/session_kv.py): ~15 ms against seconds of prefill.
+# the session's slot before the next (front/chat/sessions/kv.py): ~15 ms against seconds of prefill.
 DEFAULT_ARGV = [
     "$llama_server",
     "--model", "$path",

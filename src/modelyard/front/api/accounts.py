@@ -29,9 +29,9 @@ from starlette.routing import Route
 
 from modelyard.config import ArchiveRetention
 from modelyard.errors import Conflict, Forbidden, InvalidRequest, Unauthorized
-from modelyard.front import accounts, tokens
-from modelyard.front.auth import Auth, cookie_header, login_session_of
-from modelyard.front.principal import Principal, principal_of
+from modelyard.front.identity import accounts, tokens
+from modelyard.front.identity.auth import Auth, cookie_header, login_session_of
+from modelyard.front.identity.principal import Principal, principal_of
 from modelyard.front.state import read_json_object, state_of, validate
 
 

@@ -3,7 +3,7 @@
     POST /admin/models/{id}/load     {"keep_alive_s": 600}  (optional body)
     POST /admin/models/{id}/unload   waits for requests in flight, then unloads on every engine
     GET  /admin/engines              each engine: up, device memory, scheduler figures, models
-    POST /admin/reload               re-read the config file (front/reload.py); 400 names the
+    POST /admin/reload               re-read the config file (front/ops/reload.py); 400 names the
                                      field of an invalid one, which changes nothing
 """
 

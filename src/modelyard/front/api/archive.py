@@ -22,8 +22,8 @@ from starlette.responses import FileResponse, Response
 from starlette.routing import Route
 
 from modelyard.errors import InvalidRequest
-from modelyard.front.archive import KINDS, MAX_LIST, ArchiveStore
-from modelyard.front.principal import principal_of
+from modelyard.front.archive.store import KINDS, MAX_LIST, ArchiveStore
+from modelyard.front.identity.principal import principal_of
 from modelyard.front.state import state_of
 
 

@@ -32,7 +32,7 @@ from modelyard.embeddings_shapes import (
 )
 from modelyard.errors import ModelyardError, UpstreamError
 from modelyard.front.api.ollama import keep_alive_seconds
-from modelyard.front.proxy import passthrough_error
+from modelyard.front.dispatch.relay import passthrough_error
 from modelyard.front.state import (
     FrontState,
     read_json_object,

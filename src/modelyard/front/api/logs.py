@@ -1,4 +1,4 @@
-"""Live logs of the front, of each engine and of each model (admin; front/logs.py reads them).
+"""Live logs of the front, of each engine and of each model (admin; front/ops/logs.py reads them).
 
     GET /admin/logs?engine=&model=&after=&limit=
         {"source": name, "lines": [{"seq","ts","source","level","text"}], "next_after": seq,
@@ -28,11 +28,11 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from modelyard.errors import InvalidRequest, ModelyardError, RouteNotFound
-from modelyard.front.engines import EngineClient
-from modelyard.front.logs import FRONT, MAX_LIMIT, BufferLog, LogBuffer, LogLine
+from modelyard.front.engines.client import EngineClient
+from modelyard.front.ops.logs import FRONT, MAX_LIMIT, BufferLog, LogBuffer, LogLine
 from modelyard.front.state import FrontState, state_of
 
-log = logging.getLogger("modelyard.front.logs")
+log = logging.getLogger("modelyard.front.ops.logs")
 
 DEFAULT_LIMIT = 200
 KEEPALIVE_S = 15.0  # an idle stream says so this often: proxies keep it open, dead peers show

@@ -19,22 +19,22 @@ from starlette.routing import Route
 
 from modelyard import __version__
 from modelyard.errors import ModelyardError
-from modelyard.front import archive_capture
+from modelyard.front.archive import capture as archive_capture
 from modelyard.front.chat import pipeline, render
 from modelyard.front.chat.request import CHAT_PATH, ChatCall
-from modelyard.front.chat_shapes import check_openai_chat
-from modelyard.front.jobs import ACTIVE
-from modelyard.front.overview import overview
-from modelyard.front.principal import principal_of
-from modelyard.front.redact import client_diag, client_models, client_overview, client_status
+from modelyard.front.chat.shapes import check_openai_chat
+from modelyard.front.chat.tools.support import check_tools_for
+from modelyard.front.chat.vision import check_vision_for
+from modelyard.front.identity.principal import principal_of
+from modelyard.front.ops.jobs import ACTIVE
+from modelyard.front.ops.overview import overview
+from modelyard.front.ops.redact import client_diag, client_models, client_overview, client_status
 from modelyard.front.state import (
     read_json_object,
     request_priority,
     state_of,
     validate,
 )
-from modelyard.front.tool_support import check_tools_for
-from modelyard.front.vision_support import check_vision_for
 
 
 class NativeMessage(BaseModel):
@@ -86,7 +86,7 @@ async def chat(request: Request) -> Response:
 
 
 def _is_admin(request: Request) -> bool:
-    """Admins see the full reports; clients what front/redact.py keeps."""
+    """Admins see the full reports; clients what front/ops/redact.py keeps."""
     return principal_of(request).can("admin")
 
 

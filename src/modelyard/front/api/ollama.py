@@ -23,11 +23,14 @@ from starlette.routing import Route
 
 from modelyard import __version__
 from modelyard.errors import InvalidRequest
-from modelyard.front import archive_capture
+from modelyard.front.archive import capture as archive_capture
 from modelyard.front.chat import pipeline, render
 from modelyard.front.chat.request import CHAT_PATH, COMPLETION_PATH, ChatCall
-from modelyard.front.chat_shapes import check_ollama_chat, check_ollama_images
-from modelyard.front.session_relay import session_id_for
+from modelyard.front.chat.sessions.relay import session_id_for
+from modelyard.front.chat.shapes import check_ollama_chat, check_ollama_images
+from modelyard.front.chat.tools.support import check_tools_for, supports_tools
+from modelyard.front.chat.translate import now_rfc3339, ollama_messages_to_openai, rfc3339
+from modelyard.front.chat.vision import check_vision_for, supports_vision
 from modelyard.front.state import (
     FrontState,
     read_json_object,
@@ -35,9 +38,6 @@ from modelyard.front.state import (
     state_of,
     validate,
 )
-from modelyard.front.tool_support import check_tools_for, supports_tools
-from modelyard.front.translate import now_rfc3339, ollama_messages_to_openai, rfc3339
-from modelyard.front.vision_support import check_vision_for, supports_vision
 from modelyard.store.estimate import safetensors_params
 from modelyard.store.gguf import GgufError, GgufInfo, read_gguf_info
 from modelyard.store.registry import Entry

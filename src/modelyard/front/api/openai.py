@@ -2,8 +2,8 @@
 
 The request is validated here, then its bytes go to the backend unchanged and the answer comes
 back unchanged: the cheapest relay is the one that does not re-encode. (Only a request with
-modelyard's own `archive` field is re-encoded, without it; see front/archive_capture.py; and a
-chat in a server-side session, whose history is spliced in: front/session_relay.py.) Parsed
+modelyard's own `archive` field is re-encoded, without it; see front/archive/capture.py; and a
+chat in a server-side session, whose history is spliced in: front/chat/sessions/relay.py.) Parsed
 here into the chat pipeline's request (front/chat/pipeline.py), which runs it.
 """
 
@@ -18,10 +18,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from modelyard.front import archive_capture
+from modelyard.front.archive import capture as archive_capture
 from modelyard.front.chat import pipeline, render
 from modelyard.front.chat.request import CHAT_PATH, COMPLETION_PATH, ChatCall
-from modelyard.front.chat_shapes import check_openai_chat
+from modelyard.front.chat.shapes import check_openai_chat
+from modelyard.front.chat.tools.support import check_tools_for
+from modelyard.front.chat.vision import check_vision_for
 from modelyard.front.state import (
     FrontState,
     read_json_object,
@@ -29,8 +31,6 @@ from modelyard.front.state import (
     state_of,
     validate,
 )
-from modelyard.front.tool_support import check_tools_for
-from modelyard.front.vision_support import check_vision_for
 
 
 class _Request(BaseModel):

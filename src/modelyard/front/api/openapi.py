@@ -24,9 +24,9 @@ from starlette.routing import Route
 from modelyard import __version__
 from modelyard.embeddings_shapes import MAX_INPUTS
 from modelyard.front.api import accounts, admin, native, ollama, openai, pulls, services
-from modelyard.front.archive import KINDS, MAX_LIST
-from modelyard.front.auth import LOGIN_COOKIE, RouteClass, route_class
-from modelyard.front.logs import MAX_LIMIT
+from modelyard.front.archive.store import KINDS, MAX_LIST
+from modelyard.front.identity.auth import LOGIN_COOKIE, RouteClass, route_class
+from modelyard.front.ops.logs import MAX_LIMIT
 
 JSON = "application/json"
 SSE = "text/event-stream"
@@ -246,7 +246,7 @@ _ERRORS: dict[str, Schema] = {
 }
 _PUBLIC_SECURITY: list[dict[str, list[str]]] = []
 # A bearer token or the Web Studio's session cookie; `{}`: loopback with auth `auto` or `off`
-# needs neither on inference routes (front/auth.py decides).
+# needs neither on inference routes (front/identity/auth.py decides).
 _SECURITY: list[dict[str, list[str]]] = [{"bearer": []}, {"session": []}]
 _OPEN_SECURITY = [*_SECURITY, {}]
 

@@ -27,7 +27,7 @@ from starlette.routing import Route
 
 from modelyard import db
 from modelyard.errors import InvalidRequest, ModelNotFound, ModelyardError
-from modelyard.front.jobs import PullJobs
+from modelyard.front.ops.jobs import PullJobs
 from modelyard.front.state import FrontState, read_json_object, state_of, validate
 from modelyard.store.catalog import DiscoveredModel, scan_model_dirs
 from modelyard.store.registry import Entry

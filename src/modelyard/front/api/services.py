@@ -6,7 +6,7 @@ evicted what it had to first. The request body goes to the service byte for byte
 content-type (a multipart upload is never re-encoded: only its `model` field is read here), and
 the service's answer comes back unchanged: status, content-type and bytes, 4xx/5xx included.
 Errors modelyard raises itself on these routes use the native shape (see `PATH_PREFIXES`).
-A successful output is also archived, as it streams past (front/archive_capture.py), unless the
+A successful output is also archived, as it streams past (front/archive/capture.py), unless the
 request says `X-Modelyard-Archive: off`.
 """
 
@@ -22,8 +22,8 @@ from starlette.routing import Route
 
 from modelyard.config import ServiceKind, ServiceModel
 from modelyard.errors import InvalidRequest
-from modelyard.front import archive_capture
-from modelyard.front.proxy import RELAY_ERRORS, LeasedStream, Relay, broken_stream
+from modelyard.front.archive import capture as archive_capture
+from modelyard.front.dispatch.relay import RELAY_ERRORS, LeasedStream, Relay, broken_stream
 from modelyard.front.render import SERVICE_PATH_PREFIXES
 from modelyard.front.state import FrontState, read_json_object, request_priority, state_of
 from modelyard.store.registry import Entry

@@ -13,9 +13,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from modelyard.front.principal import principal_of
-from modelyard.front.session_relay import store_of
-from modelyard.front.sessions import valid_session_id
+from modelyard.front.chat.sessions.relay import store_of
+from modelyard.front.chat.sessions.store import valid_session_id
+from modelyard.front.identity.principal import principal_of
 
 
 def _json(payload: Any) -> Response:

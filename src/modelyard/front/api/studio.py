@@ -22,9 +22,9 @@ from starlette.responses import FileResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from modelyard.errors import RouteNotFound
-from modelyard.front.jobs import ACTIVE
-from modelyard.front.principal import principal_of
-from modelyard.front.redact import client_status
+from modelyard.front.identity.principal import principal_of
+from modelyard.front.ops.jobs import ACTIVE
+from modelyard.front.ops.redact import client_status
 from modelyard.front.state import FrontState, state_of
 
 STUDIO_DIR = Path(__file__).resolve().parent.parent / "studio"
@@ -85,7 +85,7 @@ def sse(event: str, payload: Any) -> bytes:
 async def events(request: Request) -> Response:
     state = state_of(request)
     # Pulls are admin business (/jobs is an admin route): others get an empty list, and the
-    # status a client sees on GET /status (front/redact.py: no pids, URLs, paths, errors).
+    # status a client sees on GET /status (front/ops/redact.py: no pids, URLs, paths, errors).
     is_admin = principal_of(request).can("admin")
 
     async def feed() -> AsyncIterator[bytes]:

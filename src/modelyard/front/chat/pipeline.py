@@ -2,11 +2,11 @@
 parsed request (front/chat/request.py) through here, and only frames the answer its own way
 (front/chat/render.py).
 
-In order: the MCP tool loop (when the chat opts in: front/tool_loop_http.py), the server-side
+In order: the MCP tool loop (when the chat opts in: front/chat/tools/http.py), the server-side
 session (its history spliced in, the turn committed as the answer passes:
-front/session_relay.py), the archive capture (when asked: front/archive_capture.py), the lease
+front/chat/sessions/relay.py), the archive capture (when asked: front/archive/capture.py), the lease
 and the relay (state.dispatch.open_relay; swap progress while a model loads:
-front/swap_progress.py), then the answer, streamed or whole.
+front/dispatch/swap_progress.py), then the answer, streamed or whole.
 
 Rules it keeps (DESIGN.md §3.3, §3.8, §3.13): a request that needs nothing read sends the
 client's bytes and relays the backend's unchanged (the OpenAI passthrough: no parse, no copy);
@@ -24,18 +24,10 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from modelyard.front import archive_capture, tool_loop_http
+from modelyard.front.archive import capture as archive_capture
 from modelyard.front.chat.render import Render
 from modelyard.front.chat.request import ChatCall
-from modelyard.front.proxy import (
-    ClientWatch,
-    LeasedStream,
-    Relay,
-    relay_raw,
-    translated_stream,
-    watched,
-)
-from modelyard.front.session_relay import (
+from modelyard.front.chat.sessions.relay import (
     begin_turn,
     commit_body,
     session_id_for,
@@ -43,16 +35,25 @@ from modelyard.front.session_relay import (
     tap_sse,
     tap_translated,
 )
+from modelyard.front.chat.tools import http as tool_loop_http
+from modelyard.front.chat.translate import Generation
+from modelyard.front.dispatch.relay import (
+    ClientWatch,
+    LeasedStream,
+    Relay,
+    relay_raw,
+    translated_stream,
+    watched,
+)
+from modelyard.front.dispatch.swap_progress import open_for_stream
 from modelyard.front.state import state_of
-from modelyard.front.swap_progress import open_for_stream
-from modelyard.front.translate import Generation
 
 
 async def answer(request: Request, call: ChatCall, render: Render) -> Response:
     """Run `call` upstream and answer it in `render`'s shapes."""
     state = state_of(request)
     fields = call.own_fields
-    # The server-side tool loop over MCP servers (front/tool_loop.py), when the chat opts in.
+    # The server-side tool loop over MCP servers (front/chat/tools/loop.py), when the chat opts in.
     if call.chat and render.tool_loop is not None and (loop := tool_loop_http.tool_loop_for(
             request, call.payload, call.model, api=call.api, stream=call.stream,
             fields=fields)) is not None:  # fmt: skip

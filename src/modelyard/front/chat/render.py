@@ -19,12 +19,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from modelyard.errors import ModelyardError
-from modelyard.front import tool_loop_http
 from modelyard.front.chat.request import ChatCall
+from modelyard.front.chat.tools import http as tool_loop_http
+from modelyard.front.chat.tools.loop import ToolLoop
+from modelyard.front.chat.translate import Generation, now_rfc3339
 from modelyard.front.sse import sse_event
 from modelyard.front.state import upstream_message
-from modelyard.front.tool_loop import ToolLoop
-from modelyard.front.translate import Generation, now_rfc3339
 
 ToolLoopAnswer = Callable[[Request, ToolLoop, str, bool], Awaitable[Response]]
 
@@ -36,7 +36,7 @@ class Render:
     # True: the backend's OpenAI bytes go to the client unchanged; False: the answer is read
     # into a Generation and re-framed by `text`, `done` and `whole`.
     passthrough = False
-    # The MCP tool loop's answer in this API's shapes (front/tool_loop_http.py); None: the API
+    # The MCP tool loop's answer in this API's shapes (front/chat/tools/http.py); None: the API
     # offers no tool loop.
     tool_loop: ToolLoopAnswer | None = None
 

@@ -33,7 +33,7 @@ class ChatCall:
     body: bytes | None = None
     # The request's own fields, where `session_id` (and the tool loop's archive ask) are read.
     fields: dict[str, Any] | None = None
-    archive: object = None  # the `archive` field's value (front/archive_capture.py)
+    archive: object = None  # the `archive` field's value (front/archive/capture.py)
     keep_alive_s: float | None = None  # None: the configured default
     priority: int = 0  # X-Modelyard-Priority
     # A conversation: it may run in a server-side session and use the MCP tool loop. False

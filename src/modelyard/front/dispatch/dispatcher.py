@@ -20,15 +20,15 @@ from starlette.requests import Request
 
 from modelyard import metrics
 from modelyard.config import EngineSpec, Settings
-from modelyard.engine import scheduler
 from modelyard.errors import ClientClosedRequest, EngineUnavailable, ModelyardError, UpstreamError
 from modelyard.front.catalog import Catalog
-from modelyard.front.engines import EngineClient
-from modelyard.front.presets import apply_preset_bytes
-from modelyard.front.proxy import Relay, send_upstream
-from modelyard.front.queueing import Limits, ModelQueues
-from modelyard.front.routing import EngineView, pick_engine, view_from_status
-from modelyard.front.session_kv import SessionKv, SlotKv
+from modelyard.front.chat.presets import apply_preset_bytes
+from modelyard.front.chat.sessions.kv import SessionKv, SlotKv
+from modelyard.front.dispatch.queueing import Limits, ModelQueues
+from modelyard.front.dispatch.relay import Relay, send_upstream
+from modelyard.front.dispatch.routing import EngineView, pick_engine, view_from_status
+from modelyard.front.engines.client import EngineClient
+from modelyard.placement import policy as scheduler
 from modelyard.store.estimate import MemoryEstimate, estimate_model, serving_bytes
 from modelyard.store.registry import Entry
 from modelyard.types import Lease
@@ -54,9 +54,9 @@ class Dispatcher:
         session_kv: SessionKv,
     ) -> None:
         self.catalog = catalog  # the settings and models in force (a reload replaces them)
-        self.provider = provider  # which engines there are (front/engine_provider.py)
+        self.provider = provider  # which engines there are (front/engines/provider.py)
         self.upstream = upstream
-        self.session_kv = session_kv  # chat sessions' KV slots (front/session_kv.py)
+        self.session_kv = session_kv  # chat sessions' KV slots (front/chat/sessions/kv.py)
         # (engine, model) → upstream when last granted: where to send before the grant
         # confirms it, and the routing hint "already resident".
         self.upstreams: dict[tuple[str, str], str] = {}
@@ -211,7 +211,7 @@ class Dispatcher:
         queue slot. With `client`, a client that disconnects while the request waits (in the
         queue, for a load) takes it out of the queue at once; `on_progress` hears what a load
         it waits for does (swap progress); `session_kv`: the slot a session turn restores
-        before it is sent and saves after (front/session_kv.py)."""
+        before it is sent and saves after (front/chat/sessions/kv.py)."""
         call = Call(path, payload, content_type, keep_alive_s, priority, on_progress, session_kv)
         entry = await self.catalog.resolve(model)
         if entry.preset is not None and call.content_type == "application/json":

@@ -94,7 +94,7 @@ class TransformersBackend:
     async def _load(self) -> Starlette:
         """Weights into memory (in a thread), then the app that serves them."""
         # torch's first import takes seconds: in a thread, so that the engine's loop keeps
-        # answering its front's heartbeat meanwhile (front/lease_client.py).
+        # answering its front's heartbeat meanwhile (front/engines/lease_client.py).
         await asyncio.to_thread(importlib.import_module, _GENERATOR)
         from modelyard.engine.backends.transformers.embedder import Embedder, is_embedding_repo
         from modelyard.engine.backends.transformers.embeddings_api import embeddings_handler

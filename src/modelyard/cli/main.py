@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from modelyard import __version__
-from modelyard.cli_status import size
+from modelyard.cli.status import size
 from modelyard.config import Settings, load_settings
 from modelyard.request_ids import handler_setup
 
@@ -106,7 +106,7 @@ def serve(
     except (FileNotFoundError, ValueError) as exc:
         err_console.print(f"[red]config error:[/red] {exc}")
         raise typer.Exit(2) from exc
-    from modelyard.front.auth import check_bind
+    from modelyard.front.identity.auth import check_bind
 
     try:
         check_bind(settings)
@@ -144,7 +144,7 @@ def serve(
 
     from modelyard import db, metrics
     from modelyard.front.app import create_app
-    from modelyard.front.drain import Drain
+    from modelyard.front.dispatch.drain import Drain
     from modelyard.store.registry import ModelRegistry
 
     metrics.setup_multiprocess(settings.home)  # before anything records; engines inherit it
@@ -175,7 +175,7 @@ def _home() -> Path:
 
 def auth_headers() -> dict[str, str]:
     """The CLI authenticates with MODELYARD_TOKEN, else the admin token first boot wrote."""
-    from modelyard.front.tokens import read_cli_token
+    from modelyard.front.identity.tokens import read_cli_token
 
     token = read_cli_token(_home())
     return {"Authorization": f"Bearer {token}"} if token else {}
@@ -276,7 +276,7 @@ def reload(url: UrlOption = DEFAULT_URL) -> None:
 def ps(url: UrlOption = DEFAULT_URL) -> None:
     """Show engines with their device memory, the models loaded, services, queues, pulls and
     recent swaps (GET /v1/status)."""
-    from modelyard.cli_status import render
+    from modelyard.cli.status import render
 
     try:
         view = _get(url, "/v1/status")
@@ -295,7 +295,7 @@ def top(
     """A live view of `ps`, refreshed every INTERVAL seconds (Ctrl-C quits)."""
     from rich.live import Live
 
-    from modelyard.cli_status import render
+    from modelyard.cli.status import render
 
     def frame() -> Any:
         try:
@@ -485,8 +485,8 @@ def version() -> None:
 
 
 def _register_account_commands() -> None:
-    from modelyard.cli_accounts import tokens_app, users_app
-    from modelyard.cli_db import db_app
+    from modelyard.cli.accounts import tokens_app, users_app
+    from modelyard.cli.db import db_app
 
     app.add_typer(users_app, name="users")
     app.add_typer(tokens_app, name="tokens")

@@ -56,9 +56,9 @@ from modelyard.errors import (
     Unauthorized,
     UnsupportedMediaType,
 )
-from modelyard.front import accounts, tokens
-from modelyard.front.login_throttle import LoginThrottle
-from modelyard.front.principal import ANONYMOUS_ADMIN, ANONYMOUS_INFERENCE, Principal
+from modelyard.front.identity import accounts, tokens
+from modelyard.front.identity.login_throttle import LoginThrottle
+from modelyard.front.identity.principal import ANONYMOUS_ADMIN, ANONYMOUS_INFERENCE, Principal
 from modelyard.front.render import error_response
 
 # The web login's cookie. Its name (and the signing salt below) keep the word "session" that

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from modelyard.front.chat.translate import Generation
 from modelyard.front.sse import DONE, LineSplitter, readable_events
-from modelyard.front.translate import Generation
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The server-side tool loop (front/tool_loop.py) as the OpenAI chat route answers it.
+"""The server-side tool loop (front/chat/tools/loop.py) as the OpenAI chat route answers it.
 
 Streaming: each tool call shows as a chat chunk whose delta carries `reasoning_content` (`→
 add({"a":2})` when it starts, `← 5` when it returns) and the structured `x_modelyard_tool_round`
@@ -18,14 +18,20 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from modelyard.errors import InvalidRequest, ModelyardError
-from modelyard.front import archive_capture
+from modelyard.front.archive import capture as archive_capture
+from modelyard.front.chat.sessions.relay import begin_turn, commit_body, session_id_for, tagged
+from modelyard.front.chat.tools.loop import (
+    Final,
+    RoundEvent,
+    ToolLoop,
+    mcp_servers_of,
+    unknown_servers,
+)
+from modelyard.front.chat.translate import now_rfc3339
 from modelyard.front.dispatch.dispatcher import unless_disconnected
-from modelyard.front.proxy import Relay
-from modelyard.front.session_relay import begin_turn, commit_body, session_id_for, tagged
+from modelyard.front.dispatch.relay import Relay
 from modelyard.front.sse import sse_event
 from modelyard.front.state import FrontState, request_priority, state_of
-from modelyard.front.tool_loop import Final, RoundEvent, ToolLoop, mcp_servers_of, unknown_servers
-from modelyard.front.translate import now_rfc3339
 from modelyard.metrics import stream_failed
 
 TRACE_FIELD = "x_modelyard_tool_rounds"

@@ -7,7 +7,7 @@ here, before anything is leased or loaded, it is a 400 `invalid_request` whose `
 field. Plain functions over the parsed JSON rather than pydantic models: an error then names the
 field as the client wrote it (a pydantic union names its branches), and a request without parts
 or tools costs a few dict lookups. Unknown part and tool types pass: a backend may know them (an
-MCP tool entry is the tool loop's, front/tool_loop.py).
+MCP tool entry is the tool loop's, front/chat/tools/loop.py).
 """
 
 from __future__ import annotations

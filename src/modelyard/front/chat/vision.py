@@ -4,9 +4,9 @@ llama-server answers an image sent to a model loaded without its projector with 
 input is not supported"), which clients retry; the transformers backend would drop the image
 and answer as if it had seen none. So a chat carrying images for a model that cannot read them is
 refused here, a 400 `vision_unsupported`, before a lease is taken (nothing loads for it).
-Order, as for tools (front/tool_support.py): the model's explicit `vision` setting wins; llama.cpp
-can when it is given a projector (`mmproj`, or `--mmproj` in its own argv); any OpenAI server can
-(the server decides); transformers and services cannot.
+Order, as for tools (front/chat/tools/support.py): the model's explicit `vision` setting wins;
+llama.cpp can when it is given a projector (`mmproj`, or `--mmproj` in its own argv); any OpenAI
+server can (the server decides); transformers and services cannot.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 from modelyard.config import LlamaCppModel, OpenAIServerModel
 from modelyard.errors import VisionUnsupported
-from modelyard.front.chat_shapes import has_images
+from modelyard.front.chat.shapes import has_images
 
 _PROJECTOR_FLAGS = ("--mmproj", "-mm", "--mmproj-url", "-mmu")
 

@@ -4,7 +4,7 @@ provider and its supervisor), DESIGN.md §2.
 
 - `InProcessEngines` (`--single-process`): engines in this process, `LocalEngineClient` each.
 - `LocalEngines` (`modelyard serve`): one supervised engine process per GPU (one CPU engine when
-  there is none), `HttpEngineClient` each (front/supervisor.py restarts them).
+  there is none), `HttpEngineClient` each (front/engines/supervisor.py restarts them).
 
 Both address engines by name and publish a new `EngineSet` whenever one is added, removed, or
 found up or down; `add` and `remove` change the set while the front runs.
@@ -23,10 +23,15 @@ from pydantic import BaseModel
 
 from modelyard.config import Settings
 from modelyard.errors import InvalidRequest
-from modelyard.front.drain import Abortable
-from modelyard.front.engines import EngineClient, HttpEngineClient
-from modelyard.front.logs import BufferLog, LogBuffer
-from modelyard.front.supervisor import EnginePlan, EngineSupervisor, engine_log_path, plan_engines
+from modelyard.front.dispatch.drain import Abortable
+from modelyard.front.engines.client import EngineClient, HttpEngineClient
+from modelyard.front.engines.supervisor import (
+    EnginePlan,
+    EngineSupervisor,
+    engine_log_path,
+    plan_engines,
+)
+from modelyard.front.ops.logs import BufferLog, LogBuffer
 from modelyard.hw.simulated import parse_simulated_gpus
 from modelyard.hw.smi import query_gpus
 from modelyard.proc.logfile import FileLog
@@ -43,7 +48,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ChildProcess", "InProcessEngines", "LocalEngineClient", "LocalEngines", "count_gpus"]
 
-log = logging.getLogger("modelyard.front.engines")
+log = logging.getLogger("modelyard.front.engines.client")
 
 
 def count_gpus(settings: Settings) -> int:
@@ -210,7 +215,7 @@ class InProcessEngines(_Published):
         if client.name in self._clients:
             raise InvalidRequest(f"there is an engine '{client.name}' already")
         if self.log_buffer is not None and self.log_buffer.engine_source is None:
-            # Its records go to this process's ring (front/logs.py): the first engine's.
+            # Its records go to this process's ring (front/ops/logs.py): the first engine's.
             self.log_buffer.engine_source = client.name
             client.own_log = BufferLog(self.log_buffer, client.name)
         engine.start()
@@ -236,7 +241,7 @@ class InProcessEngines(_Published):
 
 
 class LocalEngines(_Published):
-    """One supervised engine process per GPU (front/supervisor.py), on this machine."""
+    """One supervised engine process per GPU (front/engines/supervisor.py), on this machine."""
 
     def __init__(self, settings: Settings, *, config_file: Path | None = None,
                  gpu_count: int | None = None) -> None:

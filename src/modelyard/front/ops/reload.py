@@ -25,7 +25,7 @@ from modelyard.config import Settings, default_config_file, load_settings
 from modelyard.errors import InvalidRequest, ModelyardError
 from modelyard.front.catalog import Catalog
 from modelyard.front.dispatch.dispatcher import Dispatcher
-from modelyard.front.engines import EngineClient
+from modelyard.front.engines.client import EngineClient
 from modelyard.store.config_diff import diff_specs, keep_running, restart_required, spec_views
 from modelyard.store.registry import ModelRegistry
 

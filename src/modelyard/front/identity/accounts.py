@@ -20,7 +20,7 @@ from argon2.exceptions import InvalidHashError, VerificationError
 
 from modelyard import db
 from modelyard.errors import Conflict, InvalidRequest, ModelyardError
-from modelyard.front import tokens
+from modelyard.front.identity import tokens
 
 ADMIN = "admin"
 MIN_PASSWORD_LENGTH = 8

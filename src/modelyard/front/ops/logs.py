@@ -4,7 +4,7 @@ Where each source's lines are:
 - the front: an in-memory ring of its own logging records (`LogBuffer`, a bounded deque fed by a
   logging handler on the root logger while the app runs);
 - an engine process: the file its supervisor points its stdout and stderr at, read by its
-  provider (front/engine_provider.py) through `EngineClient.read_log(None, …)`, so that lines are
+  provider (front/engines/provider.py) through `EngineClient.read_log(None, …)`, so that lines are
   there while the engine is down; an engine inside the front (--single-process) logs into the
   same ring, tagged as engine records by logger name (`modelyard.engine…`);
 - a model's child server (llama-server, vLLM, any OpenAI server, the test fake): served by the

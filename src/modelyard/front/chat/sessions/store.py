@@ -8,7 +8,7 @@ After a successful answer the turn is committed: the request's messages and the 
 reply (its content, and its `tool_calls` if any) become the history. A failed answer (an error
 status, an in-band error, a client that left mid-stream) stores nothing of that turn.
 
-Splicing rules: `front/session_splice.py`.
+Splicing rules: `front/chat/sessions/splice.py`.
 
 A session is bound to the model of its first turn: a request naming another model is a 409
 `conflict` (param `model`): the history was produced by, and is cached for, that model. Start a
@@ -19,7 +19,7 @@ Bounds (config: `chat_session_*`): at most `chat_session_max_count` sessions and
 `chat_session_max_bytes` loses its oldest turns (system messages stay; a single turn over the
 bound drops the session); a session idle for `chat_session_ttl_s` expires (checked on access and
 by a periodic sweep). With `chat_session_persist` the sessions are written (behind, by one writer
-task; flushed at shutdown) to the SQLite table `chat_sessions` (`front/session_db.py`) and
+task; flushed at shutdown) to the SQLite table `chat_sessions` (`front/chat/sessions/db.py`) and
 reloaded at start.
 
 Ownership: a session belongs to the caller's user (anonymous callers share one owner, `""`);
@@ -47,11 +47,11 @@ import sqlalchemy as sa
 from modelyard import metrics
 from modelyard.config import Settings
 from modelyard.errors import Conflict, InvalidRequest, SessionNotFound
-from modelyard.front import session_db
-from modelyard.front.principal import Principal
-from modelyard.front.session_answer import Answer, TurnStats
-from modelyard.front.session_kv import SlotKv
-from modelyard.front.session_splice import leading_system, splice
+from modelyard.front.chat.sessions import db as session_db
+from modelyard.front.chat.sessions.answer import Answer, TurnStats
+from modelyard.front.chat.sessions.kv import SlotKv
+from modelyard.front.chat.sessions.splice import leading_system, splice
+from modelyard.front.identity.principal import Principal
 
 log = logging.getLogger("modelyard.sessions")
 
@@ -112,7 +112,7 @@ class ChatSession:
     cache_hits: int = 0  # turns whose prompt reused cached tokens
     cached_tokens_total: int = 0
     last_turns: list[TurnStats] = field(default_factory=list)  # most recent last
-    extra: dict[str, Any] = field(default_factory=dict)  # for KV reuse (front/session_kv.py)
+    extra: dict[str, Any] = field(default_factory=dict)  # for KV reuse (front/chat/sessions/kv.py)
 
     @property
     def tokens(self) -> int | None:

@@ -21,7 +21,7 @@ from rich.table import Table
 from modelyard import db
 from modelyard.config import load_settings
 from modelyard.errors import ModelyardError
-from modelyard.front import accounts, tokens
+from modelyard.front.identity import accounts, tokens
 
 console = Console()
 err_console = Console(stderr=True)

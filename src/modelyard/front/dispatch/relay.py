@@ -22,8 +22,8 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from modelyard.errors import ClientClosedRequest, ModelyardError, UpstreamError
-from modelyard.front.drain import track_relay
-from modelyard.front.engines import EngineClient
+from modelyard.front.dispatch.drain import track_relay
+from modelyard.front.engines.client import EngineClient
 from modelyard.front.sse import DONE, read_event
 from modelyard.metrics import note_opened, stream_failed
 from modelyard.request_ids import outgoing_headers

@@ -32,7 +32,7 @@ import sqlalchemy as sa
 from modelyard import db
 from modelyard.config import ArchiveRetention, Settings
 from modelyard.errors import ArchiveItemNotFound, InvalidRequest
-from modelyard.front.principal import Principal
+from modelyard.front.identity.principal import Principal
 
 log = logging.getLogger("modelyard.archive")
 

@@ -15,8 +15,8 @@ group, and each would die anyway by PR_SET_PDEATHSIG when the engine does.
 Each start gets a fresh random secret (DESIGN.md §3.12), in the engine's environment
 ($MODELYARD_ENGINE_SECRET, readable only by this user; never its command line, which everyone can
 read): the engine refuses any HTTP request or lease channel without it. Between probes, the lease
-channel's heartbeat (`engine_heartbeat_timeout_s`, front/lease_client.py) finds a silent engine
-within seconds and marks it down; the probes still decide when it is killed.
+channel's heartbeat (`engine_heartbeat_timeout_s`, front/engines/lease_client.py) finds a silent
+engine within seconds and marks it down; the probes still decide when it is killed.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import httpx
 from modelyard import metrics
 from modelyard.config import EngineSpec, Settings
 from modelyard.errors import EngineProtocolMismatch
-from modelyard.front.engines import HttpEngineClient
+from modelyard.front.engines.client import HttpEngineClient
 from modelyard.proc.ports import LOOPBACK, free_port
 from modelyard.proc.process import ChildProcess
 from modelyard.proc.readiness import NotReady, wait_ready

@@ -17,8 +17,8 @@ from typing import Any
 from starlette.responses import Response, StreamingResponse
 
 from modelyard.errors import ModelyardError, UpstreamError
-from modelyard.front import drain
-from modelyard.front.proxy import Relay
+from modelyard.front.dispatch import drain
+from modelyard.front.dispatch.relay import Relay
 from modelyard.front.state import upstream_message
 from modelyard.metrics import counting_errors
 

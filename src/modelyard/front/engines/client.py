@@ -2,7 +2,7 @@
 channel.
 
 The rest of the front only sees `EngineClient` (wire/engines.py), so `--single-process` (its
-client: front/engine_provider.py `LocalEngineClient`), engine subprocesses and (in a later step)
+client: front/engines/provider.py `LocalEngineClient`), engine subprocesses and (in a later step)
 Ray actors are interchangeable. Releasing a lease never awaits, so it is safe in the `finally` of
 a cancelled scope (client disconnect).
 
@@ -28,8 +28,8 @@ import orjson
 from pydantic import BaseModel
 
 from modelyard.errors import EngineUnavailable, ModelyardError, from_native_body
-from modelyard.front.drain import Abortable
-from modelyard.front.lease_client import LeaseClient
+from modelyard.front.dispatch.drain import Abortable
+from modelyard.front.engines.lease_client import LeaseClient
 from modelyard.serving import ENGINE_CLIENT_KEEPALIVE_S
 from modelyard.types import Lease
 from modelyard.wire.engines import EngineClient, SlotAction
@@ -40,7 +40,7 @@ from modelyard.wire.status import EngineStatus
 
 ENGINE_RETRY_AFTER_S = 2.0
 
-log = logging.getLogger("modelyard.front.engines")
+log = logging.getLogger("modelyard.front.engines.client")
 
 
 class HttpEngineClient:

@@ -31,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from modelyard.errors import InvalidRequest
-from modelyard.front.archive import (
+from modelyard.front.archive.store import (
     ArchiveStore,
     NewItem,
     effective_retention,
@@ -39,10 +39,10 @@ from modelyard.front.archive import (
     new_item_id,
     parse_retention,
 )
-from modelyard.front.principal import principal_of
+from modelyard.front.chat.translate import Generation, rfc3339
+from modelyard.front.identity.principal import principal_of
 from modelyard.front.sse import DONE, readable_events
 from modelyard.front.state import state_of
-from modelyard.front.translate import Generation, rfc3339
 
 HEADER = "x-modelyard-archive"
 ID_HEADER = "X-Modelyard-Archive-Id"  # the id a chat transcript will be saved under

@@ -1,9 +1,10 @@
-"""How the chat APIs use server-side sessions (front/sessions.py) on their way to a backend.
+"""How the chat APIs use server-side sessions (front/chat/sessions/store.py) on their way to a
+backend.
 
 A request without a session (no `session_id` field, no `X-Session-Id` header) never gets here
 past `session_id_for`, which only looks: its bytes go upstream unchanged. A session turn's
 upstream body is `Turn.body` (the history spliced with the new messages, plus the backend's KV
-hints: front/session_kv.py); the answer is read as it
+hints: front/chat/sessions/kv.py); the answer is read as it
 passes, and the turn is committed before the client sees the end of the answer (the `[DONE]` event,
 Ollama's `done` message, or the whole body), so a client that sends its next turn at once finds
 this one stored.
@@ -19,10 +20,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from modelyard.errors import InvalidRequest
-from modelyard.front.principal import principal_of
-from modelyard.front.session_answer import Answer, SseAnswer
-from modelyard.front.session_kv import session_key
-from modelyard.front.sessions import (
+from modelyard.front.chat.sessions.answer import Answer, SseAnswer
+from modelyard.front.chat.sessions.kv import session_key
+from modelyard.front.chat.sessions.store import (
     BODY_FIELD,
     HEADER,
     RESPONSE_HEADER,
@@ -31,6 +31,7 @@ from modelyard.front.sessions import (
     owner_of,
     requested_session_id,
 )
+from modelyard.front.identity.principal import principal_of
 from modelyard.front.state import state_of
 
 
@@ -90,8 +91,8 @@ def tap_sse(turn: Turn, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
 def tap_translated(
     turn: Turn, absorb: Callable[[dict[str, Any]], str], on_done: Callable[[], bytes]
 ) -> tuple[Callable[[dict[str, Any]], str], Callable[[], bytes]]:
-    """For a stream translated to another API (front/proxy.py `translated_stream`): `absorb`
-    that also reads the answer, and `on_done` that commits the turn before the closing
+    """For a stream translated to another API (front/dispatch/relay.py `translated_stream`):
+    `absorb` that also reads the answer, and `on_done` that commits the turn before the closing
     message is made."""
     answer = Answer()
 

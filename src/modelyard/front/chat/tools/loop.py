@@ -29,12 +29,12 @@ import orjson
 
 from modelyard.config import Settings
 from modelyard.errors import UpstreamError
-from modelyard.front.mcp_client import McpHub, McpUnavailable, ToolResult
-from modelyard.front.proxy import Relay
+from modelyard.front.chat.tools.mcp import McpHub, McpUnavailable, ToolResult
+from modelyard.front.dispatch.relay import Relay
 
 if TYPE_CHECKING:
-    from modelyard.front.archive_capture import ChatCapture
-    from modelyard.front.sessions import Turn
+    from modelyard.front.archive.capture import ChatCapture
+    from modelyard.front.chat.sessions.store import Turn
 
 SUMMARY_CHARS = 200  # a tool result is shown to the client up to this long
 
@@ -105,7 +105,7 @@ class ToolLoop:
         self.hub, self.settings, self.data, self.servers = hub, settings, data, servers
         self.routes: dict[str, tuple[str, str]] = {}  # offered name -> (server, tool name)
         self.on_answer: list[OnAnswer] = []  # a chat session stores the turn, the archive saves
-        self.turn: Turn | None = None  # that session's turn (front/session_relay.py)
+        self.turn: Turn | None = None  # that session's turn (front/chat/sessions/relay.py)
         self.capture: ChatCapture | None = None  # the transcript to archive, when asked
         self.messages: list[dict[str, Any]] = []  # the conversation so far, rounds included
 

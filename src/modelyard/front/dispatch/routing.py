@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from modelyard.engine import scheduler
+from modelyard.placement import policy as scheduler
 from modelyard.placement import view as placement
 from modelyard.wire.status import EngineStatus
 

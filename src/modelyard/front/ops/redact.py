@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from modelyard.front.overview import overview
+from modelyard.front.ops.overview import overview
 
 _ENGINE_FIELDS = ("name", "up", "engine", "started_at", "paused", "scheduler")
 _DEVICE_FIELDS = ("index", "kind", "name", "total_bytes", "used_bytes", "free_bytes",

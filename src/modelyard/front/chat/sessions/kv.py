@@ -38,7 +38,7 @@ from typing import Any
 import orjson
 
 from modelyard.config import LlamaCppModel, OpenAIServerModel, TransformersModel
-from modelyard.front.engines import EngineClient
+from modelyard.front.engines.client import EngineClient
 
 log = logging.getLogger(__name__)
 
