@@ -22,6 +22,7 @@ from starlette.testclient import TestClient
 from modelyard import metrics
 from modelyard.errors import ModelLoadFailed, ModelyardError, QueueFull, UpstreamError
 from modelyard.front.ops.metrics import RequestMetrics, exposition, readings
+from modelyard.wire.status import EngineReport
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 
@@ -192,7 +193,7 @@ def test_load_outcomes() -> None:
 # ---- readings from a canned /status -------------------------------------------------------------
 
 GIB = 2**30
-STATUSES: list[dict[str, Any]] = [
+STATUSES: list[dict[str, Any]] = [  # GET /status's engines, as the front lists them
     {
         "name": "engine-0", "up": True, "engine": 0, "pid": 123, "paused": None,
         "device": {"kind": "cuda", "name": "NVIDIA H100", "total_bytes": 80 * GIB,
@@ -210,6 +211,7 @@ STATUSES: list[dict[str, Any]] = [
     },
     {"name": "engine-1", "up": False, "error": "engine-1 is not available (down)"},
 ]
+REPORTS = [EngineReport.from_json(s) for s in STATUSES]  # decoded as the front does
 
 
 def scraped(families: list[Any]) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -222,7 +224,7 @@ def scraped(families: list[Any]) -> dict[tuple[str, frozenset[tuple[str, str]]],
 
 def test_readings_from_a_canned_status() -> None:
     queues = {"a": {"queued": 3, "running": 2}}
-    got = scraped(list(readings(STATUSES, queues, {"queued": 1, "running": 0})))
+    got = scraped(list(readings(REPORTS, queues, {"queued": 1, "running": 0})))
 
     def value(name: str, **labels: str) -> float | None:
         return got.get((name, frozenset(labels.items())))
@@ -253,7 +255,7 @@ def test_readings_from_a_canned_status() -> None:
 
 
 def test_every_reading_is_a_defined_gauge() -> None:
-    for family in readings(STATUSES, {"a": {"queued": 0, "running": 0}}, {"queued": 0}):
+    for family in readings(REPORTS, {"a": {"queued": 0, "running": 0}}, {"queued": 0}):
         spec = metrics.SPEC_BY_NAME[family.name]
         assert spec.kind == "gauge" and not spec.recorded
 

@@ -7,13 +7,21 @@ from typing import Any
 import pytest
 
 from modelyard.front.dispatch import routing
-from modelyard.front.dispatch.routing import EngineView, pick_engine, view_from_status
+from modelyard.front.dispatch.routing import EngineView, pick_engine
 from modelyard.placement.policy import Want
+from modelyard.wire.status import EngineStatus
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 
 GiB = 2**30
 TOTAL = 8 * GiB
+
+
+def view_from_status(
+    name: str, status: dict[str, Any], want: Want, queued: int = 0
+) -> EngineView:
+    """routing.view_from_status on a canned /status body, decoded as the engine client does."""
+    return routing.view_from_status(name, EngineStatus.from_json(status), want, queued)
 
 
 def M(

@@ -127,8 +127,8 @@ def create_app(
             archive = ArchiveStore.for_settings(settings, identity.db)
             await archive.start()  # and its sweeper; stopped before the database closes
             stack.push_async_callback(archive.stop)
-            sessions = SessionStore.for_settings(settings, identity.db)
-            sessions.on_drop = session_kv.drop_session
+            sessions = SessionStore.for_settings(settings, identity.db,
+                                                 on_drop=session_kv.drop_session)
             await sessions.start()  # reloads persisted ones; stopped (and flushed) first
             stack.push_async_callback(sessions.stop)
             reloader = ConfigReloader(catalog, dispatch, config_file)  # POST /admin/reload

@@ -7,9 +7,8 @@ Engines that are down or cannot run the model's format are never chosen.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from modelyard.placement import policy as scheduler
 from modelyard.placement import view as placement
@@ -53,16 +52,14 @@ def pick_engine(
 
 def view_from_status(
     name: str,
-    status: EngineStatus | Mapping[str, Any],
+    status: EngineStatus,
     want: scheduler.Want,
     queued: int = 0,
 ) -> EngineView:
     """What routing needs to know of an engine, from its /status snapshot: whether `want` is
     resident there, and how many evictions loading it would take: the engine's own decision,
     made by the same builder and policy on the same fields (placement/view.py). An engine where
-    it can never fit is incompatible. (A mapping is the snapshot's JSON, decoded here.)"""
-    if not isinstance(status, EngineStatus):
-        status = EngineStatus.from_json(status)
+    it can never fit is incompatible."""
     resident = frozenset(m.model for m in status.models if m.resident)
     decision = placement.plan_from_status(status, want)
     compatible = not isinstance(decision, scheduler.NoFit)

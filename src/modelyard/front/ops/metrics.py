@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from starlette.requests import Request
@@ -80,12 +80,11 @@ class RequestMetrics:
 
 
 def readings(
-    statuses: Iterable[EngineReport | Mapping[str, Any]],
+    statuses: Iterable[EngineReport],
     queues: dict[str, dict[str, Any]],
     pulls: dict[str, int],
 ) -> Iterator[Any]:
-    """Gauge families for the scrape: engines (from their /status), the front's queues, pulls.
-    (An engine given as a mapping is its entry of GET /status, decoded here.)"""
+    """Gauge families for the scrape: engines (from their /status), the front's queues, pulls."""
     from prometheus_client.core import GaugeMetricFamily
 
     made: dict[str, GaugeMetricFamily] = {}
@@ -100,8 +99,6 @@ def readings(
         family.add_metric(list(labels), float(value))
 
     for report in statuses:
-        if not isinstance(report, EngineReport):
-            report = EngineReport.from_json(report)
         name = report.name
         add("modelyard_engine_up", [name], 1 if report.up else 0)
         reported = report.status

@@ -194,6 +194,7 @@ class SessionStore:
         sweep_interval_s: float = 60.0,
         database: sa.Engine | None = None,
         clock: Callable[[], float] = time.time,
+        on_drop: Callable[[str, str], None] | None = None,
     ) -> None:
         self.max_count = max_count
         self.max_bytes = max_bytes
@@ -210,10 +211,15 @@ class SessionStore:
         self._closing = False
         self._tasks: list[asyncio.Task[None]] = []
         # Told (owner, id) of each session that is dropped: its KV files go too.
-        self.on_drop: Callable[[str, str], None] | None = None
+        self.on_drop = on_drop
 
     @classmethod
-    def for_settings(cls, settings: Settings, database: sa.Engine | None) -> SessionStore:
+    def for_settings(
+        cls,
+        settings: Settings,
+        database: sa.Engine | None,
+        on_drop: Callable[[str, str], None] | None = None,
+    ) -> SessionStore:
         return cls(
             max_count=settings.chat_session_max_count,
             max_bytes=settings.chat_session_max_bytes,
@@ -221,6 +227,7 @@ class SessionStore:
             ttl_s=settings.chat_session_ttl_s,
             sweep_interval_s=settings.chat_session_sweep_interval_s,
             database=database if settings.chat_session_persist else None,
+            on_drop=on_drop,
         )
 
     def __len__(self) -> int:
