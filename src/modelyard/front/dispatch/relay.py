@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import aiohttp
 import orjson
@@ -241,6 +241,8 @@ async def relay_raw(
         async for chunk in relay.iter_chunks():
             yield chunk
     except RELAY_ERRORS as exc:
+        if left := unread_bytes(relay.response.content):
+            yield left  # what the backend sent before it broke is the client's too
         yield on_error(stream_failed(broken_stream(relay.lease, exc)))
     except ModelyardError as exc:  # aborted (shutdown)
         yield on_error(stream_failed(exc))
@@ -260,20 +262,54 @@ async def iter_sse_json(relay: Relay) -> AsyncIterator[dict[str, Any]]:
     """The JSON payloads of an upstream SSE stream, up to `[DONE]`."""
     try:
         async for raw in relay.response.content:
-            try:
-                event = read_event(raw)
-            except orjson.JSONDecodeError as exc:
-                raise UpstreamError(f"backend sent an unreadable event: {raw[:120]!r}") from exc
+            event = _sse_event(relay, raw)
             if event == DONE:
                 return
             if event is not None:
-                if "error" in event:
-                    err = event["error"]
-                    message = err.get("message") if isinstance(err, dict) else str(err)
-                    raise UpstreamError(f"backend error: {message}", model=relay.lease.model)
                 yield event
     except RELAY_ERRORS as exc:
+        # The whole lines the backend sent before it broke are read first.
+        for raw in unread_bytes(relay.response.content).splitlines(keepends=True):
+            if not raw.endswith(b"\n"):
+                break
+            event = _sse_event(relay, raw)
+            if event == DONE:
+                return
+            if event is not None:
+                yield event
         raise broken_stream(relay.lease, exc) from exc
+
+
+def _sse_event(relay: Relay, raw: bytes) -> dict[str, Any] | Literal["done"] | None:
+    """One upstream SSE line: its JSON payload, DONE, or None (not a data line); an error
+    event or an unreadable one raises UpstreamError."""
+    try:
+        event = read_event(raw)
+    except orjson.JSONDecodeError as exc:
+        raise UpstreamError(f"backend sent an unreadable event: {raw[:120]!r}") from exc
+    if isinstance(event, dict) and "error" in event:
+        err = event["error"]
+        message = err.get("message") if isinstance(err, dict) else str(err)
+        raise UpstreamError(f"backend error: {message}", model=relay.lease.model)
+    return event
+
+
+def unread_bytes(content: aiohttp.StreamReader) -> bytes:
+    """The bytes of a broken upstream connection still in `content`'s buffer, taken out.
+
+    aiohttp's StreamReader raises a lost connection's error ahead of the bytes that arrived
+    with it (readany and readline check the error first; set_exception keeps the buffer), so
+    the last tokens a backend sent before it crashed would vanish whenever the relay was busy
+    as they came with the close. Only a private method reads them: with an aiohttp that lacks
+    it nothing is taken (tests/integration/test_relay_broken_upstream.py then fails)."""
+    read = getattr(content, "_read_nowait", None)
+    if read is None:
+        return b""
+    try:
+        data = read(-1)
+    except Exception:  # the reader's own timeout
+        return b""
+    return data if isinstance(data, bytes) else b""
 
 
 async def translated_stream(
