@@ -91,6 +91,12 @@ class _Connection:
 
     def handle(self, frame: FrontFrame) -> None:
         if isinstance(frame, Acquire):
+            # A ready model is granted here and now: no task, no context copy (the hot path).
+            lease = self.engine.lease_ready(frame.model, frame.keep_alive_s)
+            if lease is not None:
+                self.held.add(lease.id)
+                self._send(Granted(frame.id, lease))
+                return
             context = contextvars.copy_context()  # the grant's logs name the front's request
             context.run(REQUEST_ID.set, frame.request_id)
             task = asyncio.create_task(

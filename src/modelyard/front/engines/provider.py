@@ -112,6 +112,9 @@ class LocalEngineClient:
         keep_alive_s: float | None = None,
         on_progress: Callable[[str], None] | None = None,
     ) -> Lease:
+        lease = self.engine.lease_ready(model, keep_alive_s)  # the hot path: loaded already
+        if lease is not None:
+            return lease
         return await self.engine.acquire(model, keep_alive_s=keep_alive_s, progress=on_progress)
 
     async def load(self, model: str, keep_alive_s: float | None = None) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import ipaddress
 import secrets
 import time
@@ -106,6 +107,7 @@ def route_class(method: str, path: str) -> RouteClass:
     return RouteClass.ADMIN
 
 
+@functools.lru_cache(maxsize=256)  # every request asks about the bind address: parse it once
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
