@@ -5,6 +5,8 @@ and the heartbeat that finds an engine which stopped answering."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -177,3 +179,25 @@ async def test_a_silent_engine_fails_the_waits_at_once_and_answers_again() -> No
     await _until(lambda: not client.silent)
     await client.close()
     stub.close()
+
+
+async def test_a_ready_model_is_leased_without_waiting(engine: Engine) -> None:
+    """The hot path (Engine.lease_ready): only a loaded model with a live server is leased at
+    once; everything else says "ask acquire" (None), which loads, waits or refuses."""
+    assert engine.lease_ready("fast") is None  # not loaded yet
+    assert engine.lease_ready("ghost") is None  # unknown: acquire rescans and refuses
+    engine.release((await engine.acquire("fast")).id)
+    lease = engine.lease_ready("fast", keep_alive_s=30.0)
+    assert lease is not None and lease.model == "fast" and lease.load_duration_ns == 0
+    assert _leases(engine, "fast") == 1
+    other = engine.lease_ready("fast")
+    assert other is not None and other.id != lease.id  # each grant its own id
+    engine.release(lease.id)
+    engine.release(other.id)
+    assert _leases(engine, "fast") == 0
+    server = next(m for m in engine.model_status() if m["model"] == "fast")
+    os.kill(server["pid"], signal.SIGKILL)
+    child = engine._models["fast"].server
+    assert child is not None
+    await _until(lambda: not child.alive)  # reaped; its exit watcher may not have run yet
+    assert engine.lease_ready("fast") is None  # acquire reloads instead of leasing a corpse

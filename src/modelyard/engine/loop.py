@@ -27,8 +27,8 @@ import dataclasses
 import logging
 import math
 import os
-import time
 import secrets
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -218,7 +218,7 @@ class Engine:
                 self._arrivals[rt.entry.id] = None
                 rt.load = self._spawn(self._load(rt), f"load:{rt.entry.id}")
             await asyncio.shield(rt.load)
-        return self._grant(rt, started)
+        return self._grant(rt, int((self.clock() - started) * 1e9))
 
     def lease_ready(self, name: str, keep_alive_s: float | None = None) -> Lease | None:
         """A lease on `name` at once, without awaiting, if it is ready to serve now (the hot
@@ -233,9 +233,9 @@ class Engine:
             return None
         rt.keep_alive_s = keep_alive_s
         self._ensure_reaper()
-        return self._grant(rt, self.clock())
+        return self._grant(rt, 0)  # nothing was loaded for it
 
-    def _grant(self, rt: _Runtime, started: float) -> Lease:
+    def _grant(self, rt: _Runtime, load_duration_ns: int) -> Lease:
         assert rt.server is not None
         # Lease ids only need to be unique in this engine and unguessable to other fronts'
         # requests; 16 random bytes from the OS cost a fifth of uuid4's object.
@@ -243,7 +243,7 @@ class Engine:
             id=secrets.token_hex(16),
             model=rt.entry.id,
             upstream=rt.server.url,
-            load_duration_ns=int((self.clock() - started) * 1e9),
+            load_duration_ns=load_duration_ns,
         )
         rt.leases.add(lease.id)
         self._leases[lease.id] = rt.entry.id
