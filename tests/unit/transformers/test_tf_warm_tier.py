@@ -1,5 +1,6 @@
 """The warm tier for the in-process transformers backend, on a CPU engine: an unloaded model
-keeps its converted module, and loading it again serves from it without reading its files."""
+keeps its converted module, and loading it again serves from it without reading its files.
+(An engine with real loopback sockets: integration, beside the backend's other tests.)"""
 
 from __future__ import annotations
 
@@ -17,28 +18,12 @@ from modelyard.store.registry import ModelRegistry
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
-WORDS = "the quick brown fox jumps over a lazy dog while rivers run to the sea".split()
-
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random Llama and a word-level tokenizer, saved as a Hugging Face repo."""
-    import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
+def repo(tmp_path_factory: pytest.TempPathFactory, model: Any, tokenizer: Any) -> Path:
+    """conftest's tiny random Llama and its tokenizer, saved as a Hugging Face repo."""
     path = tmp_path_factory.mktemp("tiny-llama")
-    vocab = {w: i for i, w in enumerate(["<pad>", "<s>", "</s>", "<unk>", *WORDS])}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
-                                        pad_token="<pad>", unk_token="<unk>")
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=256, bos_token_id=1, eos_token_id=2,
-                         pad_token_id=0)
-    LlamaForCausalLM(config).save_pretrained(path)
+    model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
 
