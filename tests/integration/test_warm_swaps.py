@@ -156,3 +156,23 @@ async def test_a_cold_gguf_is_read_ahead_while_its_load_waits_for_an_eviction(
         engine.release(lease.id)
     finally:
         await engine.shutdown()
+
+
+async def test_a_reload_that_turns_the_warm_tier_off_stops_what_sleeps(
+    tmp_path: Path, files: Path
+) -> None:
+    engine = await engine_with(tmp_path, vllm_model("v", files, 3, 0.25), llama_fake("w", 6))
+    try:
+        engine.release((await engine.acquire("v")).id)
+        pid = model(engine, "v").pid
+        assert pid is not None
+        engine.release((await engine.acquire("w")).id)  # v sleeps
+        assert model(engine, "v").warm == "asleep" and pid_alive(pid)
+        await engine.reload(engine.settings.model_copy(update={"warm_tier_bytes": 0}))
+        async with asyncio.timeout(10):
+            while pid_alive(pid):  # the drop runs as a task of the engine: await its effect
+                await asyncio.sleep(0.02)
+        assert model(engine, "v").warm is None
+        assert engine.status().device.warm_bytes == 0
+    finally:
+        await engine.shutdown()
