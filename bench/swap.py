@@ -1,15 +1,16 @@
 """What warm swaps buy: request → first token for a model evicted a moment ago, cold against
 warm, through one `modelyard serve` (CPU engine), the two arms interleaved repeat by repeat.
 
-    make bench-swap                        # about 2 minutes on 2 CPU cores
-    .venv/bin/python bench/swap.py --repeats 1      # the smallest run (< 60 s)
+    make bench-swap                        # about 2-3 minutes on 2 CPU cores
+    .venv/bin/python bench/swap.py --repeats 1      # the smallest run
 
 * **transformers** (the demo model as safetensors, `make demo-safetensors`): the model is
   unloaded, then asked for. Cold: `warm_tier_bytes: 0`, the load reads and converts its files.
   Warm: the default warm tier kept the converted module; the load takes it back.
   Target: warm <= 0.2x cold.
 * **gguf** (the demo GGUF on llama-server): the GGUF was evicted a moment ago for the
-  transformers model (`max_loaded_models: 1`) and its file dropped from the page cache
+  transformers model (`max_loaded_models: 1`, so the two always swap) and its file dropped from
+  the page cache
   (`posix_fadvise(POSIX_FADV_DONTNEED)`); the request evicts the transformers model, then loads
   the GGUF. Cold: `gguf_read_ahead: false`, llama-server faults the file in from disk. Warm: the
   engine reads the file ahead while the request waits for the eviction.
@@ -92,7 +93,7 @@ class Bench:
         self.client = client
         self.url = url
         self.home = home
-        self.gguf = gguf
+        self.gguf_file = gguf
         self.base = yaml.safe_load((home / "config.yaml").read_text())
         self.arm: str | None = None
 
@@ -106,8 +107,8 @@ class Bench:
             raise RuntimeError(f"reload: {r.status_code} {r.text}")
         self.arm = arm
 
-    async def ttft(self, model: str) -> float:
-        body = {"model": model, "messages": MESSAGES, "stream": True, "max_tokens": 4,
+    async def ttft(self, model: str, max_tokens: int = 4) -> float:
+        body = {"model": model, "messages": MESSAGES, "stream": True, "max_tokens": max_tokens,
                 "temperature": 0}
         started = time.perf_counter()
         async with self.client.stream("POST", self.url + "/v1/chat/completions", json=body) as r:
@@ -128,18 +129,29 @@ class Bench:
                                    json={"model": model, "keep_alive": 0})
         r.raise_for_status()
 
-    async def transformers(self, arm: str) -> float:
-        await self.use(arm)
-        await self.ttft(TF_MODEL)  # loaded (untimed)
-        await self.unload(TF_MODEL)  # evicted a moment ago
-        return await self.ttft(TF_MODEL)
+    async def load_s(self, model: str) -> float:
+        """How long `model`'s last load took, as its engine measured it (request → ready)."""
+        r = await self.client.get(self.url + "/status")
+        r.raise_for_status()
+        for engine in r.json()["engines"]:
+            for m in engine.get("models") or ():
+                if m["model"] == model and m.get("load_duration_s") is not None:
+                    return float(m["load_duration_s"])
+        raise RuntimeError(f"{model}: no load time in /status")
 
-    async def gguf(self, arm: str) -> float:
+    async def transformers(self, arm: str) -> tuple[float, float]:
         await self.use(arm)
-        await self.ttft(DEMO_MODEL_ID)  # loaded (untimed) …
-        await self.ttft(TF_MODEL)  # … then evicted for the other model (max_loaded_models 1)
-        drop_page_cache(self.gguf)
-        return await self.ttft(DEMO_MODEL_ID)  # waits for the eviction, then loads
+        await self.ttft(TF_MODEL, 1)  # loaded (untimed; it evicts the GGUF)
+        await self.unload(TF_MODEL)  # evicted a moment ago
+        return await self.ttft(TF_MODEL), await self.load_s(TF_MODEL)
+
+    async def gguf(self, arm: str) -> tuple[float, float]:
+        # Runs after `transformers`, which evicted the GGUF for the transformers model
+        # (max_loaded_models 1) a moment ago; that model is loaded.
+        await self.use(arm)
+        await self.ttft(TF_MODEL, 1)
+        drop_page_cache(self.gguf_file)
+        return await self.ttft(DEMO_MODEL_ID), await self.load_s(DEMO_MODEL_ID)
 
 
 async def measure(args: argparse.Namespace, results: dict[str, Any]) -> None:
@@ -153,7 +165,8 @@ async def measure(args: argparse.Namespace, results: dict[str, Any]) -> None:
     (home / "config.yaml").write_text(yaml.safe_dump(config))
     proc, url = spawn_modelyard(inputs, home)
     scenarios = args.scenarios.split(",")
-    samples: dict[str, dict[str, list[float]]] = {s: {"cold": [], "warm": []} for s in scenarios}
+    samples: dict[str, dict[str, list[tuple[float, float]]]] = {
+        s: {"cold": [], "warm": []} for s in scenarios}
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as client:
         await wait_until(client, url + "/health", proc, is_healthy, timeout_s=120)
         bench = Bench(client, url, home, inputs.model)
@@ -165,9 +178,13 @@ async def measure(args: argparse.Namespace, results: dict[str, Any]) -> None:
                     samples[name][arm].append(await getattr(bench, name)(arm))
             print(f"  repeat {i + 1}/{args.repeats} done", flush=True)
     for name, arms in samples.items():
-        cold, warm = statistics.median(arms["cold"]), statistics.median(arms["warm"])
-        results["scenarios"][name] = {"cold_s": cold, "warm_s": warm, "ratio": warm / cold,
-                                      "samples": arms}
+        row: dict[str, Any] = {"samples": arms}
+        for i, figure in enumerate(("ttft", "load")):
+            cold = statistics.median(s[i] for s in arms["cold"])
+            warm = statistics.median(s[i] for s in arms["warm"])
+            row |= {f"{figure}_cold_s": cold, f"{figure}_warm_s": warm,
+                    f"{figure}_ratio": warm / cold}
+        results["scenarios"][name] = row
     results["workdir"] = str(workdir)
 
 
@@ -176,14 +193,18 @@ def render(results: dict[str, Any]) -> str:
         "Request → first token for a model evicted a moment ago, cold vs warm (median of "
         f"{results['args']['repeats']}; target for transformers: ratio <= {TARGET_TF_RATIO})",
         "",
-        "| model | cold | warm | warm / cold | what warm is |",
-        "|---|---|---|---|---|",
+        "| model | TTFT cold | TTFT warm | ratio | load cold | load warm | ratio | warm is |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     what = {"transformers": "converted module kept in host memory (warm tier)",
             "gguf": "file read ahead into the page cache while the request waits"}
     for name, r in results["scenarios"].items():
-        lines.append(f"| {name} | {r['cold_s'] * 1e3:.0f} ms | {r['warm_s'] * 1e3:.0f} ms "
-                     f"| {r['ratio']:.2f} | {what[name]} |")
+        lines.append(
+            f"| {name} | {r['ttft_cold_s'] * 1e3:.0f} ms | {r['ttft_warm_s'] * 1e3:.0f} ms "
+            f"| **{r['ttft_ratio']:.2f}** | {r['load_cold_s'] * 1e3:.0f} ms "
+            f"| {r['load_warm_s'] * 1e3:.0f} ms | {r['load_ratio']:.2f} | {what[name]} |")
+    lines += ["", "TTFT: request sent → first streamed token, through the front. Load: the "
+              "engine's own load time (request → model ready, evictions included)."]
     return "\n".join(lines)
 
 

@@ -827,6 +827,7 @@ class Engine:
                 spec, LlamaCppModel):
             return
         rt.read_ahead = True
+        log.info("%s waits: reading its file ahead into the page cache", spec.id)
         paths = [spec.path] + ([spec.mmproj] if spec.mmproj is not None else [])
         self._spawn(asyncio.to_thread(read_ahead, paths, self._fadvise), f"read-ahead:{spec.id}")
 
