@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: run install llama-server demo-model demo-safetensors chromium test test-unit test-integration test-e2e check soak fuzz bench-proxy bench-sched bench-batch bench-session clean
+.PHONY: run install llama-server demo-model demo-safetensors chromium test test-unit test-integration test-e2e check soak fuzz bench-proxy bench-sched bench-batch bench-session bench-swap clean
 
 install: $(STAMP)
 
@@ -78,3 +78,7 @@ bench-batch: install demo-safetensors
 
 bench-sched: install
 	$(BIN)/python bench/sched.py
+
+# Request → first token for a model evicted a moment ago, cold vs warm (warm tier, read-ahead).
+bench-swap: install llama-server demo-model demo-safetensors
+	$(BIN)/python bench/swap.py

@@ -132,6 +132,11 @@ class OpenAIServerModel(_ModelBase):
     )
     path: UserPath | None = Field(None, description="Optional weights path substituted as `$path`.")
     ctx_size: int | None = Field(None, gt=0, description="Substituted as `$ctx`.")
+    sleep_mode: bool = Field(
+        False, description="A vLLM server run with `--enable-sleep-mode`: evicting it puts it "
+        "to sleep (level 1: weights to host RAM, within `warm_tier_bytes`) instead of stopping "
+        "it, and the next load wakes it. modelyard sets VLLM_SERVER_DEV_MODE=1 for its routes.",
+    )
 
 
 class TransformersModel(_ModelBase):
@@ -461,6 +466,15 @@ class Settings(BaseSettings):
     )
     host_ram_cap_bytes: int | None = Field(
         None, gt=0, description="Host RAM the CPU engine may fill with models; null: all."
+    )
+    warm_tier_bytes: int = Field(
+        16 * 2**30, ge=0, description="Host RAM per engine for models evicted from its device "
+        "but kept ready (transformers weights in host memory, vLLM asleep), least recently "
+        "used dropped first; 0 disables the warm tier.",
+    )
+    gguf_read_ahead: bool = Field(
+        True, description="Read a GGUF file into the page cache while a request waits for its "
+        "load (posix_fadvise WILLNEED), so llama-server finds it in memory.",
     )
     memory_wait_timeout_s: float = Field(
         120.0, gt=0, description="How long a load waits for busy models to make room."

@@ -204,9 +204,9 @@ STATUSES: list[dict[str, Any]] = [  # GET /status's engines, as the front lists 
             {"model": "a", "state": "ready", "leases": 2,
              "memory": {"estimate_bytes": 5 * GIB, "reserved_bytes": 6 * GIB,
                         "measured_bytes": 5 * GIB + 1, "host_bytes": None}},
-            {"model": "b", "state": "stopped", "leases": 0,
+            {"model": "b", "state": "stopped", "leases": 0, "warm": "host",
              "memory": {"estimate_bytes": 7 * GIB, "reserved_bytes": None,
-                        "measured_bytes": None, "host_bytes": None}},
+                        "measured_bytes": None, "host_bytes": 6 * GIB}},
         ],
     },
     {"name": "engine-1", "up": False, "error": "engine-1 is not available (down)"},
@@ -247,6 +247,8 @@ def test_readings_from_a_canned_status() -> None:
     b = {"model": "b", "engine": "engine-0"}
     assert value("modelyard_model_loaded", **b) == 0
     assert value("modelyard_model_memory_measured_bytes", **b) is None  # unknown: absent
+    assert value("modelyard_model_warm_bytes", **b) == 6 * GIB  # in the warm tier
+    assert value("modelyard_model_warm_bytes", **a) == 0
     assert value("modelyard_queue_depth", model="a") == 3
     assert value("modelyard_requests_running", model="a") == 2
     assert value("modelyard_pull_jobs_active", status="queued") == 1

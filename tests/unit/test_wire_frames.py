@@ -72,11 +72,11 @@ STATUS: dict[str, Any] = {
     "engine": 1, "pid": 42, "started_at": 1.5,
     "device": {"kind": "simulated", "name": "simulated GPU 1", "total_bytes": 8, "used_bytes": 3,
                "free_bytes": 5, "temperature_c": None, "utilization_pct": 0,
-               "reserved_loading_bytes": 2},
+               "reserved_loading_bytes": 2, "warm_bytes": 1},
     "paused": None,
     "scheduler": {"max_loaded_models": 2, "loads": 3, "evictions": 1, "unloads": 0,
                   "expirations": 0, "load_failures": 0, "crashes": 0, "waits": 1, "no_fit": 0,
-                  "thermal_pauses": 0,
+                  "thermal_pauses": 0, "warm_loads": 1,
                   "recent_swaps": [{"at": 9.5, "unloaded": "a", "reason": "for b",
                                     "bytes": 4}],
                   "placing": ["d"]},
@@ -89,7 +89,7 @@ STATUS: dict[str, Any] = {
         "memory": {"estimate_bytes": 4, "estimate": {"total_bytes": 4}, "reserved_bytes": 4,
                    "measured_bytes": 3, "host_bytes": None, "load_bytes": 3},
         "backend_stats": None, "restarts": 0, "last_error": None, "cooldown_s": None,
-        "coexist_with": ["c"], "waiters": 0,
+        "coexist_with": ["c"], "waiters": 0, "warm": None,
     }],
 }
 

@@ -88,12 +88,15 @@ class HostDevice:
     def __init__(self, cap_bytes: int | None, children: Callable[[], Iterable[int]]) -> None:
         self.cap_bytes = cap_bytes
         self._children = children
+        # What the engine holds of the host beyond its children: its warm tier (set by the
+        # engine, engine/warm_tier.py), counted against the cap like a child's memory.
+        self.held_elsewhere: Callable[[], int] = lambda: 0
 
     def info(self) -> DeviceInfo:
         mem = psutil.virtual_memory()
         total, free = mem.total, mem.available
         if self.cap_bytes is not None:
-            held = sum(self.used_by(self._children()).values())
+            held = sum(self.used_by(self._children()).values()) + self.held_elsewhere()
             total = min(total, self.cap_bytes)
             free = max(0, min(free, total - held))
         return DeviceInfo(
@@ -123,6 +126,12 @@ class HostDevice:
         pass
 
 
+
+
+def host_memory() -> tuple[int, int]:
+    """The host's available and total RAM (what the warm tier may fill, on any engine)."""
+    mem = psutil.virtual_memory()
+    return mem.available, mem.total
 
 
 async def wait_for_recovery(

@@ -35,9 +35,11 @@ from enum import StrEnum
 from typing import Any
 
 from modelyard import metrics
-from modelyard.config import ModelSpec, ServiceModel, Settings
+from modelyard.config import LlamaCppModel, ModelSpec, ServiceModel, Settings
 from modelyard.engine.backends.base import Backend, make_backend
-from modelyard.engine.ledger import Device, make_device, wait_for_recovery
+from modelyard.engine.ledger import Device, HostDevice, host_memory, make_device, wait_for_recovery
+from modelyard.engine.read_ahead import Fadvise, read_ahead
+from modelyard.engine.warm_tier import Warmable, WarmEntry, WarmTier, fingerprint
 from modelyard.errors import (
     EngineCooling,
     InsufficientMemory,
@@ -103,6 +105,7 @@ class _Runtime:
     # it is forgotten); meanwhile requests wait instead of leasing the old server.
     retiring: asyncio.Task[None] | None = None
     retire_to: Entry | None = None
+    read_ahead: bool = False  # this load's GGUF read-ahead was asked for
 
     @property
     def spec(self) -> ModelSpec:
@@ -119,6 +122,7 @@ class Engine:
         env: Mapping[str, str] | None = None,
         device: Device | None = None,
         clock: Callable[[], float] = time.monotonic,
+        fadvise: Fadvise | None = None,
     ) -> None:
         self.settings = settings
         self.registry = registry
@@ -137,6 +141,10 @@ class Engine:
         self._cool.set()
         self.paused_reason: str | None = None
         self.device: Device = device or make_device(settings, index, self._child_pids)
+        self.warm = WarmTier(settings.warm_tier_bytes, clock)
+        self._fadvise = fadvise  # the GGUF read-ahead's seam (None: os.posix_fadvise)
+        if isinstance(self.device, HostDevice):  # warm models hold the CPU engine's device
+            self.device.held_elsewhere = lambda: self.warm.device_bytes
         self.env = {**(env if env is not None else os.environ), **self.device.child_env()}
         metrics.child_env(self.env)  # a backend keeps its own metrics out of ours
         self.stats: collections.Counter[str] = collections.Counter()
@@ -381,7 +389,8 @@ class Engine:
         )
         # The engine's own view, in the shape it reports: the front plans on /status the same way.
         view = EngineStatus(
-            device=DeviceStatus(total_bytes=info.total_bytes, free_bytes=info.free_bytes),
+            device=DeviceStatus(total_bytes=info.total_bytes, free_bytes=info.free_bytes,
+                                warm_bytes=self.warm.device_bytes),
             scheduler=SchedulerStatus(max_loaded_models=self._max_loaded(),
                                       placing=tuple(self._arrivals)),
             models=self._placed(exclude=rt),
@@ -396,6 +405,8 @@ class Engine:
         load cannot take the room in between. Loads that must wait keep their place in
         `_arrivals`, so they are placed in the order they began."""
         deadline = self.clock() + self.settings.memory_wait_timeout_s
+        if self._placing.locked() or next(iter(self._arrivals), rt.entry.id) != rt.entry.id:
+            self._read_ahead(rt)  # it waits behind another load's placement
         try:
             while True:
                 async with self._placing:
@@ -408,8 +419,10 @@ class Engine:
                         decision = self._decide(rt)
                         if not isinstance(decision, scheduler.Evict):
                             break
+                        self._read_ahead(rt)  # while the victims stop
                         await self._evict(decision.victims, for_model=rt.entry.id)
                     if isinstance(decision, scheduler.Load):
+                        await self._reclaim_warm(rt)
                         rt.reserved_bytes = self._want_bytes(rt)
                         rt.measured_bytes = None
                         rt.state = ModelState.LOADING
@@ -420,6 +433,7 @@ class Engine:
                         raise InsufficientMemory(decision.reason, model=rt.entry.id)
                     assert isinstance(decision, scheduler.Wait), decision
                     changed = self._changed  # taken under the lock: no change can be missed
+                self._read_ahead(rt)  # while it waits for memory
                 if rt.waiting_since is None:
                     rt.waiting_since = self.clock()
                     self.stats["waits"] += 1
@@ -461,7 +475,8 @@ class Engine:
         # Only memory the device showed them holding can be waited for: a service's unload
         # route is trusted once it answered.
         freed = sum(rt.measured_bytes or 0 for rt in runtimes if rt.pid is not None)
-        pids = {rt.pid for rt in runtimes if rt.pid is not None}
+        victim_pids = [rt.pid for rt in runtimes]
+        pids = {pid for pid in victim_pids if pid is not None}
         reason = f"for {for_model}" if for_model else reason
         for rt in runtimes:
             self._record_swap(rt, reason)
@@ -469,7 +484,12 @@ class Engine:
         if for_model is not None:
             names = ", ".join(victims)
             self._say(self._models[for_model], f"unloading {names} to make room for {for_model}")
-        await asyncio.gather(*(self._stop(rt) for rt in runtimes))
+        # A reload changed the spec: the old copy is worth nothing warm.
+        warm = await asyncio.gather(*(self._stop(rt, warm=reason != "reload") for rt in runtimes))
+        asleep = {pid for pid, kept in zip(victim_pids, warm, strict=True) if kept and pid}
+        if asleep:  # a sleeping server lives on, holding a little: wait for the rest only
+            pids -= asleep
+            freed = max(0, freed - sum(self.device.used_by(asleep).values()))
         # Expect most of it back: allocators and drivers keep a little. Host RAM has no driver
         # that frees it late, and every other process on the host moves its free figure: there,
         # the processes being gone is the memory being back.
@@ -535,6 +555,12 @@ class Engine:
                 rt.retire_to = entry
                 rt.retiring = self._spawn(self._retire(rt), f"retire:{model_id}")
             restarting.append(model_id)
+        # Warm copies of a spec that changed or went are stale; a smaller budget drops some.
+        stale = [self.warm.drop(e.model) for e in self.warm
+                 if (entry := registry.get(e.model)) is None
+                 or e.fingerprint != fingerprint(entry.spec)]
+        dropped = [e for e in stale if e is not None] + self.warm.resize(settings.warm_tier_bytes)
+        self._spawn(self._drop_warm(dropped), "warm-drop")
         self._spawn(self._prefetch_estimates(), "estimates")
         self._notify()
         log.info("config reloaded: %s", diff.to_json())
@@ -637,16 +663,30 @@ class Engine:
             self._estimates.setdefault(rt.entry.id, found)
         try:
             spec = rt.spec
+            warm = await self._warm_copy(rt)
             # Before placing: a model that cannot run here must not evict anything. In a thread:
             # a transformers model imports torch here (seconds), and the loop must keep
             # answering the front's heartbeat (front/engines/lease_client.py).
-            server = await asyncio.to_thread(make_backend, spec, self.settings, env=self.env)
+            server: Backend = (warm.backend if warm is not None else
+                               await asyncio.to_thread(make_backend, spec, self.settings,
+                                                       env=self.env))
             if not await self._place(rt):
                 metrics.model_loaded(rt.entry.id, self.index, "cancelled")
                 return
-            log.info("loading %s (%d MiB reserved)", spec.id, rt.reserved_bytes // MIB)
-            self._say(rt, f"loading {spec.id} ({rt.reserved_bytes / 2**30:.1f} GiB)")
-            await server.start(on_spawn=lambda pid: self._spawned(rt, pid))
+            resumed = warm is not None and self.warm.take(rt.entry.id, warm.fingerprint) is warm
+            if warm is not None and not resumed:  # another load reclaimed it meanwhile
+                server = await asyncio.to_thread(make_backend, spec, self.settings, env=self.env)
+            log.info("loading %s (%d MiB reserved%s)", spec.id, rt.reserved_bytes // MIB,
+                     ", from the warm tier" if resumed else "")
+            self._say(rt, f"loading {spec.id} ({rt.reserved_bytes / 2**30:.1f} GiB"
+                          f"{', warm' if resumed else ''})")
+            if resumed:
+                assert isinstance(server, Warmable)
+                await server.resume()
+                if server.pid is not None:
+                    self._spawned(rt, server.pid)
+            else:
+                await server.start(on_spawn=lambda pid: self._spawned(rt, pid))
         except ModelLoadFailed as exc:
             rt.state = ModelState.FAILED
             rt.last_error = exc
@@ -663,6 +703,7 @@ class Engine:
             raise
         finally:
             rt.load = None
+            rt.read_ahead = False
             self._arrivals.pop(rt.entry.id, None)  # e.g. make_backend refused it
             if rt.state is not ModelState.LOADING:  # it failed, and its child is gone
                 rt.pid = rt.measured_bytes = None
@@ -674,10 +715,13 @@ class Engine:
         rt.last_used = self.clock()
         rt.load_duration_s = self.clock() - started
         self.stats["loads"] += 1
+        if resumed:
+            self.stats["warm_loads"] += 1
         metrics.model_loaded(rt.entry.id, self.index, "success", rt.load_duration_s)
         log.info("%s ready on %s in %.2f s", spec.id, server.url, rt.load_duration_s)
         self._say(rt, f"{spec.id} ready in {rt.load_duration_s:.1f} s")
-        self._spawn(self._watch_exit(rt, server), f"watch:{spec.id}")
+        if not resumed:  # a warm backend's watcher has watched it all along
+            self._spawn(self._watch_exit(rt, server), f"watch:{spec.id}")
 
     def _spawned(self, rt: _Runtime, pid: int) -> None:
         rt.pid = pid
@@ -686,6 +730,11 @@ class Engine:
     async def _watch_exit(self, rt: _Runtime, server: Backend) -> None:
         await server.wait_exit()
         self._forget_dead_server(rt, server)
+        entry = self.warm.get(rt.entry.id)
+        if entry is not None and entry.backend is server:  # it died asleep
+            log.warning("%s died in the warm tier", rt.entry.id)
+            self.warm.drop(rt.entry.id)
+            self._notify()
 
     def _forget_dead_server(self, rt: _Runtime, server: Backend) -> None:
         if rt.server is not server or rt.state is not ModelState.READY:
@@ -704,7 +753,9 @@ class Engine:
         metrics.model_crashed(rt.entry.id, self.index)
         self._notify()
 
-    async def _stop(self, rt: _Runtime) -> bool:
+    async def _stop(self, rt: _Runtime, *, warm: bool = False) -> bool:
+        """Stop `rt`'s server, or with `warm`, keep it in the warm tier if it can be: True
+        when it went there."""
         server = rt.server
         if server is None:
             rt.state = ModelState.STOPPED
@@ -712,17 +763,101 @@ class Engine:
         rt.state = ModelState.STOPPING
         rt.server = None
         try:
+            if warm and await self._suspend(rt, server):
+                return True
             await server.stop()
         finally:
             rt.state = ModelState.STOPPED
             rt.pid = rt.measured_bytes = None
+        return False
+
+    # ---- the warm tier (engine/warm_tier.py) ----------------------------------------------
+
+    async def _suspend(self, rt: _Runtime, server: Backend) -> bool:
+        """Put `server` in the warm tier instead of stopping it, if it can go and host RAM
+        allows; older warm models make room by the tier's LRU."""
+        if not isinstance(server, Warmable) or self.warm.budget_bytes <= 0:
+            return False
+        host = server.warm_bytes()
+        # On a CPU engine an in-process model stays where it is: nothing moves into host RAM.
+        in_place = self.device.kind == "cpu" and server.pid is None
+        free, total = host_memory()
+        if not self.warm.admits(host, new_host_bytes=0 if in_place else host,
+                                host_free=free, host_total=total):
+            return False
+        pid = server.pid
+        try:
+            kept = await server.suspend()
+        except Exception:
+            log.exception("%s could not be suspended: stopping it", rt.entry.id)
+            kept = False
+        if not kept:
+            return False
+        held = self.device.used_by((pid,)).get(pid, 0) if pid is not None else 0
+        entry = WarmEntry(
+            model=rt.entry.id, fingerprint=fingerprint(rt.spec), backend=server, host_bytes=host,
+            device_bytes=host if in_place else held, how="host" if pid is None else "asleep",
+            since=self.clock(),
+        )
+        log.info("%s kept warm (%d MiB of host RAM)", rt.entry.id, host // MIB)
+        await self._drop_warm(self.warm.admit(entry))
         return True
+
+    async def _warm_copy(self, rt: _Runtime) -> WarmEntry | None:
+        """`rt`'s warm entry if it is the spec asked for; a stale one is dropped."""
+        entry = self.warm.get(rt.entry.id)
+        if entry is None or entry.fingerprint == fingerprint(rt.spec):
+            return entry
+        self.warm.drop(rt.entry.id)
+        await self._drop_warm([entry])
+        return None
+
+    async def _reclaim_warm(self, rt: _Runtime) -> None:
+        """Stop the warm models whose device memory `rt`'s load needs (placement counted it as
+        free); `rt`'s own warm copy is what it loads from."""
+        if not self.warm.device_bytes:
+            return
+        info = self.device.info()
+        free = plannable_free(info.free_bytes or 0, [
+            Loading(r.reserved_bytes, r.measured_bytes or 0)
+            for r in self._models.values() if r.state is ModelState.LOADING
+        ])
+        own = self.warm.get(rt.entry.id)
+        need = self._want_bytes(rt) - free - (own.device_bytes if own is not None else 0)
+        if need > 0:
+            await self._drop_warm(self.warm.reclaim(need, keep=rt.entry.id))
+
+    async def _drop_warm(self, entries: list[WarmEntry]) -> None:
+        """Stop warm models the tier let go, and wait for their processes' memory."""
+        if not entries:
+            return
+        pids = {e.backend.pid for e in entries if e.backend.pid is not None}
+        for e in entries:
+            log.info("%s leaves the warm tier", e.model)
+        await asyncio.gather(*(e.backend.stop() for e in entries))
+        if pids:
+            await wait_for_recovery(self.device, pids, 0, self.settings.memory_recovery_timeout_s)
+        self._notify()
+
+    def _read_ahead(self, rt: _Runtime) -> None:
+        """A request waits for cold GGUF `rt`: read its files into the page cache meanwhile
+        (once per load), so llama-server maps them from memory (engine/read_ahead.py)."""
+        spec = rt.spec
+        if rt.read_ahead or not self.settings.gguf_read_ahead or not isinstance(
+                spec, LlamaCppModel):
+            return
+        rt.read_ahead = True
+        log.info("%s waits: reading its file ahead into the page cache", spec.id)
+        paths = [spec.path] + ([spec.mmproj] if spec.mmproj is not None else [])
+        self._spawn(asyncio.to_thread(read_ahead, paths, self._fadvise), f"read-ahead:{spec.id}")
 
     async def shutdown(self) -> None:
         for rt in self._models.values():
             if rt.load is not None:
                 rt.load.cancel()
-        await asyncio.gather(*(self._stop(rt) for rt in self._models.values()))
+        warm = [e.backend for e in self.warm if self.warm.drop(e.model) is not None]
+        await asyncio.gather(*(self._stop(rt) for rt in self._models.values()),
+                             *(backend.stop() for backend in warm))
         for task in list(self._tasks):
             task.cancel()
 
@@ -767,6 +902,7 @@ class Engine:
                     rt.reserved_bytes for rt in self._models.values()
                     if rt.state is ModelState.LOADING
                 ),
+                warm_bytes=self.warm.device_bytes,
             ),
             paused=self.paused_reason,
             scheduler=SchedulerStatus(
@@ -787,7 +923,8 @@ class Engine:
 
     def model_statuses(self) -> tuple[ModelStatus, ...]:
         now = self.clock()
-        return tuple(self._model_status(rt, now) for rt in self._models.values())
+        return tuple(self.warm.report(self._model_status(rt, now))
+                     for rt in self._models.values())
 
     def model_status(self) -> list[dict[str, Any]]:
         """`model_statuses()` as the engine's /status carries them."""

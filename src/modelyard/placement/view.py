@@ -67,7 +67,8 @@ def plan_from_status(status: EngineStatus, want: scheduler.Want) -> scheduler.De
     return scheduler.plan(
         want,
         residents(models),
-        plannable_free(status.device.free_bytes or 0, loading(models)),
+        # Warm-tier models give their device memory back to any load that needs it.
+        plannable_free(status.device.free_bytes or 0, loading(models)) + status.device.warm_bytes,
         status.device.total_bytes,
         max_loaded_models=status.scheduler.max_loaded_models,
         ahead=ahead,

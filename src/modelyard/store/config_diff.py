@@ -40,7 +40,8 @@ RELOADABLE: tuple[str, ...] = (
     "llama_server_path",
     "default_ctx_size", "llama_server_parallel", "llama_server_threads", "load_cooldown_s",
     "load_stall_timeout_s", "load_timeout_s", "stop_grace_s", "log_tail_lines", "keep_alive_s",
-    "max_loaded_models", "memory_wait_timeout_s", "memory_recovery_timeout_s",
+    "max_loaded_models", "warm_tier_bytes", "gguf_read_ahead", "memory_wait_timeout_s",
+    "memory_recovery_timeout_s",
     "notify_model_swap", "max_concurrency", "max_queue", "queue_timeout_s", "default_engine",
     "engine_specs", "auto_pull", "archive_service_outputs", "default_max_tokens",
 )

@@ -33,7 +33,7 @@ __all__ = [
 
 # The scheduler's counters, in the order the engine reports them.
 SCHEDULER_COUNTERS = ("loads", "evictions", "unloads", "expirations", "load_failures",
-                      "crashes", "waits", "no_fit", "thermal_pauses")
+                      "crashes", "waits", "no_fit", "thermal_pauses", "warm_loads")
 
 
 def _int(value: Any) -> int | None:
@@ -60,6 +60,9 @@ class DeviceStatus:
     temperature_c: int | None = None
     utilization_pct: int | None = None
     reserved_loading_bytes: int = 0  # promised to models still loading
+    # Held on this device by warm-tier models (engine/warm_tier.py): a load may take it back,
+    # so planning counts it as free (placement/view.py).
+    warm_bytes: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -71,6 +74,7 @@ class DeviceStatus:
             "temperature_c": self.temperature_c,
             "utilization_pct": self.utilization_pct,
             "reserved_loading_bytes": self.reserved_loading_bytes,
+            "warm_bytes": self.warm_bytes,
         }
 
     @classmethod
@@ -84,6 +88,7 @@ class DeviceStatus:
             temperature_c=_int(d.get("temperature_c")),
             utilization_pct=_int(d.get("utilization_pct")),
             reserved_loading_bytes=int(d.get("reserved_loading_bytes") or 0),
+            warm_bytes=int(d.get("warm_bytes") or 0),
         )
 
 
@@ -201,6 +206,9 @@ class ModelStatus:
     cooldown_s: float | None = None
     coexist_with: tuple[str, ...] = ()  # models it may share the device with, never evicted
     waiters: int = 0  # requests waiting to lease it: it is not idle
+    # Stopped but kept ready in the warm tier: "host" (weights in host memory) or "asleep"
+    # (a vLLM server in sleep mode); its `memory.host_bytes` is what it holds there.
+    warm: str | None = None
 
     @property
     def resident(self) -> bool:
@@ -232,6 +240,7 @@ class ModelStatus:
             "cooldown_s": self.cooldown_s,
             "coexist_with": list(self.coexist_with),
             "waiters": self.waiters,
+            "warm": self.warm,
         }
 
     @classmethod
@@ -261,6 +270,7 @@ class ModelStatus:
             cooldown_s=_float(d.get("cooldown_s")),
             coexist_with=tuple(str(m) for m in d.get("coexist_with") or ()),
             waiters=int(d.get("waiters") or 0),
+            warm=_str(d.get("warm")),
         )
 
 

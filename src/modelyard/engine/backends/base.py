@@ -58,7 +58,11 @@ def make_backend(
 
         return ServiceBackend(spec, settings)
     if isinstance(spec, TransformersModel) and use_vllm(spec):
-        return ChildServer(vllm_spec(spec), settings, env=env)
+        spec = vllm_spec(spec)
+    if isinstance(spec, OpenAIServerModel) and spec.sleep_mode:
+        from modelyard.engine.backends.vllm import SleepingServer
+
+        return SleepingServer(spec, settings, env=env)
     if isinstance(spec, TransformersModel):
         try:
             from modelyard.engine.backends.transformers.backend import TransformersBackend
@@ -99,4 +103,5 @@ def vllm_spec(spec: TransformersModel) -> OpenAIServerModel:
     return OpenAIServerModel(
         id=spec.id, argv=argv + spec.vllm_args, path=spec.path, ctx_size=spec.ctx_size,
         health_path="/health", aliases=spec.aliases, vram_bytes=spec.vram_bytes,
+        sleep_mode=True,
     )

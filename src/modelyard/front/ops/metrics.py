@@ -117,6 +117,8 @@ def readings(
             which = [held.model, name]
             add("modelyard_model_loaded", which, 1 if held.state == "ready" else 0)
             add("modelyard_model_leases", which, held.leases)
+            warm = held.memory.host_bytes if held.warm else 0
+            add("modelyard_model_warm_bytes", which, warm)
             memory = held.memory
             add("modelyard_model_memory_estimated_bytes", which, memory.estimate_bytes)
             add("modelyard_model_memory_reserved_bytes", which, memory.reserved_bytes)

@@ -16,10 +16,10 @@ from modelyard.front.ops.overview import overview
 
 _ENGINE_FIELDS = ("name", "up", "engine", "started_at", "paused", "scheduler")
 _DEVICE_FIELDS = ("index", "kind", "name", "total_bytes", "used_bytes", "free_bytes",
-                  "temperature_c", "utilization_pct", "reserved_loading_bytes")
+                  "temperature_c", "utilization_pct", "reserved_loading_bytes", "warm_bytes")
 _MODEL_FIELDS = ("model", "backend", "state", "leases", "loaded_at", "load_duration_s",
                  "size_bytes", "pinned", "last_used", "priority", "group", "keep_alive_s",
-                 "expires_in_s", "waiting_for_memory_s", "memory", "restarts", "cooldown_s")
+                 "expires_in_s", "waiting_for_memory_s", "memory", "restarts", "cooldown_s", "warm")
 _CATALOG_FIELDS = ("model", "aliases", "origin", "preset", "loaded", "backend", "format",
                    "source", "size_bytes", "load_duration", "engine")
 

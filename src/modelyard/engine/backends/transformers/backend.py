@@ -4,6 +4,11 @@ loopback port of its own (server.py), started and stopped like any other backend
 Loading happens in a worker thread; the HTTP server runs on the engine's event loop; the
 generator's own thread owns the model during inference. Stopping frees the weights (and the
 CUDA cache) before the engine waits for the device to report the memory back.
+
+Suspending (the engine's warm tier, engine/warm_tier.py) stops serving and moves the converted
+module to host memory (on a CPU engine it stays as is); resuming moves it back and serves it
+again: the files are not read nor converted a second time. The KV caches are not kept: they
+are the generator's, rebuilt empty.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from starlette.applications import Starlette
 from modelyard.config import Settings, TransformersModel
 from modelyard.engine.backends.openai_server import LOOPBACK, free_port
 from modelyard.engine.backends.transformers.loader import (
+    Loaded,
     chat_prompt_ids,
     completion_prompt_ids,
     decide_precision,
@@ -52,6 +58,8 @@ class TransformersBackend:
         self._generator: Any = None
         self._loaded: Any = None
         self._log: list[str] = []
+        self._suspending = False  # its HTTP server ends for a suspension, not an exit
+        self._exited = asyncio.Event()  # stopped, or its server died: what wait_exit awaits
 
     @property
     def pid(self) -> int | None:
@@ -75,21 +83,32 @@ class TransformersBackend:
         try:
             app = await self._load()
         except (OSError, ValueError, RuntimeError, ImportError) as exc:
-            self._log.append(f"{type(exc).__name__}: {exc}")
-            raise ModelLoadFailed(
-                f"model '{self.spec.id}' failed to load: {type(exc).__name__}: {exc}",
-                model=self.spec.id, log_tail=self.tail(self.settings.log_tail_lines),
-            ) from exc
+            raise self._failed("failed to load", exc) from exc
+        await self._serve_http(app)
+
+    def _failed(self, what: str, exc: BaseException) -> ModelLoadFailed:
+        self._log.append(f"{type(exc).__name__}: {exc}")
+        return ModelLoadFailed(
+            f"model '{self.spec.id}' {what}: {type(exc).__name__}: {exc}",
+            model=self.spec.id, log_tail=self.tail(self.settings.log_tail_lines),
+        )
+
+    async def _serve_http(self, app: Starlette) -> None:
         config = uvicorn.Config(app, host=LOOPBACK, port=self.port, log_level="warning",
                                 access_log=False, lifespan="off")
         self._server = _Server(config)
         self._task = asyncio.create_task(self._server.serve(), name=f"serve:{self.spec.id}")
+        self._task.add_done_callback(self._served)
         while not self._server.started:
             if self._task.done():
                 await self.stop()
                 raise ModelLoadFailed(f"model '{self.spec.id}': its HTTP server did not start",
                                       model=self.spec.id)
             await asyncio.sleep(0.01)  # uvicorn has no started event to await
+
+    def _served(self, task: asyncio.Task[None]) -> None:
+        if not self._suspending:
+            self._exited.set()
 
     async def _load(self) -> Starlette:
         """Weights into memory (in a thread), then the app that serves them."""
@@ -98,9 +117,7 @@ class TransformersBackend:
         await asyncio.to_thread(importlib.import_module, _GENERATOR)
         from modelyard.engine.backends.transformers.embedder import Embedder, is_embedding_repo
         from modelyard.engine.backends.transformers.embeddings_api import embeddings_handler
-        from modelyard.engine.backends.transformers.generator import BatchGenerator
         from modelyard.engine.backends.transformers.server import build_app
-        from modelyard.engine.backends.transformers.tool_calls import tool_family_of
 
         if is_embedding_repo(self.spec.path):
             device = "cuda" if self.precision.dtype != "float32" else "cpu"
@@ -112,6 +129,14 @@ class TransformersBackend:
         loaded = await asyncio.to_thread(load_causal_lm, self.spec, self.precision)
         self._loaded = loaded
         self._log.append(f"loaded on {loaded.device} ({loaded.precision.why})")
+        return self._app(loaded)
+
+    def _app(self, loaded: Loaded) -> Starlette:
+        """A generator over `loaded` and the app that serves it."""
+        from modelyard.engine.backends.transformers.generator import BatchGenerator
+        from modelyard.engine.backends.transformers.server import build_app
+        from modelyard.engine.backends.transformers.tool_calls import tool_family_of
+
         generator = BatchGenerator(
             loaded.model, loaded.tokenizer,
             max_batch_size=self.spec.max_batch_size,
@@ -130,6 +155,12 @@ class TransformersBackend:
         )
 
     async def stop(self) -> None:
+        await self._stop_serving()
+        self._generator = self._loaded = None
+        await asyncio.to_thread(_free_memory)
+        self._exited.set()
+
+    async def _stop_serving(self) -> None:
         if self._server is not None:
             self._server.should_exit = True
         if self._task is not None:
@@ -137,15 +168,64 @@ class TransformersBackend:
                 await self._task
         if self._generator is not None:
             await asyncio.to_thread(self._generator.stop)
-        self._generator = self._loaded = None
-        await asyncio.to_thread(_free_memory)
+        self._server, self._task, self._generator = None, None, None
 
     async def wait_exit(self) -> int | None:
-        while self._task is None:
-            await asyncio.sleep(0.1)
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        await self._exited.wait()
         return 0
+
+    # ---- the warm tier ----------------------------------------------------------------------
+
+    def _movable(self) -> Loaded | None:
+        """The loaded causal LM, if `.to(device)` moves all of it: not an embedder, not a
+        4-bit model (bitsandbytes' weights do not round-trip) nor one an accelerate
+        device_map spreads over devices (its hooks pin each layer)."""
+        loaded = self._loaded
+        if not isinstance(loaded, Loaded) or loaded.precision.load_in_4bit:
+            return None
+        return loaded if self.spec.device_map is None else None
+
+    def warm_bytes(self) -> int:
+        loaded = self._movable()
+        return _module_bytes(loaded.model) if loaded is not None else 0
+
+    async def suspend(self) -> bool:
+        loaded = self._movable()
+        if loaded is None or not self.alive:
+            return False
+        self._suspending = True
+        await self._stop_serving()  # the generator's KV caches go with it
+        if loaded.device != "cpu":
+            await asyncio.to_thread(_move, loaded.model, "cpu")
+        self._log.append("suspended to host memory")
+        return True
+
+    async def resume(self) -> None:
+        loaded = self._movable()
+        if loaded is None or not self._suspending:
+            raise ModelLoadFailed(f"model '{self.spec.id}' is not suspended", model=self.spec.id)
+        try:
+            if loaded.device != "cpu":
+                await asyncio.to_thread(_move, loaded.model, loaded.device)
+            app = self._app(loaded)
+        except (OSError, ValueError, RuntimeError) as exc:
+            await self.stop()
+            raise self._failed("failed to resume", exc) from exc
+        self.port = free_port()  # the old one may have been taken meanwhile
+        self.url = f"http://{LOOPBACK}:{self.port}"
+        self._suspending = False
+        self._log.append(f"resumed on {loaded.device}")
+        await self._serve_http(app)
+
+
+def _module_bytes(model: Any) -> int:
+    tensors = [*model.parameters(), *model.buffers()]
+    return sum(int(t.numel()) * int(t.element_size()) for t in tensors)
+
+
+def _move(model: Any, device: str) -> None:
+    model.to(device)
+    _free_memory()  # the CUDA cache keeps what the move freed until asked
 
 
 def _no_ids(body: dict[str, Any]) -> list[int]:
