@@ -241,7 +241,7 @@ async def _worker_main(url: str, tokens: int, max_s: float) -> None:
             line = await asyncio.wait_for(reader.readline(), max(0.0, deadline - loop.time()))
         except TimeoutError:
             line = b""  # out of time: stop as if told to
-        cmd = json.loads(line) if line.strip() else {"op": "stop"}
+        cmd: dict[str, Any] = json.loads(line) if line.strip() else {"op": "stop"}
         if cmd["op"] == "idle":
             reply = await worker.open_idle(cmd["n"])
         elif cmd["op"] == "streams":
