@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: run install llama-server demo-model demo-safetensors chromium test test-unit test-integration test-e2e check soak fuzz bench-proxy bench-sched bench-batch bench-session bench-swap clean
+.PHONY: run install llama-server demo-model demo-safetensors chromium test test-unit test-integration test-e2e check soak fuzz bench-proxy bench-sched bench-batch bench-session bench-swap bench-load clean
 
 install: $(STAMP)
 
@@ -82,3 +82,7 @@ bench-sched: install
 # Request → first token for a model evicted a moment ago, cold vs warm (warm tier, read-ahead).
 bench-swap: install llama-server demo-model demo-safetensors
 	$(BIN)/python bench/swap.py
+
+# The front at scale: 1,000 idle keep-alive clients, 64 streams, 10,000 models (fake backend).
+bench-load: install
+	$(BIN)/python bench/load.py

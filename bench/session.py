@@ -69,12 +69,17 @@ WORDS = [
 ]
 
 
+FULL = {"turns": 10, "agents": 4, "swap_agents": 2, "words": 100}
+QUICK = {"turns": 5, "agents": 2, "swap_agents": 1, "words": 60}
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    p.add_argument("--turns", type=int, default=10)
-    p.add_argument("--agents", type=int, default=4, help="session agents (interleaved)")
-    p.add_argument("--swap-agents", type=int, default=2, help="session agents (swapped)")
-    p.add_argument("--words", type=int, default=100, help="words per user message")
+    # Defaults in QUICK/FULL below: --quick must not override what is given explicitly.
+    p.add_argument("--turns", type=int, help="turns per conversation (default 10)")
+    p.add_argument("--agents", type=int, help="session agents (interleaved; default 4)")
+    p.add_argument("--swap-agents", type=int, help="session agents (swapped; default 2)")
+    p.add_argument("--words", type=int, help="words per user message (default 100)")
     p.add_argument("--answer-tokens", type=int, default=16)
     p.add_argument("--ctx-size", type=int, default=4096, help="per slot")
     p.add_argument("--scenarios", default="interleaved,swapped,transformers")
@@ -88,8 +93,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", type=Path, help="GGUF (default: the cached demo model)")
     p.add_argument("--wait-binary", type=float, default=900.0)
     args = p.parse_args(argv)
-    if args.quick:
-        args.turns, args.agents, args.swap_agents, args.words = 5, 2, 1, 60
+    for name, value in (QUICK if args.quick else FULL).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     return args
 
 

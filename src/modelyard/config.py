@@ -357,6 +357,10 @@ class Settings(BaseSettings):
     body_read_timeout_s: float = Field(
         60.0, gt=0, description="Longest pause in a request body being uploaded (408 beyond)."
     )
+    client_keep_alive_s: float = Field(
+        5.0, gt=0, description="How long the front keeps an idle client connection open "
+        "between requests (uvicorn's default); raise it for many clients that keep theirs.",
+    )
     model_dirs: list[UserPath] = Field(
         default_factory=list,
         description="Extra directories scanned for GGUF files ($home/models is always scanned).",

@@ -166,7 +166,8 @@ def serve(
     drain = Drain(front)  # requests in flight when a shutdown begins: their grace, then an error
     grace_s = settings.shutdown_grace_s
     serving.run(drain, host=settings.host, port=settings.port, grace_s=grace_s,
-                on_shutdown=lambda: drain.begin(grace_s), limits=serving.http_limits(settings))
+                on_shutdown=lambda: drain.begin(grace_s), limits=serving.http_limits(settings),
+                keep_alive_s=settings.client_keep_alive_s)
 
 
 def _home() -> Path:

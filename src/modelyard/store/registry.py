@@ -107,6 +107,10 @@ class ModelRegistry:
             self._names[_key(alias)] = target
             self._aliases.setdefault(target, []).append(alias)
 
+    def count(self) -> int:
+        """How many entries (not `__len__`: an empty registry must stay truthy)."""
+        return len(self._entries)
+
     def entries(self) -> list[Entry]:
         return list(self._entries.values())
 

@@ -25,10 +25,12 @@ from modelyard.front.chat.request import CHAT_PATH, ChatCall
 from modelyard.front.chat.shapes import check_openai_chat
 from modelyard.front.chat.tools.support import check_tools_for
 from modelyard.front.chat.vision import check_vision_for
+from modelyard.front.dispatch.dispatcher import EngineModel
 from modelyard.front.identity.principal import principal_of
 from modelyard.front.ops.jobs import ACTIVE
 from modelyard.front.ops.overview import overview
 from modelyard.front.ops.redact import client_diag, client_models, client_overview, client_status
+from modelyard.front.ops.snapshot import Snapshot
 from modelyard.front.state import (
     read_json_object,
     request_priority,
@@ -116,10 +118,23 @@ async def models(request: Request) -> Response:
     return _json({"models": out if _is_admin(request) else client_models(out)})
 
 
+def _running_snapshot(request: Request) -> Snapshot[dict[str, EngineModel]]:
+    """The app's shared engines' report for /health (made on first use: front/ops/snapshot.py)."""
+    app_state = request.app.state
+    snapshot: Snapshot[dict[str, EngineModel]] | None = getattr(
+        app_state, "running_snapshot", None)
+    if snapshot is None:
+        dispatch = state_of(request).dispatch
+        # A model granted where it was not before changes the dispatcher's upstream map.
+        snapshot = Snapshot(dispatch.running_models, lambda: frozenset(dispatch.upstreams.items()))
+        app_state.running_snapshot = snapshot
+    return snapshot
+
+
 async def health(request: Request) -> Response:
     state = state_of(request)
     engines_up = sum(1 for e in state.dispatch.engines if e.up)
-    running = await state.dispatch.running_models()
+    running = await _running_snapshot(request).get()
     mem = psutil.virtual_memory()
     healthy = engines_up == len(state.dispatch.engines) and engines_up > 0
     return _json(
@@ -128,7 +143,7 @@ async def health(request: Request) -> Response:
             "version": __version__,
             "uptime_seconds": round(time.time() - state.started_at, 3),
             "engines": {"total": len(state.dispatch.engines), "up": engines_up},
-            "models_available": len(state.catalog.registry.entries()),
+            "models_available": state.catalog.registry.count(),
             "models_cached": sum(1 for m in running.values() if m.status.state == "ready"),
             "cache_limit": None,
             "downloads_active": 0,

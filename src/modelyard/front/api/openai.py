@@ -31,6 +31,7 @@ from modelyard.front.state import (
     state_of,
     validate,
 )
+from modelyard.store.registry import ModelRegistry
 
 
 class _Request(BaseModel):
@@ -120,16 +121,20 @@ def default_max_tokens(state: FrontState, model: str, data: dict[str, Any]) -> i
     return cap
 
 
+def _model_list(registry: ModelRegistry, created: int) -> bytes:
+    data: list[dict[str, Any]] = [
+        {"id": name, "object": "model", "created": created, "owned_by": "modelyard"}
+        for name, _ in registry.names()
+    ]
+    return orjson.dumps({"object": "list", "data": data})
+
+
 async def list_models(request: Request) -> Response:
     state = state_of(request)
     created = int(state.started_at)
-    data: list[dict[str, Any]] = [
-        {"id": name, "object": "model", "created": created, "owned_by": "modelyard"}
-        for name, _ in state.catalog.registry.names()
-    ]
-    return Response(
-        orjson.dumps({"object": "list", "data": data}), media_type="application/json"
-    )
+    # The same bytes until a reload or rescan replaces the registry (front/catalog.py).
+    body = state.catalog.memo("openai:/v1/models", lambda r: _model_list(r, created))
+    return Response(body, media_type="application/json")
 
 
 async def retrieve_model(request: Request) -> Response:
