@@ -65,3 +65,29 @@ async def test_silence_means_stalled_and_total_is_a_ceiling() -> None:
     with pytest.raises(NotReady, match="not ready after 5"):
         await wait_ready(probe=silent, exit_code=lambda: None, progress=lambda: next(chatty),
                          stall_timeout_s=3, total_timeout_s=5, poll_interval_s=0, clock=clock)
+
+
+async def test_output_is_watched_between_polls() -> None:
+    """With `watch_interval_s`, a probe waits out the poll interval unless the child's output
+    grew since the last probe: the line a server logs as it starts listening is probed at once.
+    """
+    clock = Clock()
+    probes: list[float] = []
+
+    def output() -> int:  # a line at 0.07 s, "listening" at 0.15 s
+        return 2 if clock.now >= 0.15 else 1 if clock.now >= 0.07 else 0
+
+    def exit_code() -> None:
+        clock.now = round(clock.now + 0.002, 6)  # each look: one watch interval later
+        return None
+
+    async def probe() -> bool:
+        probes.append(clock.now)
+        return output() == 2
+
+    await wait_ready(probe=probe, exit_code=exit_code, progress=output,
+                     stall_timeout_s=5, total_timeout_s=5, poll_interval_s=0.05,
+                     watch_interval_s=0, clock=clock)
+    # At once; a poll interval later; at once as a line came; a poll interval later; at once
+    # as "listening" came (not at the next poll, 0.17 s).
+    assert probes == pytest.approx([0.002, 0.052, 0.07, 0.12, 0.15], abs=0.0021)

@@ -42,7 +42,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from modelyard import __version__
+from modelyard import __version__, metrics
 from modelyard.config import Settings
 from modelyard.engine.lease_channel import engine_protocol, serve_lease_channel
 from modelyard.engine.logs import model_log
@@ -215,6 +215,7 @@ def create_engine_app(
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
         nonlocal lease_port
         watcher = asyncio.create_task(_exit_with_parent()) if watch_parent else None
+        metrics.prepare()  # not on the first load's time
         engine.start()
         channel = await serve_lease_channel(engine, secret)
         lease_port = int(channel.sockets[0].getsockname()[1])

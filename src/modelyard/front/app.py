@@ -105,6 +105,7 @@ def create_app(
         async with contextlib.AsyncExitStack() as stack:
             if provider is None and not settings.single_process:  # (`modelyard serve` did it)
                 metrics.setup_multiprocess(settings.home)  # before engines start: they inherit
+            metrics.prepare()  # not on the first request's time
             stack.callback(metrics.release_multiprocess)  # last, once the engines have stopped
             # The front's own records, for GET /admin/logs (and an in-process engine's).
             logs = stack.enter_context(LogBuffer(settings.log_buffer_lines).capture())

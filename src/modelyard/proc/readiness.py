@@ -30,19 +30,33 @@ async def wait_ready(
     stall_timeout_s: float,
     total_timeout_s: float,
     poll_interval_s: float = 0.05,
+    watch_interval_s: float | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> None:
-    """Return once `probe()` is true; raise NotReady with the reason otherwise."""
+    """Return once `probe()` is true; raise NotReady with the reason otherwise.
+
+    `probe()` runs every `poll_interval_s`; with `watch_interval_s`, the exit code and the
+    output are also looked at that often, and output that grew since the last probe is probed
+    at once: a server logs the line that says it listens as it becomes ready, so a cold request
+    waits for that line, not for the rest of a poll interval (a stat costs far less than a
+    health request, which is why the poll itself stays slower)."""
     start = clock()
     seen = progress()
     stall_deadline = start + stall_timeout_s
+    last_probe: float | None = None
+    probed_output = seen
     while True:
         code = exit_code()
         if code is not None:
             raise NotReady(f"exited with status {code} while loading")
-        if await probe():
-            return
         now = clock()
+        output = progress()
+        if (watch_interval_s is None or last_probe is None or output != probed_output
+                or now - last_probe >= poll_interval_s):
+            probed_output = output
+            if await probe():
+                return
+            last_probe = now = clock()
         if progress() != seen:
             seen = progress()
             stall_deadline = now + stall_timeout_s
@@ -50,4 +64,4 @@ async def wait_ready(
             raise NotReady(f"not ready after {total_timeout_s:g} s")
         if now >= stall_deadline:
             raise NotReady(f"stalled: no output and not ready for {stall_timeout_s:g} s")
-        await asyncio.sleep(poll_interval_s)
+        await asyncio.sleep(poll_interval_s if watch_interval_s is None else watch_interval_s)

@@ -98,8 +98,10 @@ class ChildServer:
                     progress=self.process.output_bytes,
                     stall_timeout_s=self.settings.load_stall_timeout_s,
                     total_timeout_s=self.settings.load_timeout_s,
-                    # What a cold request waits, at most, once the server is really ready.
+                    # What a cold request waits, at most, once the server is really ready
+                    # (it is usually less: its "listening" line is probed at once).
                     poll_interval_s=0.01,
+                    watch_interval_s=0.002,
                 )
             except NotReady as exc:
                 await self.stop()
