@@ -33,12 +33,12 @@ while the worker does (it is not locked). A failed step (an exception in the for
 out of memory) raises `RuntimeError` in the streams of that step's sequences; the worker goes on.
 
 Memory: sequences in flight hold `ceil(tokens / kv_block_tokens)` blocks each (the pool grows
-x1.5 when full and is freed when no sequence holds KV; a forward pass adds one layer's padded
+x1.25 when full and is freed when no sequence holds KV; a forward pass adds one layer's padded
 `rows x longest row` copy at a time), the prefix cache up to `prefix_cache_tokens` tokens and
-the session pins up to `session_cache_tokens` (a pin shares its tensors with the prefix-cache entry stored at the same
-retirement, until one of them is evicted); all on the model's device, `kv_bytes_per_token` each
-(in `stats()`). `max_batch_tokens` bounds the tokens computed per step (decode rows + prefill
-chunk tokens, like vLLM's `max_num_batched_tokens`), not the KV.
+the session pins up to `session_cache_tokens` (a pin shares its tensors with the prefix-cache
+entry stored at the same retirement, until one of them is evicted); all on the model's device,
+`kv_bytes_per_token` each (in `stats()`). `max_batch_tokens` bounds the tokens computed per
+step (decode rows + prefill chunk tokens, like vLLM's `max_num_batched_tokens`), not the KV.
 
 Models: any decoder-only `*ForCausalLM` whose layers all use a plain (full-attention) KV cache
 and take `position_ids` and a 2D `attention_mask` (Llama, Qwen2/3, Mistral, Phi-3, SmolLM,
@@ -168,8 +168,15 @@ class BatchGenerator:
                              ">= 1")
         if kv_layout not in KV_LAYOUTS:
             raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, not {kv_layout!r}")
-        self.kv_layout = kv_layout
         self.kv_block_tokens = kv_block_tokens
+        self._mask_dtype: torch.dtype | None = None  # paged: None = boolean mask (sdpa)
+        why = _no_paged(model)
+        if kv_layout == "paged" and why:
+            log.info("padded KV layout for this model: %s", why)
+            kv_layout = "padded"
+        elif kv_layout == "paged" and _attn_implementation(model) == "eager":
+            self._mask_dtype = model.dtype
+        self.kv_layout = kv_layout
         self._model = model.eval()
         self._tokenizer = tokenizer
         self.max_batch_size = max_batch_size
@@ -193,6 +200,7 @@ class BatchGenerator:
         self._waiting: deque[_Seq] = deque()
         self._prefilling, self._running = self._new_batches()
         self._kv_peak_bytes = 0
+        self._kv_peak_tokens = 0
         self._thread: threading.Thread | None = None
         self._outbox: dict[asyncio.AbstractEventLoop, list[_Delivery]] = {}
         self._lock = threading.Lock()
@@ -291,6 +299,7 @@ class BatchGenerator:
                 "kv_tokens_held": self._running.tokens_held + self._prefilling.tokens_held,
                 "kv_bytes_allocated": self._kv_bytes(),
                 "kv_bytes_peak": self._kv_peak_bytes,
+                "kv_tokens_held_peak": self._kv_peak_tokens,
                 "prefix_cache": {**self._prefix.stats(), "bytes": self._prefix.tokens_cached
                                  * self.kv_bytes_per_token},
                 "session_cache": {**self._pins.stats(), "bytes": self._pins.tokens_cached
@@ -302,7 +311,7 @@ class BatchGenerator:
         if self.kv_layout == "padded":
             return KVBatch(self._device), KVBatch(self._device)
         pool = BlockPool(self._device, self.kv_block_tokens)
-        return PagedBatch(pool), PagedBatch(pool)
+        return PagedBatch(pool, self._mask_dtype), PagedBatch(pool, self._mask_dtype)
 
     def _kv_bytes(self) -> int:
         running, prefilling = self._running, self._prefilling
@@ -326,6 +335,8 @@ class BatchGenerator:
                         log.exception("generation step failed")
                         self._fail_batches(exc)
                     self._kv_peak_bytes = max(self._kv_peak_bytes, self._kv_bytes())
+                    self._kv_peak_tokens = max(self._kv_peak_tokens, self._running.tokens_held
+                                               + self._prefilling.tokens_held)
                     self._flush()
         finally:
             self._shutdown()
@@ -586,6 +597,27 @@ def _move(src: _Batch, dst: _Batch, indices: list[int], kvs: list[RowKV | None])
         dst.adopt(src, indices, kvs)
     else:
         raise TypeError("rows move only between batches of one layout")
+
+
+def _attn_implementation(model: Any) -> str:
+    return str(getattr(model.config, "_attn_implementation", None) or "eager")
+
+
+def _no_paged(model: Any) -> str | None:
+    """Why the paged layout cannot serve this model (None when it can). It hands attention its
+    own 4D mask, which sdpa and eager take as is; flash kernels take none, and a sliding window
+    would be lost (transformers applies a 4D mask as given)."""
+    impl = _attn_implementation(model)
+    if impl not in ("sdpa", "eager"):
+        return f"attention implementation {impl!r} takes no 4D mask"
+    config = model.config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    types = getattr(text, "layer_types", None)
+    if types is not None and any(t != "full_attention" for t in types):
+        return "not every layer is full attention"
+    if types is None and getattr(text, "sliding_window", None):
+        return "sliding-window attention"
+    return None
 
 
 def _failure(exc: Exception) -> RuntimeError:

@@ -7,19 +7,27 @@ block_tokens)` blocks, listed in its *block table*; blocks come from a free list
 the row leaves, so KV memory grows with the tokens each sequence holds. A row moves from the
 prefilling batch to the decode batch by handing over its block table (no copy).
 
-Layout: per layer, keys and values are `[slots, kv_heads, head_dim]` tensors (`slot = block *
-block_tokens + offset`, one row of memory per token). Block 0 is never handed out: it is the
-scratch slot that padding reads and writes, so it always holds finite values. The pool grows by
-reallocating (amortised, x1.5) when the free list runs dry, and gives its memory back as soon as
-no row holds a block.
+Layout: per layer, keys and values are `[kv_heads, blocks * block_tokens, head_dim]` tensors
+(`slot = block * block_tokens + offset`). Block 0 is never handed out: it is the scratch block
+that padding reads and writes, so it always holds finite values. The pool grows by reallocating
+(amortised, x1.25) when the free list runs dry, and gives its memory back as soon as no row
+holds a block.
 
-Attention runs through the model's own code (same kernels, masks and RoPE as `generate`): the
-cache's `update()` scatters the step's new keys/values into their slots, then gathers the rows'
-tokens right-aligned into a transient `[rows, kv_heads, past + new, head_dim]` view for that one
-layer, i.e. exactly the padded inputs the padded layout would give attention (a row's tokens end
-at the same column, pads are masked by the 2D attention mask, positions are explicit). So greedy
-output is unchanged, and only one layer's padded copy exists at a time.
+Attention runs through the model's own attention code (sdpa or eager, same RoPE and kernels as
+`generate`): the cache's `update()` scatters the step's new keys/values into their slots, then
+gathers each row's blocks, in table order, into a transient `[rows, kv_heads, blocks x
+block_tokens, head_dim]` view for that one layer (only one layer's copy exists at a time). A
+row's token `t` is column `t` of that view, so the step passes its own 4D mask (query at token
+`t` sees columns `<= t` of its row; transformers takes a 4D mask as is) instead of the 2D padding
+mask. Two measured choices (bench/batch_core.py, CPU): head-major storage, since attention over
+a token-major view (`heads * dim` between tokens) took twice as long; and whole blocks gathered
+rather than right-aligned tokens, since copying `block_tokens * head_dim` values per index
+instead of `head_dim` made the gather several times cheaper.
+
+Models: full-attention layers only (no sliding window: the 4D mask would override it); the
+generator keeps the padded layout for others.
 """
+
 
 from __future__ import annotations
 
@@ -47,7 +55,7 @@ class BlockPool:
         self.device = device
         self.block_tokens = block_tokens
         self.min_blocks = max(2, min_blocks)
-        self.keys: list[torch.Tensor] = []  # per layer [capacity * block_tokens, heads, dim]
+        self.keys: list[torch.Tensor] = []  # per layer [heads, capacity * block_tokens, dim]
         self.values: list[torch.Tensor] = []
         self.capacity = 0  # blocks, scratch included
         self._free: list[int] = []
@@ -83,12 +91,12 @@ class BlockPool:
 
     def _grow(self, need: int) -> None:
         old = self.capacity
-        new = max(need, self.min_blocks, old + old // 2)
+        new = max(need, self.min_blocks, old + old // 4)
         slots = new * self.block_tokens
         for store in (self.keys, self.values):
             for j, t in enumerate(store):
-                grown = t.new_zeros(slots, *t.shape[1:])
-                grown[:t.shape[0]] = t
+                grown = t.new_zeros(t.shape[0], slots, t.shape[2])
+                grown[:, :t.shape[1]] = t
                 store[j] = grown
         first = max(old, 1)  # block 0 is the scratch block
         self._free[:0] = range(new - 1, first - 1, -1)  # handed out lowest first
@@ -97,7 +105,7 @@ class BlockPool:
     def layer(self, j: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer `j`'s (keys, values) storage; `like` ([rows, heads, n, dim]) sizes a new one."""
         while len(self.keys) <= j:
-            shape = (self.capacity * self.block_tokens, like.shape[1], like.shape[3])
+            shape = (like.shape[1], self.capacity * self.block_tokens, like.shape[3])
             self.keys.append(like.new_zeros(shape))
             self.values.append(like.new_zeros(shape))
         return self.keys[j], self.values[j]
@@ -110,7 +118,7 @@ def slots_of(blocks: Sequence[int], n: int, block_tokens: int) -> list[int]:
 
 class PagedCache(Cache):
     """The `Cache` a forward pass sees: `update()` stores the new KV in the pool and returns the
-    batch's padded view for this step (see the module docstring); lengths are the step's."""
+    rows' blocks for this step (see the module docstring)."""
 
     def __init__(self, batch: PagedBatch[Any]) -> None:
         super().__init__(layers=[])
@@ -121,38 +129,43 @@ class PagedCache(Cache):
         return self._batch.attend(layer_idx, key_states, value_states)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self._batch.past
+        return self._batch.length
 
     def get_query_offset(self, layer_idx: int = 0) -> int:
-        return self._batch.past
+        return self._batch.length
 
     def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
-        return self._batch.past + query_length, 0
+        return self._batch.width, 0
 
 
 class PagedBatch(Generic[T]):
     """Rows of sequences, each with a block table in `pool` and a token count. The API is the
-    padded `KVBatch`'s, plus `adopt()` to move rows between batches of the same pool."""
+    padded `KVBatch`'s, plus `adopt()` to move rows between batches of the same pool.
+    `mask_dtype`: None for a boolean mask (sdpa), or the dtype of an additive one (eager)."""
 
-    def __init__(self, pool: BlockPool) -> None:
+    def __init__(self, pool: BlockPool, mask_dtype: torch.dtype | None = None) -> None:
         self.pool = pool
         self.device = pool.device
+        self.mask_dtype = mask_dtype
         self.rows: list[T] = []
         self._blocks: list[list[int]] = []
         self._lens: list[int] = []
         self._table: torch.Tensor | None = None  # [rows, max blocks], rebuilt when blocks change
         self.cache = PagedCache(self)
-        self.past = 0  # the step's past length (longest row), set by the *_inputs methods
+        self.width = 0  # the step's columns (max blocks x block_tokens)
         self._chunk: list[int] = []  # tokens each row appends in the step
         self._write: torch.Tensor | None = None  # [rows * new] slots the step's KV goes to
-        self._gather: torch.Tensor | None = None  # [rows * (past + new)] slots attention reads
+        self._flat: torch.Tensor | None = None  # [heads * rows * max blocks] rows of a 2D view
+        # the gathered keys and values, reused by every layer and step (grown when too small):
+        # a fresh 1-4 MB tensor per layer cost more in page faults than the copy itself
+        self._bufs: list[torch.Tensor] = []
 
     def __len__(self) -> int:
         return len(self.rows)
 
     @property
     def length(self) -> int:
-        """The padded length attention sees (the longest row)."""
+        """The longest row, tokens."""
         return max(self._lens, default=0)
 
     def lengths(self) -> list[int]:
@@ -186,8 +199,8 @@ class PagedBatch(Generic[T]):
                                    dtype=torch.long, device=self.device)
                 for j, (rk, rv) in enumerate(kv):
                     keys, values = self.pool.layer(j, rk)
-                    keys.index_copy_(0, idx, rk[0].transpose(0, 1))
-                    values.index_copy_(0, idx, rv[0].transpose(0, 1))
+                    keys.index_copy_(1, idx, rk[0])
+                    values.index_copy_(1, idx, rv[0])
                 self._lens[i] = n
         except BaseException:
             self.keep(list(range(start)))  # a failed join leaves the batch as it was
@@ -225,8 +238,7 @@ class PagedBatch(Generic[T]):
             return None
         idx = torch.tensor(slots_of(self._blocks[i], n, self.pool.block_tokens),
                            dtype=torch.long, device=self.device)
-        return tuple((k.index_select(0, idx).transpose(0, 1).unsqueeze(0).contiguous(),
-                      v.index_select(0, idx).transpose(0, 1).unsqueeze(0).contiguous())
+        return tuple((k.index_select(1, idx).unsqueeze(0), v.index_select(1, idx).unsqueeze(0))
                      for k, v in zip(self.pool.keys, self.pool.values, strict=True))
 
     def decode_inputs(self, last_tokens: Sequence[int]) -> dict[str, Any]:
@@ -253,46 +265,60 @@ class PagedBatch(Generic[T]):
     def advance(self, inputs: dict[str, Any]) -> None:
         """After the forward pass that consumed the step's inputs: the new tokens are the rows'."""
         self._lens = [n + c for n, c in zip(self._lens, self._chunk, strict=True)]
-        self._chunk, self._write, self._gather = [], None, None
+        self._chunk, self._write = [], None
 
     def _plan(self, chunk: list[int]) -> torch.Tensor:
-        """Allocate the step's blocks and compute where its KV goes and what attention reads;
-        return the 2D attention mask `[rows, past + width]` (1 where a column holds a token)."""
+        """Allocate the step's blocks, compute the slots its KV goes to, and return its 4D mask
+        `[rows, 1, new, width]`: a query at token `t` of its row sees columns `<= t`; a padding
+        query (left of a shorter chunk) sees column 0 only, so no softmax row is empty."""
         for i, c in enumerate(chunk):
             self._blocks_for(i, self._lens[i] + c)
         if self._table is None:
-            width = max((len(b) for b in self._blocks), default=0) or 1
-            self._table = torch.tensor([b + [SCRATCH] * (width - len(b)) for b in self._blocks],
+            blocks = max((len(b) for b in self._blocks), default=0) or 1
+            self._table = torch.tensor([b + [SCRATCH] * (blocks - len(b)) for b in self._blocks],
                                        dtype=torch.long, device=self.device)
-        past, new = self.length, max(chunk)
+        bt = self.pool.block_tokens
+        new = max(chunk)
         lens = torch.tensor(self._lens, dtype=torch.long, device=self.device).unsqueeze(1)
         adds = torch.tensor(chunk, dtype=torch.long, device=self.device).unsqueeze(1)
-        cols = torch.arange(past + new, dtype=torch.long, device=self.device).unsqueeze(0)
-        # the token each column holds: the past right-aligned at `past`, the chunk right-aligned
-        # at the end (left-padded), as in the padded layout
-        is_past = cols < past
-        tok = torch.where(is_past, cols - past + lens, cols - past - new + adds + lens)
-        valid = torch.where(is_past, tok >= 0, tok >= lens)
-        tok = tok.clamp(min=0)
-        bt = self.pool.block_tokens
+        # the token each query is: the chunk is right-aligned (left-padded) in the step's input
+        tok = lens + torch.arange(new, dtype=torch.long, device=self.device) - (new - adds)
+        real = tok >= lens
+        tok = torch.where(real, tok, 0)
         slots = self._table.gather(1, tok // bt) * bt + tok % bt
-        slots = torch.where(valid, slots, SCRATCH)
-        self.past, self._chunk = past, chunk
-        self._write = slots[:, past:].reshape(-1)
-        self._gather = slots.reshape(-1)
-        return valid.long()
+        self._write = torch.where(real, slots, SCRATCH).reshape(-1)
+        self._flat = None
+        self._chunk = chunk
+        self.width = int(self._table.shape[1]) * bt
+        cols = torch.arange(self.width, dtype=torch.long, device=self.device)
+        allowed = (cols <= tok.unsqueeze(2)).unsqueeze(1)
+        if self.mask_dtype is None:
+            return allowed
+        zero = torch.zeros((), dtype=self.mask_dtype, device=self.device)
+        return torch.where(allowed, zero, torch.finfo(self.mask_dtype).min)
 
     def attend(self, j: int, key_states: torch.Tensor,
                value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Layer `j` of the step: store the new KV, return the rows' padded KV for attention."""
-        if self._write is None or self._gather is None:
+        """Layer `j` of the step: store the new KV, return the rows' blocks for attention."""
+        if self._write is None or self._table is None:
             raise RuntimeError("a forward pass over a PagedBatch needs decode_inputs() or "
                                "chunk_inputs() first")
-        rows, heads, new, dim = key_states.shape
+        rows, heads, _, dim = key_states.shape
         keys, values = self.pool.layer(j, key_states)
-        keys.index_copy_(0, self._write, key_states.transpose(1, 2).reshape(-1, heads, dim))
-        values.index_copy_(0, self._write, value_states.transpose(1, 2).reshape(-1, heads, dim))
-        width = self.past + new
-        return (keys.index_select(0, self._gather).view(rows, width, heads, dim).transpose(1, 2),
-                values.index_select(0, self._gather).view(rows, width, heads, dim)
-                .transpose(1, 2))
+        keys.index_copy_(1, self._write, key_states.transpose(0, 1).reshape(heads, -1, dim))
+        values.index_copy_(1, self._write, value_states.transpose(0, 1).reshape(heads, -1, dim))
+        bt = self.pool.block_tokens
+        if self._flat is None:  # block b of head h is row h * capacity + b of the 2D view
+            per_head = torch.arange(heads, dtype=torch.long, device=self.device).unsqueeze(1)
+            self._flat = (per_head * self.pool.capacity + self._table.reshape(1, -1)).reshape(-1)
+        n = int(self._flat.shape[0])
+        out = []
+        for k, store in enumerate((keys, values)):
+            if len(self._bufs) <= k or self._bufs[k].numel() < n * bt * dim \
+                    or self._bufs[k].dtype != store.dtype:
+                buf = store.new_empty(n * bt * dim)
+                self._bufs[k:k + 1] = [buf]
+            gathered = self._bufs[k][:n * bt * dim].view(n, bt * dim)
+            torch.index_select(store.view(-1, bt * dim), 0, self._flat, out=gathered)
+            out.append(gathered.view(heads, rows, self.width, dim).transpose(0, 1))
+        return out[0], out[1]
