@@ -1,6 +1,7 @@
-"""What continuous batching and the prefix cache buy on this machine, against plain `generate`.
+"""What continuous batching, paged KV and the prefix cache buy on this machine.
 
     .venv/bin/python bench/batch_core.py                 # about 3 minutes on 2 CPU cores
+    .venv/bin/python bench/batch_core.py --smallest      # every section, tiny sizes: < 60 s
     .venv/bin/python bench/batch_core.py --quick --hf-cb # fewer tokens; also transformers' own CB
     .venv/bin/python bench/batch_core.py --model DIR     # a local HF model instead (e.g. the demo
                                                          # SmolLM2-135M safetensors directory)
@@ -14,7 +15,13 @@ The model is a randomly initialised Llama built here (no download): hidden 256, 
 * **throughput**: N requests (prompts of 24-56 tokens) submitted at once to one `BatchGenerator`
   (greedy), wall time from the first submission to the last token, against the same N prompts run
   one after the other through `model.generate(do_sample=False)` (the serialized baseline, measured
-  in the same run). Aggregate tokens/s = N * tokens / wall time.
+  in the same run). Aggregate tokens/s = N * tokens / wall time. The generator runs twice: with the
+  padded KV layout (`kv_layout="padded"`, the layout before paged KV) and with paged KV.
+* **KV memory, mixed lengths**: `--streams` requests at once, prompts of 16 to `--mixed-prompt`
+  tokens and outputs of 8 to 2 x `--tokens` tokens (seeded), on a generator per layout: the peak
+  bytes of KV storage for sequences in flight (padding, spare columns, free blocks included;
+  prefix cache off), the peak tokens those sequences held (x `kv_bytes_per_token` = the floor), and
+  aggregate tokens/s. Paged and padded alternate within each repeat.
 * **second-turn TTFT**: turn 1 is a `--history`-token prompt plus a generated answer; turn 2 is the
   whole of turn 1 plus a new 24-token user message. TTFT of turn 2 on a generator with the prefix
   cache against one with `prefix_cache_tokens=0` (median of `--repeats`).
@@ -42,7 +49,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from modelyard.engine.backends.transformers.generator import BatchGenerator
+from modelyard.engine.backends.transformers.generator import KV_LAYOUTS, BatchGenerator
 from modelyard.engine.backends.transformers.params import SamplingParams
 
 
@@ -90,20 +97,70 @@ def serialized(model: Any, batch: list[list[int]], tokens: int) -> float:
     return time.perf_counter() - start
 
 
-async def concurrent(gen: BatchGenerator, batch: list[list[int]], tokens: int) -> float:
-    params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
+async def concurrent(gen: BatchGenerator, batch: list[list[int]], tokens: int | list[int]) -> float:
+    wanted = tokens if isinstance(tokens, list) else [tokens] * len(batch)
 
-    async def one(ids: list[int]) -> int:
-        n = 0
+    async def one(ids: list[int], n: int) -> int:
+        got = 0
+        params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
         async for event in gen.generate(ids, params):
-            n += len(event.token_ids)
-        return n
+            got += len(event.token_ids)
+        return got
 
     start = time.perf_counter()
-    counts = await asyncio.gather(*(one(ids) for ids in batch))
+    counts = await asyncio.gather(*(one(ids, n) for ids, n in zip(batch, wanted, strict=True)))
     wall = time.perf_counter() - start
-    assert all(c == tokens for c in counts), counts
+    assert counts == wanted, counts
     return wall
+
+
+def mixed(tokenizer: Any, streams: int, max_prompt: int, tokens: int,
+          seed: int) -> tuple[list[list[int]], list[int]]:
+    """Prompts of 16 to `max_prompt` tokens, outputs of 8 to 2 x `tokens` (seeded)."""
+    rng = random.Random(seed)
+    vocab = len(tokenizer)
+    batch = [[rng.randrange(1, vocab) for _ in range(rng.randint(16, max(16, max_prompt)))]
+             for _ in range(streams)]
+    return batch, [rng.randint(8, max(8, 2 * tokens)) for _ in range(streams)]
+
+
+def kv_memory(model: Any, tokenizer: Any, args: argparse.Namespace) -> None:
+    """Peak KV bytes and throughput of `--streams` mixed-length streams, per layout."""
+    found: dict[str, dict[str, list[float]]] = {k: {"bytes": [], "held": [], "tps": []}
+                                                for k in KV_LAYOUTS}
+    per_token = 0
+    for r in range(args.repeats):
+        batch, outs = mixed(tokenizer, args.streams, args.mixed_prompt, args.tokens,
+                            args.seed + 7 + r)
+        for layout in (KV_LAYOUTS if r % 2 == 0 else KV_LAYOUTS[::-1]):
+            gen = BatchGenerator(model, tokenizer, max_batch_size=args.streams,
+                                 prefix_cache_tokens=0, kv_layout=layout)
+            gen.start()
+            try:
+                asyncio.run(concurrent(gen, prompts(tokenizer, 2, args.seed + 1), 2))  # warm-up
+                wall = asyncio.run(concurrent(gen, batch, outs))
+                stats = gen.stats()
+            finally:
+                gen.stop()
+            per_token = stats["kv_bytes_per_token"]
+            found[layout]["bytes"].append(stats["kv_bytes_peak"])
+            found[layout]["held"].append(stats["kv_tokens_held_peak"])
+            found[layout]["tps"].append(sum(outs) / wall)
+    med = {k: {m: statistics.median(v) for m, v in d.items()} for k, d in found.items()}
+    print(f"\nKV memory, {args.streams} streams at once (prompts 16-{args.mixed_prompt} tokens, "
+          f"outputs 8-{2 * args.tokens}; {per_token} KV bytes per token; median of "
+          f"{args.repeats}):")
+    print("\n| layout | peak KV bytes | peak tokens held | bytes / (tokens held x bytes per token)"
+          " | tok/s |")
+    print("|---|---|---|---|---|")
+    for layout in KV_LAYOUTS:
+        m = med[layout]
+        floor = m["held"] * per_token
+        print(f"| {layout} | {m['bytes']:,.0f} | {m['held']:.0f} | "
+              f"{m['bytes'] / floor if floor else 0:.2f} | {m['tps']:.0f} |")
+    paged, padded = med["paged"], med["padded"]
+    print(f"\npaged / padded: KV bytes {paged['bytes'] / padded['bytes']:.3f}, throughput "
+          f"{paged['tps'] / padded['tps']:.3f}", flush=True)
 
 
 async def turn(gen: BatchGenerator, ids: list[int], tokens: int) -> tuple[float, list[int]]:
@@ -197,11 +254,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="runs per measurement (median)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--streams", type=int, default=16, help="mixed-length streams (KV memory)")
+    ap.add_argument("--mixed-prompt", type=int, default=512,
+                    help="longest prompt of the mixed-length streams, tokens")
     ap.add_argument("--quick", action="store_true", help="32 tokens, 1000-token history, 1 run")
+    ap.add_argument("--smallest", action="store_true",
+                    help="every section at tiny sizes (hidden 64, 2 layers, 8 tokens, 1 run): "
+                    "checks that the benchmark runs, in well under a minute")
     ap.add_argument("--hf-cb", action="store_true", help="also time transformers' own CB")
     args = ap.parse_args(argv)
     if args.quick:
         args.tokens, args.history, args.repeats = 32, 1000, 1
+    if args.smallest:
+        args.tokens, args.history, args.repeats, args.concurrency = 8, 64, 1, [4]
+        args.hidden, args.layers, args.vocab, args.mixed_prompt = 64, 2, 512, 64
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.model:
@@ -215,32 +281,45 @@ def main(argv: list[str] | None = None) -> int:
           f"of {args.repeats}")
     serialized(model, prompts(tokenizer, 1, args.seed), 8)  # warm-up
 
-    print("\n| concurrent | serialized generate tok/s | BatchGenerator tok/s | speed-up |"
-          + (" transformers CB tok/s |" if args.hf_cb else ""))
-    print("|---|---|---|---|" + ("---|" if args.hf_cb else ""))
-    gen = BatchGenerator(model, tokenizer, max_batch_size=max(args.concurrency),
-                         prefix_cache_tokens=0)
-    gen.start()
+    print("\n| concurrent | serialized generate tok/s | padded KV tok/s | paged KV tok/s | "
+          "paged / serialized | paged / padded |" + (" transformers CB tok/s |" if args.hf_cb
+                                                    else ""))
+    print("|---|---|---|---|---|---|" + ("---|" if args.hf_cb else ""))
+    gens = {layout: BatchGenerator(model, tokenizer, max_batch_size=max(args.concurrency),
+                                   prefix_cache_tokens=0, kv_layout=layout)
+            for layout in KV_LAYOUTS}
+    for gen in gens.values():
+        gen.start()
     try:
-        asyncio.run(concurrent(gen, prompts(tokenizer, 2, args.seed + 1), 4))  # warm-up
+        for gen in gens.values():
+            asyncio.run(concurrent(gen, prompts(tokenizer, 2, args.seed + 1), 4))  # warm-up
         for n in args.concurrency:
             total = n * args.tokens
-            base, ours, theirs = [], [], []
-            for r in range(args.repeats):  # interleaved, so load drift hits both
+            base, theirs = [], []
+            ours: dict[str, list[float]] = {layout: [] for layout in KV_LAYOUTS}
+            for r in range(args.repeats):  # interleaved, so load drift hits all
                 batch = prompts(tokenizer, n, args.seed + 100 * n + r)
                 base.append(total / serialized(model, batch, args.tokens))
-                ours.append(total / asyncio.run(concurrent(gen, batch, args.tokens)))
+                for layout in (KV_LAYOUTS if r % 2 == 0 else KV_LAYOUTS[::-1]):
+                    wall = asyncio.run(concurrent(gens[layout], batch, args.tokens))
+                    ours[layout].append(total / wall)
                 if args.hf_cb:
                     theirs.append(total / hf_cb(model, batch, args.tokens))
-            b, o = statistics.median(base), statistics.median(ours)
-            row = f"| {n} | {b:.0f} | {o:.0f} | {o / b:.2f}x |"
+            b = statistics.median(base)
+            paged, padded = statistics.median(ours["paged"]), statistics.median(ours["padded"])
+            row = (f"| {n} | {b:.0f} | {padded:.0f} | {paged:.0f} | {paged / b:.2f}x | "
+                   f"{paged / padded:.3f} |")
             if args.hf_cb:
                 row += f" {statistics.median(theirs):.0f} |"
             print(row, flush=True)
-        stats = gen.stats()
+        stats = gens["paged"].stats()
     finally:
-        gen.stop()
-    print(f"\nbatch size avg {stats['batch_size_avg']:.2f} over {stats['steps']} decode steps")
+        for gen in gens.values():
+            gen.stop()
+    print(f"\npaged: batch size avg {stats['batch_size_avg']:.2f} over {stats['steps']} decode "
+          "steps")
+
+    kv_memory(model, tokenizer, args)
 
     cold, _ = asyncio.run(second_turn_ttft(model, tokenizer, 0, args.history, args.repeats,
                                            args.seed))

@@ -3,8 +3,10 @@
 Its modules import torch and transformers lazily or at their top; this file imports nothing, so
 that reading a submodule's pure parts (params, precision) stays cheap.
 
-Generation (`generator.BatchGenerator`, with `kvbatch`, `sampling`, `detok`, `prefix_cache`,
-`params`) is continuous batching written here, not transformers' own. Why: transformers 5.23's
+Generation (`generator.BatchGenerator`, with `paged_kv` (paged KV, the default) or `kvbatch` (the
+padded layout), `sampling`, `detok`, `prefix_cache`, `params`) is continuous batching written
+here, not transformers' own; so is the paged KV (transformers 5.24's `PagedAttentionCache` is
+built and driven by its continuous-batching manager, whose limits follow). Why: transformers 5.23's
 continuous batching (`init_continuous_batching`, paged cache with `paged|sdpa`, block prefix
 sharing, `cancel_request`) runs on CPU and is about as fast for greedy batches (`bench/batch_core.py
 --hf-cb`, random Llama hidden 256 x 4 layers, 2 cores, 64 tokens, 1/4/8/16 requests: 168/449/768/

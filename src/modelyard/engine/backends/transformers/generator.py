@@ -20,6 +20,11 @@ sequences join (and finished ones leave) between any two steps. See `kvbatch.py`
 cache layout, `prefix_cache.py` for what is cached and `session_pins.py` for why a session's
 conversation is pinned apart from it.
 
+KV layout: by default (`kv_layout="paged"`, `paged_kv.py`) each sequence's KV lives in blocks of
+`kv_block_tokens` tokens from one pool shared by both batches, so a sequence moves from the
+prefilling batch to the decode batch without a copy and KV memory follows the tokens held;
+`kv_layout="padded"` (`kvbatch.py`) is the earlier padded layout, kept as the benchmark baseline.
+
 Threads and loops: `generate()` must be called on an asyncio event loop; events come back on that
 loop (one `call_soon_threadsafe` per loop per step, into each sequence's `asyncio.Queue`).
 Closing the iterator (`aclose()`), cancelling the task awaiting it, or dropping it unfinished
@@ -27,18 +32,20 @@ cancels the sequence; the worker frees its slot at the next step. Nothing else m
 while the worker does (it is not locked). A failed step (an exception in the forward pass, e.g.
 out of memory) raises `RuntimeError` in the streams of that step's sequences; the worker goes on.
 
-Memory: the decode batch holds `rows x longest row` KV columns (left padding), the prefilling
-batch likewise, the prefix cache up to `prefix_cache_tokens` tokens and the session pins up to
-`session_cache_tokens` (a pin shares its tensors with the prefix-cache entry stored at the same
-retirement, until one of them is evicted); all on the model's device, `kv_bytes_per_token` each
-(in `stats()`). `max_batch_tokens` bounds the tokens computed per step (decode rows + prefill
-chunk tokens, like vLLM's `max_num_batched_tokens`), not the KV.
+Memory: sequences in flight hold `ceil(tokens / kv_block_tokens)` blocks each (the pool grows
+x1.25 when full and is freed when no sequence holds KV; a forward pass adds one layer's padded
+`rows x longest row` copy at a time), the prefix cache up to `prefix_cache_tokens` tokens and
+the session pins up to `session_cache_tokens` (a pin shares its tensors with the prefix-cache
+entry stored at the same retirement, until one of them is evicted); all on the model's device,
+`kv_bytes_per_token` each (in `stats()`). `max_batch_tokens` bounds the tokens computed per
+step (decode rows + prefill chunk tokens, like vLLM's `max_num_batched_tokens`), not the KV.
 
 Models: any decoder-only `*ForCausalLM` whose layers all use a plain (full-attention) KV cache
 and take `position_ids` and a 2D `attention_mask` (Llama, Qwen2/3, Mistral, Phi-3, SmolLM,
 Gemma...). The cache keeps every token even for sliding-window layers, whose masks transformers
-computes by column; so a sliding window counts the (masked) holes a chunked prefill leaves
-between chunks of a short prompt batched with a longer one. Recurrent/linear-attention layers
+computes by column (in the padded layout a sliding window also counts the masked holes a chunked
+prefill leaves between chunks of a short prompt batched with a longer one; paged rows have no
+holes). Recurrent/linear-attention layers
 (Mamba, Qwen3-Next...) are not supported.
 """
 
@@ -63,6 +70,7 @@ from modelyard.engine.backends.transformers.detok import (
     TokenText,
 )
 from modelyard.engine.backends.transformers.kvbatch import KVBatch, RowKV, slice_row
+from modelyard.engine.backends.transformers.paged_kv import BlockPool, PagedBatch
 from modelyard.engine.backends.transformers.params import InvalidParams, SamplingParams
 from modelyard.engine.backends.transformers.prefix_cache import PrefixCache
 from modelyard.engine.backends.transformers.sampling import Choice, RowSampler, sample
@@ -106,6 +114,8 @@ class _Seq:
 
 
 _Delivery = tuple[_Seq, "TokenEvent | BaseException"]
+_Batch = KVBatch[_Seq] | PagedBatch[_Seq]
+KV_LAYOUTS = ("paged", "padded")
 
 
 class TokenStream:
@@ -151,10 +161,22 @@ class TokenStream:
 class BatchGenerator:
     def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 8,
                  max_batch_tokens: int = 4096, prefill_chunk_tokens: int = 512,
-                 prefix_cache_tokens: int = 32768, session_cache_tokens: int = 32768) -> None:
+                 prefix_cache_tokens: int = 32768, session_cache_tokens: int = 32768,
+                 kv_layout: str = "paged", kv_block_tokens: int = 16) -> None:
         if max_batch_size < 1 or max_batch_tokens < 1 or prefill_chunk_tokens < 1:
             raise ValueError("max_batch_size, max_batch_tokens and prefill_chunk_tokens must be "
                              ">= 1")
+        if kv_layout not in KV_LAYOUTS:
+            raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, not {kv_layout!r}")
+        self.kv_block_tokens = kv_block_tokens
+        self._mask_dtype: torch.dtype | None = None  # paged: None = boolean mask (sdpa)
+        why = _no_paged(model)
+        if kv_layout == "paged" and why:
+            log.info("padded KV layout for this model: %s", why)
+            kv_layout = "padded"
+        elif kv_layout == "paged" and _attn_implementation(model) == "eager":
+            self._mask_dtype = model.dtype
+        self.kv_layout = kv_layout
         self._model = model.eval()
         self._tokenizer = tokenizer
         self.max_batch_size = max_batch_size
@@ -176,8 +198,9 @@ class BatchGenerator:
         # ("add" | "cancel", seq), ("forget", session key) or ("stop", None)
         self._inbox: queue.SimpleQueue[tuple[str, _Seq | str | None]] = queue.SimpleQueue()
         self._waiting: deque[_Seq] = deque()
-        self._prefilling: KVBatch[_Seq] = KVBatch(self._device)
-        self._running: KVBatch[_Seq] = KVBatch(self._device)
+        self._prefilling, self._running = self._new_batches()
+        self._kv_peak_bytes = 0
+        self._kv_peak_tokens = 0
         self._thread: threading.Thread | None = None
         self._outbox: dict[asyncio.AbstractEventLoop, list[_Delivery]] = {}
         self._lock = threading.Lock()
@@ -270,14 +293,32 @@ class BatchGenerator:
                 "max_batch_size": self.max_batch_size,
                 "max_batch_tokens": self.max_batch_tokens,
                 "kv_bytes_per_token": self.kv_bytes_per_token,
-                # padded KV of the batches (rows x columns): what sequences in flight hold now
-                "kv_tokens_allocated": len(self._running) * self._running.length
-                + len(self._prefilling) * self._prefilling.length,
+                "kv_layout": self.kv_layout,
+                # KV of the sequences in flight: tokens they hold, bytes of the storage holding
+                # them now (padding, spare columns or free blocks included) and its peak
+                "kv_tokens_held": self._running.tokens_held + self._prefilling.tokens_held,
+                "kv_bytes_allocated": self._kv_bytes(),
+                "kv_bytes_peak": self._kv_peak_bytes,
+                "kv_tokens_held_peak": self._kv_peak_tokens,
                 "prefix_cache": {**self._prefix.stats(), "bytes": self._prefix.tokens_cached
                                  * self.kv_bytes_per_token},
                 "session_cache": {**self._pins.stats(), "bytes": self._pins.tokens_cached
                                   * self.kv_bytes_per_token},
             }
+
+    def _new_batches(self) -> tuple[_Batch, _Batch]:
+        """Empty (prefilling, decode) batches; paged ones share a fresh pool."""
+        if self.kv_layout == "padded":
+            return KVBatch(self._device), KVBatch(self._device)
+        pool = BlockPool(self._device, self.kv_block_tokens)
+        return PagedBatch(pool, self._mask_dtype), PagedBatch(pool, self._mask_dtype)
+
+    def _kv_bytes(self) -> int:
+        running, prefilling = self._running, self._prefilling
+        if isinstance(running, PagedBatch):
+            return running.pool.bytes_allocated
+        assert isinstance(prefilling, KVBatch)
+        return running.bytes_allocated + prefilling.bytes_allocated
 
     # ---------------------------------------------------------------- worker side
 
@@ -293,6 +334,9 @@ class BatchGenerator:
                     except Exception as exc:  # a failed forward fails its batch, not the worker
                         log.exception("generation step failed")
                         self._fail_batches(exc)
+                    self._kv_peak_bytes = max(self._kv_peak_bytes, self._kv_bytes())
+                    self._kv_peak_tokens = max(self._kv_peak_tokens, self._running.tokens_held
+                                               + self._prefilling.tokens_held)
                     self._flush()
         finally:
             self._shutdown()
@@ -391,15 +435,18 @@ class BatchGenerator:
             return
         seqs = [batch.rows[i] for i in done]
         choices = sample(logits[done], [s.sampler for s in seqs])
-        moving: list[tuple[_Seq, RowKV | None]] = []
+        moving: list[int] = []
+        kvs: list[RowKV | None] = []
         for i, seq, choice in zip(done, seqs, choices, strict=True):
-            kv = batch.row_kv(i)
+            kv = batch.row_kv(i) if self._prefix.capacity_tokens >= len(seq.prompt) else None
             if kv is not None:
                 self._prefix.insert(seq.prompt, kv)
             self._accept(seq, choice)
             if not seq.finished and not seq.cancelled:
-                moving.append((seq, kv))
-        self._running.add(moving)  # (before they leave this batch: a failure loses no one)
+                moving.append(i)
+                kvs.append(kv)
+        # (before they leave this batch: a failure loses no one)
+        _move(batch, self._running, moving, kvs)
         batch.keep(sorted(set(range(len(batch))) - set(done)))
 
     def _decode_step(self) -> None:
@@ -416,12 +463,12 @@ class BatchGenerator:
             self._accept(seq, choice)
         self._retire(batch, [i for i, s in enumerate(seqs) if s.finished or s.cancelled])
 
-    def _retire(self, batch: KVBatch[_Seq], leaving: list[int]) -> None:
+    def _retire(self, batch: _Batch, leaving: list[int]) -> None:
         """Drop these rows; keep their KV (tokens fed so far) in the prefix cache and, for a
         session's sequence, as that session's pin."""
         if not leaving:
             return
-        positions = batch.pos.tolist()
+        positions = batch.lengths()
         for i in leaving:
             seq = batch.rows[i]
             fed = (seq.prompt + seq.generated)[:positions[i]]
@@ -517,8 +564,7 @@ class BatchGenerator:
                         seen.add(seq.id)
                         seq.finished = True
                         self._emit(seq, error)
-            self._prefilling = KVBatch(self._device)
-            self._running = KVBatch(self._device)
+            self._prefilling, self._running = self._new_batches()
 
     def _shutdown(self) -> None:
         """The worker is stopping: end every sequence it knows of, free the KV."""
@@ -537,10 +583,41 @@ class BatchGenerator:
                 self._finish(seq, TokenEvent("", [], None, None), "cancelled")
         with self._lock:
             self._waiting.clear()
-            self._prefilling = KVBatch(self._device)
-            self._running = KVBatch(self._device)
+            self._prefilling, self._running = self._new_batches()
             self._prefix.clear()
             self._pins.clear()
+
+
+def _move(src: _Batch, dst: _Batch, indices: list[int], kvs: list[RowKV | None]) -> None:
+    """Rows `indices` of `src` join `dst` (paged: their blocks move; padded: `kvs` are copied in,
+    or the rows' KV where an entry is None)."""
+    if isinstance(src, PagedBatch) and isinstance(dst, PagedBatch):
+        dst.adopt(src, indices)
+    elif isinstance(src, KVBatch) and isinstance(dst, KVBatch):
+        dst.adopt(src, indices, kvs)
+    else:
+        raise TypeError("rows move only between batches of one layout")
+
+
+def _attn_implementation(model: Any) -> str:
+    return str(getattr(model.config, "_attn_implementation", None) or "eager")
+
+
+def _no_paged(model: Any) -> str | None:
+    """Why the paged layout cannot serve this model (None when it can). It hands attention its
+    own 4D mask, which sdpa and eager take as is; flash kernels take none, and a sliding window
+    would be lost (transformers applies a 4D mask as given)."""
+    impl = _attn_implementation(model)
+    if impl not in ("sdpa", "eager"):
+        return f"attention implementation {impl!r} takes no 4D mask"
+    config = model.config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    types = getattr(text, "layer_types", None)
+    if types is not None and any(t != "full_attention" for t in types):
+        return "not every layer is full attention"
+    if types is None and getattr(text, "sliding_window", None):
+        return "sliding-window attention"
+    return None
 
 
 def _failure(exc: Exception) -> RuntimeError:

@@ -1,4 +1,7 @@
-"""Rows of sequences sharing one padded, batched `DynamicCache`.
+"""Rows of sequences sharing one padded, batched `DynamicCache` (the layout before paged KV).
+
+`BatchGenerator` uses the paged layout (`paged_kv.py`) by default; this one stays as the
+`kv_layout="padded"` alternative, the baseline `bench/batch_core.py` measures paged KV against.
 
 Layout: every layer holds keys/values `[rows, kv_heads, length, head_dim]` (views of buffers with
 spare columns, which decode steps fill in place: see `GrowingLayer`); `mask[r, c]` says
@@ -101,6 +104,32 @@ class KVBatch(Generic[T]):
     @property
     def length(self) -> int:
         return int(self.mask.shape[1])
+
+    def lengths(self) -> list[int]:
+        """Tokens each row holds."""
+        return [int(n) for n in self.pos.tolist()]
+
+    @property
+    def tokens_held(self) -> int:
+        return int(self.pos.sum()) if len(self.rows) else 0
+
+    @property
+    def bytes_allocated(self) -> int:
+        """Bytes of the batch's KV buffers (padding and spare columns included)."""
+        total = 0
+        for layer in self.cache.layers:
+            for buf in (getattr(layer, "_kbuf", None), getattr(layer, "_vbuf", None)):
+                if isinstance(buf, torch.Tensor):
+                    total += buf.nbytes
+        return total
+
+    def adopt(self, src: KVBatch[T], indices: Sequence[int],
+              kvs: Sequence[RowKV | None] | None = None) -> None:
+        """Append rows `indices` of `src` with their KV (`kvs[k]` when given, else copied from
+        `src`); the caller drops them from `src` with `src.keep()`."""
+        given = list(kvs) if kvs is not None else [None] * len(indices)
+        self.add([(src.rows[i], kv if kv is not None else src.row_kv(i))
+                  for kv, i in zip(given, indices, strict=True)])
 
     def _layers(self) -> list[LayerKV]:
         out: list[LayerKV] = []
