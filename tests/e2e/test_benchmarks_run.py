@@ -51,8 +51,10 @@ BENCHES = [
          r"^- /health p99 < 20 ms: [\d.]+\s+(PASS|MISS)$"),
     ),
     Bench(
-        "bench-batch", ("--quick", "--concurrency", "2", "--tokens", "8", "--history", "200"),
-        (r"^\| 2 \| \d+ \| \d+ \| [\d.]+x \|$",
+        "bench-batch", ("--smallest",),
+        (r"^\| 4 \| \d+ \| \d+ \| \d+ \| [\d.]+x \| [\d.]+ \|$",
+         r"^\| paged \| [\d,]+ \| \d+ \| [\d.]+ \| \d+ \|$",
+         r"^\| padded \| [\d,]+ \| \d+ \| [\d.]+ \| \d+ \|$",
          r"^\s+without prefix cache [\d.]+ ms, with [\d.]+ ms, ratio [\d.]+"),
         needs=("demo-safetensors",),
     ),
@@ -68,8 +70,8 @@ BENCHES = [
                         "--concurrency", "4", "--wide-concurrency", "8", "--wide-requests", "8",
                         "--streams", "2", "--stream-tokens", "16", "--warmup", "2",
                         "--cold-repeats", "0", "--no-router"),
-        (r"^\| modelyard\s+\|\s+[\d.]+ \|\s+[\d.]+ \|.*\| front [\d.]+ \+ engine [\d.]+ \|",
-         r"^\| floor\s+\|\s+[\d.]+ \|\s+[\d.]+ \|.*\| floor [\d.]+ \|", r"^## Goals$"),
+        (r"^\| modelyard\s+\|\s+[\d.]+ \|\s+[\d.]+ \|.*\|\s+front [\d.]+ \+ engine [\d.]+ \|",
+         r"^\| floor\s+\|\s+[\d.]+ \|\s+[\d.]+ \|.*\|\s+floor [\d.]+ \|", r"^## Goals$"),
         needs=("llama-server", "demo-model"),
     ),
     Bench(

@@ -144,6 +144,7 @@ class TransformersBackend:
             prefill_chunk_tokens=self.spec.prefill_chunk_tokens,
             prefix_cache_tokens=self.spec.prefix_cache_tokens,
             session_cache_tokens=self.spec.session_cache_tokens,
+            kv_layout=self.spec.kv_layout,
         )
         generator.start()
         self._generator = generator
