@@ -77,8 +77,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cold-repeats", type=int, default=5, help="cold loads per target (0: skip)")
     p.add_argument("--warmup", type=int, default=10, help="unmeasured requests per target")
     p.add_argument("--ctx-size", type=int, default=2048)
-    p.add_argument("--llama-args", default="",
-                   help="extra llama-server options for all three, e.g. '-np 4 -no-kvu'")
+    # llama-server answers HTTP on `--parallel` + 2 threads by default: clients that keep more
+    # connections alive than that wait for a keep-alive to expire (direct at concurrency 8: p99
+    # 4.4 s, 21 req/s against 50), so the baseline measured that stall, not the relays.
+    p.add_argument("--llama-args", default="--threads-http 80",
+                   help="extra llama-server options for every target, e.g. '-np 4 -no-kvu'")
     p.add_argument("--no-router", action="store_true", help="leave out the router column")
     p.add_argument("--no-floor", action="store_true",
                    help="leave out the floor column (the cheapest Python relay)")
@@ -942,7 +945,7 @@ async def measure(inputs: Inputs, args: argparse.Namespace, results: dict[str, A
                      f"{len(targets)}")
                 w["chat_1tok_wide"] = await concurrent_1tok(
                     client, targets, args.wide_requests, args.wide_concurrency,
-                    args.wide_requests)
+                    2 * args.wide_concurrency)
             step(f"{args.stream_tokens}-token streams: {args.streams} x {len(targets)}")
             w["stream"] = await streams(client, targets, args.streams, args.stream_tokens)
             for key, per_target in w.items():
