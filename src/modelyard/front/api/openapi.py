@@ -24,6 +24,7 @@ from starlette.routing import Route
 from modelyard import __version__
 from modelyard.embeddings_shapes import MAX_INPUTS
 from modelyard.front.api import accounts, admin, native, ollama, openai, pulls, services
+from modelyard.front.api import responses as responses_api
 from modelyard.front.archive.store import KINDS, MAX_LIST
 from modelyard.front.identity.auth import LOGIN_COOKIE, RouteClass, route_class
 from modelyard.front.ops.logs import MAX_LIMIT
@@ -129,6 +130,11 @@ OPERATIONS: dict[tuple[str, str], Op] = {
     ("GET", "/v1/sessions/{session_id}"): Op("openai", "One chat session", query=_OWNER),
     ("DELETE", "/v1/sessions/{session_id}"): Op(
         "openai", "Delete one chat session", query=_OWNER),
+    ("POST", "/v1/responses"): Op(
+        "openai", "Responses API (JSON, or SSE events with stream)",
+        responses_api.ResponsesRequest, answers=_CHAT_ANSWERS),
+    ("GET", "/v1/responses/{response_id}"): Op("openai", "One stored response"),
+    ("DELETE", "/v1/responses/{response_id}"): Op("openai", "Delete a stored response"),
     ("GET", "/v1/status"): Op("native", "Overview: engines, models, pulls"),
     # services (bodies go to the service unchanged)
     ("POST", "/v1/audio/speech"): Op(
