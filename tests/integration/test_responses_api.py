@@ -26,7 +26,9 @@ WEATHER = {"type": "function", "name": "weather", "description": "Weather in a c
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    cfg = config(fake_model("m"), fake_model("crashy", "--crash-after-tokens", "2"))
+    # `--mmproj`: the fake takes image parts (a projector is only logged).
+    cfg = config(fake_model("m", "--mmproj", "proj.gguf"),
+                 fake_model("crashy", "--crash-after-tokens", "2"))
     with module_server(tmp_path_factory, cfg, "--single-process") as s:
         yield s
 
@@ -88,31 +90,40 @@ def test_input_items_become_chat_messages(client: openai.OpenAI, server: Server)
 
 
 def test_stream_events_in_order(client: openai.OpenAI) -> None:
-    with client.responses.stream(model="m", input="Hi", max_output_tokens=5) as stream:
+    with client.responses.stream(model="m", input="Hi") as stream:
         events = list(stream)
         final = stream.get_final_response()
     kinds = [e.type for e in events]
     assert kinds[:4] == ["response.created", "response.in_progress",
                          "response.output_item.added", "response.content_part.added"]
     assert kinds[-4:] == ["response.output_text.done", "response.content_part.done",
-                          "response.output_item.done", "response.incomplete"]
+                          "response.output_item.done", "response.completed"]
     assert set(kinds[4:-4]) == {"response.output_text.delta"}
     assert [e.sequence_number for e in events] == list(range(len(events)))
     deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
-    assert deltas == "The quick brown fox jumps" == final.output_text
-    assert final.usage is not None and final.usage.output_tokens == 5
+    assert deltas == TEXT_16 == final.output_text
+    assert final.usage is not None and final.usage.output_tokens == 16
+
+
+def test_stream_cut_by_max_output_tokens_ends_incomplete(client: openai.OpenAI) -> None:
+    # As OpenAI's: `response.incomplete` closes the stream (LangChain reads it as the end).
+    events = list(client.responses.create(model="m", input="Hi", max_output_tokens=5,
+                                          stream=True))
+    assert events[-1].type == "response.incomplete"
+    assert events[-1].response.incomplete_details is not None
+    assert events[-1].response.output[0].content[0].text == "The quick brown fox jumps"
 
 
 def test_tool_call_round_trip(client: openai.OpenAI, server: Server) -> None:
     first = client.responses.create(model="m", input='call weather {"city": "Oslo"}',
-                                    tools=[WEATHER])  # type: ignore[list-item]
+                                    tools=[WEATHER])
     calls = [item for item in first.output if item.type == "function_call"]
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("weather", {"city": "Oslo"})]
     assert sent(server)[-1]["tools"] == [{"type": "function", "function": {
         "name": "weather", "description": "Weather in a city",
         "parameters": WEATHER["parameters"]}}]  # fmt: skip
     second = client.responses.create(
-        model="m", previous_response_id=first.id, tools=[WEATHER],  # type: ignore[list-item]
+        model="m", previous_response_id=first.id, tools=[WEATHER],
         input=[{"type": "function_call_output", "call_id": calls[0].call_id,
                 "output": "sunny"}])
     assert second.output_text == "tool said: sunny"
@@ -124,7 +135,7 @@ def test_tool_call_round_trip(client: openai.OpenAI, server: Server) -> None:
 
 def test_tool_call_streamed(client: openai.OpenAI) -> None:
     with client.responses.stream(model="m", input='call weather {"city": "Rome"}',
-                                 tools=[WEATHER]) as stream:  # type: ignore[list-item]
+                                 tools=[WEATHER]) as stream:
         events = list(stream)
         final = stream.get_final_response()
     done = [e for e in events if e.type == "response.function_call_arguments.done"]
@@ -134,7 +145,7 @@ def test_tool_call_streamed(client: openai.OpenAI) -> None:
 
 
 def test_function_call_items_in_input(client: openai.OpenAI, server: Server) -> None:
-    client.responses.create(model="m", tools=[WEATHER], store=False,  # type: ignore[list-item]
+    client.responses.create(model="m", tools=[WEATHER], store=False,
                             input=[{"role": "user", "content": "weather?"},
                                    {"type": "function_call", "call_id": "c1", "name": "weather",
                                     "arguments": '{"city":"Oslo"}'},

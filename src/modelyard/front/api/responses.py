@@ -47,7 +47,7 @@ class ResponsesRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str = Field(min_length=1)
-    input: str | list[Any]
+    input: Any = Field(description="a string, or a list of input items")
     instructions: str | None = None
     stream: bool = False
     store: bool = True
