@@ -96,6 +96,7 @@ def record(store: SessionStore, owner: str, session_id: str, response: dict[str,
     records[response["id"]] = {"upto": session.trimmed_messages + len(session.messages),
                                "instructions": instructions, "response": response}
     session.extra[HEAD] = response["id"]
+    store.changed(session)  # the record is persisted with its session
     return True
 
 
@@ -108,3 +109,5 @@ def delete(store: SessionStore, principal: Principal, resp_id: str) -> None:
         session.extra[HEAD] = None
     if not records:
         store.delete(principal, session.id, session.owner)
+    else:
+        store.changed(session)

@@ -356,6 +356,11 @@ class SessionStore:
         self._mark(key)
         self._enforce(keep=key)
 
+    def changed(self, session: ChatSession) -> None:
+        """`session.extra` changed outside a turn (a stored response forgotten): written
+        behind like a turn."""
+        self._mark((session.owner, session.id))
+
     # ---- deleting --------------------------------------------------------------------------
 
     def delete(self, principal: Principal, session_id: str, owner: str | None = None) -> None:
