@@ -45,6 +45,10 @@ def test_continuing_the_latest_response_stays_in_its_session() -> None:
     cont = stored.continuation(store, ALICE, "resp_1", model="m", instructions=False,
                                store_new=True, new_id="resp_2")
     assert cont == stored.Continuation("resp_1", [])
+    # A second continuation of the same response before the first one answered: a fork.
+    again = stored.continuation(store, ALICE, "resp_1", model="m", instructions=False,
+                                store_new=True, new_id="resp_3")
+    assert again == stored.Continuation("resp_3", [msg("user", "one"), msg("assistant", "ok")])
 
 
 @pytest.mark.parametrize(("model", "instructions", "store_new", "session"), [

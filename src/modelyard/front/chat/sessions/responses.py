@@ -81,6 +81,10 @@ def continuation(store: SessionStore, principal: Principal, prev_id: str, *, mod
     in_place = (store_new and session.extra.get(HEAD) == prev_id and session.model == model
                 and (instructions or not record.get("instructions")))
     if in_place:
+        # Claimed: a concurrent continuation of the same response forks instead of racing this
+        # one's commit (the last commit would win the history under both records). Recorded
+        # again when this turn's answer commits; a failed turn leaves it unclaimed: a fork.
+        session.extra[HEAD] = None
         return Continuation(session.id, [])
     return Continuation(new_id if store_new else None, history_at(session, record))
 
