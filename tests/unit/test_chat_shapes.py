@@ -124,3 +124,18 @@ def test_vision_capability_rule(tmp_path: Path) -> None:
     assert not supports_vision(TransformersModel(id="t", path=tmp_path))
     assert not supports_vision(ServiceModel(id="s", url="http://127.0.0.1:1"))
     assert supports_vision(ServiceModel(id="s", url="http://127.0.0.1:1", vision=True))
+
+
+def test_an_image_text_to_text_repo_reads_images(tmp_path: Path) -> None:
+    """A transformers repo with a vision tower and a processor (Llava, SmolVLM, Qwen2-VL...)
+    reads images; the registry entry says so for /api/show."""
+    from modelyard.store.registry import Entry
+
+    (tmp_path / "config.json").write_text('{"model_type": "llava", "vision_config": {}}')
+    assert not supports_vision(TransformersModel(id="t", path=tmp_path))  # no processor
+    (tmp_path / "processor_config.json").write_text("{}")
+    spec = TransformersModel(id="t", path=tmp_path)
+    assert supports_vision(spec) and Entry(spec, "config").vision
+    assert not Entry(TransformersModel(id="t", path=tmp_path, vision=False), "config").vision
+    # Through transformers' GGUF loader there is no processor: text only.
+    assert not supports_vision(TransformersModel(id="t", path=tmp_path, gguf_file="m.gguf"))

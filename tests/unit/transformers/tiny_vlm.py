@@ -2,7 +2,7 @@
 Llama), saved as a Hugging Face repo with its processor, built in-process (no downloads).
 
 Its chat template renders each image part as `<image>`, which the processor expands to the
-tower's 16 patch tokens (32x32 pixels, 8x8 patches): a prompt with an image is 15 tokens longer
+tower's 16 patch tokens (32x32 pixels, 8x8 patches): a prompt with an image is 16 tokens longer
 than the same prompt without it, and two different images give different logits.
 """
 

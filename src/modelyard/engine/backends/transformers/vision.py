@@ -304,7 +304,7 @@ class _Run:
         pad = self.owner._tokenizer.pad_token_id
         config = GenerationConfig(  # type: ignore[no-untyped-call]
             max_new_tokens=self.max_new, do_sample=False,
-                                  eos_token_id=None, pad_token_id=pad if pad is not None else 0)
+            eos_token_id=None, pad_token_id=pad if pad is not None else 0)
         with torch.inference_mode():
             model.generate(**args, generation_config=config,
                            logits_processor=LogitsProcessorList([Choose()]),
