@@ -29,6 +29,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     repo = build_tiny_vlm(tmp_path_factory.mktemp("tiny-vlm"))
     config = {
         "scan_hf_cache": False,
+        # Not what this module tests: on a busy 2-core machine the engine's first load (torch,
+        # transformers' vision modules) once kept its loop from answering the 3 s heartbeat.
+        "engine_heartbeat_timeout_s": 30,
         "models": [
             {"id": "tiny-vlm", "backend": "transformers", "path": str(repo)},
             # The same repo declared blind: images for it are the client's mistake.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from modelyard.errors import VisionUnsupported
+from modelyard.errors import InvalidRequest, VisionUnsupported
 from modelyard.front.chat.shapes import has_images
 from modelyard.store.vision import reads_images
 
@@ -34,3 +34,26 @@ def check_vision_for(state: Any, model: str, data: dict[str, Any]) -> None:
         return
     if not supports_vision(entry.spec):
         raise VisionUnsupported.for_model(entry.name)
+    if entry.spec.backend in _INLINE_ONLY:
+        _check_inline(data["messages"])
+
+
+# Backends that run beside the GPUs, often inside a private network: an image URL a client names
+# is never fetched for them (llama-server would fetch it, the transformers engine refuses it), so
+# no client can make them reach inside it (SSRF). An OpenAI server decides for itself.
+_INLINE_ONLY = ("llamacpp", "transformers")
+
+
+def _check_inline(messages: list[Any]) -> None:
+    for i, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        for k, part in enumerate(content if isinstance(content, list) else []):
+            if not isinstance(part, dict) or part.get("type") != "image_url":
+                continue
+            image = part.get("image_url")
+            url = image.get("url") if isinstance(image, dict) else image
+            if isinstance(url, str) and not url.startswith("data:"):
+                param = f"messages.{i}.content.{k}.image_url.url"
+                raise InvalidRequest(f"{param}: image URLs are not fetched; send the image inline "
+                                     "as a base64 data URL (data:image/png;base64,...)",
+                                     param=param)
