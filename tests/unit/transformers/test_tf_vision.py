@@ -142,7 +142,7 @@ async def test_closing_the_stream_frees_the_model_for_the_next(loaded: LoadedVis
     await stream.aclose()  # type: ignore[attr-defined]
     ids, last, _ = await collect(gen.generate(prompt, SamplingParams(max_tokens=2)))
     assert last.finish_reason in ("length", "stop") and 1 <= len(ids) <= 2
-    assert gen.stats()["served"] == 2
+    assert gen.stats()["started"] == 2
 
 
 @pytest.mark.parametrize(("url", "problem"), [

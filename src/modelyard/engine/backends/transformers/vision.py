@@ -27,6 +27,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -178,27 +179,32 @@ class VisionGenerator:
     def __init__(self, model: Any, tokenizer: Any) -> None:
         self._model = model
         self._tokenizer = tokenizer
-        self._lock = threading.Lock()  # the model runs one generate at a time
+        # One worker thread of its own runs the requests in order, one at a time: waiting
+        # requests then hold no thread of the engine's default pool (which loads and tokenizes).
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vision")
+        self._lock = threading.Lock()  # the counters below
         self._token_text = TokenText(tokenizer)
         self._eos = _eos_ids(model, tokenizer)
         text_config = model.config.get_text_config()
         self._context = int(getattr(text_config, "max_position_embeddings", 0) or 0) or 4096
-        self._served = 0
-        self._waiting = 0
+        self._started = 0
+        self._queued = 0
 
     def start(self) -> None:
-        """Nothing to start: each request runs in a worker thread of its own, one at a time."""
+        """Nothing to start: the worker thread starts with the first request."""
 
     def stop(self) -> None:
-        with self._lock:  # waits for the request on the model to end (its stream was closed)
-            pass
+        """Drop the queued requests and wait for the one on the model (its stream was closed,
+        so it ends at its next token)."""
+        self._worker.shutdown(wait=True, cancel_futures=True)
 
     def forget_session(self, session: str) -> None:
         """No pinned KV here (no prefix cache)."""
 
     def stats(self) -> dict[str, Any]:
-        return {"mode": "vision (one request at a time)", "served": self._served,
-                "waiting": self._waiting}
+        with self._lock:
+            return {"mode": "vision (one request at a time)", "started": self._started,
+                    "waiting": self._queued}
 
     def generate(self, prompt_ids: list[int], params: SamplingParams,
                  session: str | None = None) -> AsyncIterator[TokenEvent]:
@@ -220,10 +226,15 @@ class VisionGenerator:
         cancelled = threading.Event()
 
         def put(item: TokenEvent | BaseException) -> None:
-            loop.call_soon_threadsafe(events.put_nowait, item)
+            try:
+                loop.call_soon_threadsafe(events.put_nowait, item)
+            except RuntimeError:  # that loop is closed: nobody listens any more
+                cancelled.set()
 
         run = _Run(self, prompt, params, max_new, put, cancelled)
-        task = loop.run_in_executor(None, run.run, inputs)
+        with self._lock:
+            self._queued += 1
+        loop.run_in_executor(self._worker, run.run, inputs)  # it never raises (see `run`)
         try:
             while True:
                 item = await events.get()
@@ -234,7 +245,6 @@ class VisionGenerator:
                     return
         finally:
             cancelled.set()  # a client that left stops the generation at its next token
-            await asyncio.shield(task)
 
 
 class _Run:
@@ -255,15 +265,15 @@ class _Run:
 
     def run(self, inputs: dict[str, Any]) -> None:
         owner = self.owner
-        owner._waiting += 1
+        with owner._lock:
+            owner._queued -= 1
+            if not self.cancelled.is_set():
+                owner._started += 1
+        if self.cancelled.is_set():
+            return  # its client left while it waited
         try:
-            with owner._lock:
-                owner._waiting -= 1
-                if self.cancelled.is_set():
-                    return
-                self.started = time.perf_counter()
-                self._generate(inputs)
-                owner._served += 1
+            self.started = time.perf_counter()
+            self._generate(inputs)
             if not self.finished:  # cancelled: the stream's reader has gone
                 self._finish("", "cancelled")
         except Exception as exc:  # a failed forward (e.g. out of memory) fails this stream only
