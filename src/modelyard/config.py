@@ -95,8 +95,8 @@ class _ModelBase(BaseModel):
     )
     vision: bool | None = Field(
         None, description="Whether this model reads images (OpenAI `image_url` parts, Ollama "
-        "`images`); null: decided from the backend (llama.cpp with an `mmproj` projector, any "
-        "OpenAI server; not transformers, not services).",
+        "`images`); null: decided from the backend (llama.cpp with an `mmproj` projector, a "
+        "transformers image-text-to-text repo, any OpenAI server; not services).",
     )
 
 

@@ -124,3 +124,43 @@ def test_vision_capability_rule(tmp_path: Path) -> None:
     assert not supports_vision(TransformersModel(id="t", path=tmp_path))
     assert not supports_vision(ServiceModel(id="s", url="http://127.0.0.1:1"))
     assert supports_vision(ServiceModel(id="s", url="http://127.0.0.1:1", vision=True))
+
+
+def test_an_image_text_to_text_repo_reads_images(tmp_path: Path) -> None:
+    """A transformers repo with a vision tower and a processor (Llava, SmolVLM, Qwen2-VL...)
+    reads images; the registry entry says so for /api/show."""
+    from modelyard.store.registry import Entry
+
+    (tmp_path / "config.json").write_text('{"model_type": "llava", "vision_config": {}}')
+    assert not supports_vision(TransformersModel(id="t", path=tmp_path))  # no processor
+    (tmp_path / "processor_config.json").write_text("{}")
+    spec = TransformersModel(id="t", path=tmp_path)
+    assert supports_vision(spec) and Entry(spec, "config").vision
+    assert not Entry(TransformersModel(id="t", path=tmp_path, vision=False), "config").vision
+    # Through transformers' GGUF loader there is no processor: text only.
+    assert not supports_vision(TransformersModel(id="t", path=tmp_path, gguf_file="m.gguf"))
+
+
+def test_image_urls_are_never_fetched_for_local_backends(tmp_path: Path) -> None:
+    """llama-server would fetch an http(s) image URL from inside the network it runs in: the
+    front refuses it (400) for llama.cpp and transformers models; data URLs pass; an OpenAI
+    server decides for itself."""
+    from types import SimpleNamespace
+
+    from modelyard.errors import InvalidRequest
+    from modelyard.front.chat.vision import check_vision_for
+    from modelyard.store.registry import Entry, ModelRegistry
+
+    gguf, proj = tmp_path / "m.gguf", tmp_path / "mmproj-m.gguf"
+    registry = ModelRegistry([
+        Entry(LlamaCppModel(id="llava", path=gguf, mmproj=proj), "config"),
+        Entry(OpenAIServerModel(id="remote", argv=["x"]), "config")])
+    state = SimpleNamespace(catalog=SimpleNamespace(registry=registry))
+    inline = chat(image("data:image/png;base64,iVBORw0KGgo="))
+    check_vision_for(state, "llava", inline)
+    for url in ("http://169.254.169.254/latest/meta-data", "https://example.com/a.png",
+                "file:///etc/passwd"):
+        with pytest.raises(InvalidRequest, match="not fetched") as refused:
+            check_vision_for(state, "llava", chat(image(url)))
+        assert refused.value.status == 400
+    check_vision_for(state, "remote", chat(image("https://example.com/a.png")))

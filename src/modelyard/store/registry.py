@@ -33,6 +33,7 @@ from modelyard.store.catalog import (
     scan_model_dirs,
 )
 from modelyard.store.refs import parse_ref
+from modelyard.store.vision import reads_images
 
 Source = Literal["config", "demo", "dir", "hf_cache", "pulled", "imported"]
 # Found by scanning: they come and go with their files. The rest are `manual`: declared, pulled
@@ -69,6 +70,11 @@ class Entry:
     @property
     def path(self) -> Path | None:
         return self.spec.path
+
+    @property
+    def vision(self) -> bool:
+        """Whether it reads images (`/api/show`'s `vision` capability; store/vision.py)."""
+        return reads_images(self.spec)
 
     @property
     def size_bytes(self) -> int | None:

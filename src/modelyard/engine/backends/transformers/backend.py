@@ -34,6 +34,7 @@ from modelyard.engine.backends.transformers.loader import (
     load_causal_lm,
 )
 from modelyard.errors import ModelLoadFailed
+from modelyard.store.vision import is_image_text_repo
 
 _GENERATOR = "modelyard.engine.backends.transformers.generator"
 
@@ -126,10 +127,33 @@ class TransformersBackend:
             self._log.append(f"embedding model loaded on {device}")
             return build_app(self.spec.id, None, _no_ids, _no_ids,
                              embed=embeddings_handler(embedder.embed, self.spec.id))
+        if self.spec.gguf_file is None and is_image_text_repo(self.spec.path):
+            return await self._load_vision()
         loaded = await asyncio.to_thread(load_causal_lm, self.spec, self.precision)
         self._loaded = loaded
         self._log.append(f"loaded on {loaded.device} ({loaded.precision.why})")
         return self._app(loaded)
+
+    async def _load_vision(self) -> Starlette:
+        """An image-text-to-text model: one request at a time (transformers/vision.py)."""
+        from modelyard.engine.backends.transformers.server import build_app
+        from modelyard.engine.backends.transformers.vision import (
+            VisionGenerator,
+            load_image_text,
+            vision_chat_prompt,
+            vision_completion_prompt,
+        )
+
+        loaded = await asyncio.to_thread(load_image_text, self.spec, self.precision)
+        self._loaded = loaded
+        self._log.append(f"image-text-to-text model loaded on {loaded.device} "
+                         f"({loaded.precision.why})")
+        self._generator = generator = VisionGenerator(loaded.model, loaded.tokenizer)
+        return build_app(
+            self.spec.id, generator,
+            chat_ids=lambda body: vision_chat_prompt(loaded.processor, body),
+            prompt_ids=lambda body: vision_completion_prompt(loaded.processor, body),
+        )
 
     def _app(self, loaded: Loaded) -> Starlette:
         """A generator over `loaded` and the app that serves it."""

@@ -26,7 +26,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -37,6 +37,9 @@ from modelyard.engine.backends.transformers import tool_calls
 from modelyard.engine.backends.transformers.generator import BatchGenerator, TokenEvent
 from modelyard.engine.backends.transformers.params import InvalidParams, SamplingParams
 from modelyard.engine.backends.transformers.session_pins import valid_session_key
+
+if TYPE_CHECKING:
+    from modelyard.engine.backends.transformers.vision import VisionGenerator
 
 Tokenize = Callable[[dict[str, Any]], list[int]]
 
@@ -233,7 +236,7 @@ async def _close(events: AsyncIterator[TokenEvent]) -> None:
 
 def build_app(
     model_name: str,
-    generator: BatchGenerator | None,
+    generator: BatchGenerator | VisionGenerator | None,
     chat_ids: Tokenize,
     prompt_ids: Tokenize,
     embed: Callable[[dict[str, Any]], Any] | None = None,
