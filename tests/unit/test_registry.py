@@ -12,9 +12,7 @@ GGUF_MAGIC = b"GGUF" + b"\x03\x00\x00\x00" + b"\x00" * 16
 
 
 def _settings(tmp_path: Path, **kw: object) -> Settings:
-    return Settings(  # type: ignore[arg-type]
-        home=tmp_path / "home", scan_hf_cache=False, embedding_demo=False, **kw
-    )
+    return Settings(home=tmp_path / "home", scan_hf_cache=False, **kw)  # type: ignore[arg-type]
 
 
 def test_demo_model_is_served_as_smollm2(tmp_path: Path) -> None:
