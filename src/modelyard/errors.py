@@ -4,6 +4,7 @@
     ├── InvalidRequest              400 invalid_request      (names the offending field in `param`)
     ├── ToolsUnsupported            400 tools_unsupported    (`tools` for a model without tools)
     ├── VisionUnsupported           400 vision_unsupported   (images for a model that reads none)
+    ├── WrongModelKind              400 model_not_embedding / model_not_reranker (names one that is)
     ├── ModelNotFound               404 model_not_found
     ├── ModelNotPulled              404 model_not_pulled     (says the pull command)
     ├── JobNotFound                 404 job_not_found
@@ -135,9 +136,10 @@ class ModelNotFound(ModelyardError):
     code = "model_not_found"
     openai_type = "invalid_request_error"
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, hint: str = "") -> None:
         super().__init__(
-            f"model '{model}' not found; `modelyard ls` lists the models this server knows",
+            f"model '{model}' not found; `modelyard ls` lists the models this server knows"
+            + (f"; {hint}" if hint else ""),
             param="model",
             model=model,
         )
@@ -370,7 +372,37 @@ class ClientDisconnected(ClientClosedRequest):
     code = "client_disconnected"
 
 
-_BY_CODE.update({cls.code: cls for cls in (VisionUnsupported, ClientDisconnected)})
+class WrongModelKind(ModelyardError):
+    """A model asked for what it does not serve: embeddings of a chat model, a rerank of an
+    embedding model. The message names models that do."""
+
+    status = 400
+    code = "model_wrong_kind"
+    openai_type = "invalid_request_error"
+    # What each route needs, and the word for it in a message.
+    _NEEDS: ClassVar[dict[str, str]] = {"embedding": "embeddings", "rerank": "reranking"}
+
+    @classmethod
+    def for_model(cls, model: str, kind: str | None, needs: str,
+                  candidates: list[str]) -> WrongModelKind:
+        what = cls._NEEDS.get(needs, needs)
+        sub = ModelNotEmbedding if needs == "embedding" else ModelNotReranker
+        suggest = (f"; use {', '.join(repr(c) for c in candidates[:5])}" if candidates
+                   else f"; no model here serves {what}")
+        return sub(f"model '{model}' is a {kind or 'model'} model and does not serve {what}"
+                   + suggest, param="model", model=model)
+
+
+class ModelNotEmbedding(WrongModelKind):
+    code = "model_not_embedding"
+
+
+class ModelNotReranker(WrongModelKind):
+    code = "model_not_reranker"
+
+
+_BY_CODE.update({cls.code: cls for cls in (VisionUnsupported, ClientDisconnected,
+                                           ModelNotEmbedding, ModelNotReranker)})
 
 
 # ---- added by wave 2 · 1/7 (hardening); kept at the end of the file to ease merging ----------

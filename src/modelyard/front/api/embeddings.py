@@ -7,6 +7,7 @@ request (a bad one is a 400 before any load) and relays its bytes unchanged, and
 unchanged; the Ollama routes translate both ways (modelyard.embeddings_shapes, shared with the
 engine and free of torch). Errors come in each API's own shape: ours through front/app.py's
 `render_error`, a backend's 4xx/5xx passed through (OpenAI) or re-worded (`{"error": …}`).
+A model that does not embed is refused before any load (front/api/model_kind.py).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from modelyard.embeddings_shapes import (
     render_ollama_embeddings,
 )
 from modelyard.errors import ModelyardError, UpstreamError
+from modelyard.front.api.model_kind import require_kind
 from modelyard.front.api.ollama import keep_alive_seconds
 from modelyard.front.dispatch.relay import passthrough_error
 from modelyard.front.state import (
@@ -60,6 +62,7 @@ async def openai_embeddings(request: Request) -> Response:
     state = state_of(request)
     body = await request.body()
     req = parse_openai_request(await read_json_object(request))
+    await require_kind(state, req.model, "embedding")
     relay = await state.dispatch.open_relay(
         req.model, upstream_path(state, req.model), body, priority=request_priority(request),
         client=request,
@@ -106,6 +109,7 @@ async def _ollama(
     response to send."""
     started = time.monotonic_ns()
     state = state_of(request)
+    await require_kind(state, req.model, "embedding")
     if not req.texts:
         await _load_or_unload(state, req)
         return EmbeddingResult([], 0), 0, time.monotonic_ns() - started

@@ -28,6 +28,7 @@ from modelyard.front.api import responses as responses_api
 from modelyard.front.archive.store import KINDS, MAX_LIST
 from modelyard.front.identity.auth import LOGIN_COOKIE, RouteClass, route_class
 from modelyard.front.ops.logs import MAX_LIMIT
+from modelyard.rerank_shapes import MAX_DOCUMENTS
 
 JSON = "application/json"
 SSE = "text/event-stream"
@@ -49,6 +50,24 @@ class OpenAIEmbeddingRequest(BaseModel):
     dimensions: int | None = Field(None, ge=1)
     truncate: bool | None = None
     user: str | None = None
+
+
+class RerankDocument(BaseModel):
+    text: str
+
+
+class RerankRequest(BaseModel):
+    """What rerank_shapes.parse_rerank_request accepts (Jina's and Cohere's shape)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(min_length=1)
+    query: str = Field(min_length=1)
+    documents: list[str | RerankDocument] = Field(
+        min_length=1, max_length=MAX_DOCUMENTS, description="texts to order by relevance"
+    )
+    top_n: int | None = Field(None, ge=1, description="how many results; null: all")
+    return_documents: bool = Field(False, description="echo each result's text in `document`")
 
 
 class OllamaEmbedRequest(BaseModel):
@@ -125,6 +144,8 @@ OPERATIONS: dict[tuple[str, str], Op] = {
     ("GET", "/v1/models"): Op("openai", "List the models"),
     ("GET", "/v1/models/{model:path}"): Op("openai", "One model"),
     ("POST", "/v1/embeddings"): Op("openai", "Embeddings", OpenAIEmbeddingRequest),
+    ("POST", "/v1/rerank"): Op("openai", "Rerank documents (Jina/Cohere shape)", RerankRequest),
+    ("POST", "/rerank"): Op("openai", "Rerank documents (alias of /v1/rerank)", RerankRequest),
     ("GET", "/v1/sessions"): Op("openai", "The caller's chat sessions"),
     ("DELETE", "/v1/sessions"): Op("openai", "Delete all the caller's chat sessions"),
     ("GET", "/v1/sessions/{session_id}"): Op("openai", "One chat session", query=_OWNER),

@@ -86,7 +86,7 @@ _INFERENCE_EXACT = {
     ("POST", "/chat"), ("GET", "/models"), ("GET", "/status"), ("GET", "/diag"),
     ("POST", "/api/chat"), ("POST", "/api/generate"), ("POST", "/api/embed"),
     ("POST", "/api/embeddings"), ("GET", "/api/tags"), ("GET", "/api/ps"), ("POST", "/api/show"),
-    ("GET", "/api/version"), ("GET", "/metrics"),
+    ("GET", "/api/version"), ("GET", "/metrics"), ("POST", "/rerank"),
 }
 _USER_PREFIXES = ("/auth/", "/archive", "/studio/events")
 _ACCOUNT_EXACT = {("POST", "/auth/password")}

@@ -40,6 +40,8 @@ API_OF_PATH = {
     "/v1/embeddings": "embeddings",
     "/api/embed": "embeddings",
     "/api/embeddings": "embeddings",
+    "/v1/rerank": "rerank",
+    "/rerank": "rerank",
 }
 
 

@@ -34,6 +34,7 @@ from modelyard.engine.backends.transformers.loader import (
     load_causal_lm,
 )
 from modelyard.errors import ModelLoadFailed
+from modelyard.store.kinds import repo_kind
 from modelyard.store.vision import is_image_text_repo
 
 _GENERATOR = "modelyard.engine.backends.transformers.generator"
@@ -120,6 +121,16 @@ class TransformersBackend:
         from modelyard.engine.backends.transformers.embeddings_api import embeddings_handler
         from modelyard.engine.backends.transformers.server import build_app
 
+        if repo_kind(self.spec.path) == "rerank":
+            from modelyard.engine.backends.transformers.reranker import Reranker
+            from modelyard.rerank_shapes import rerank_handler
+
+            device = "cuda" if self.precision.dtype != "float32" else "cpu"
+            reranker = await asyncio.to_thread(Reranker.load, self.spec.path, device=device)
+            self._loaded = reranker
+            self._log.append(f"reranker loaded on {device}")
+            return build_app(self.spec.id, None, _no_ids, _no_ids,
+                             rerank=rerank_handler(reranker.score, self.spec.id))
         if is_embedding_repo(self.spec.path):
             device = "cuda" if self.precision.dtype != "float32" else "cpu"
             embedder = await asyncio.to_thread(Embedder.load, self.spec.path, device=device)
@@ -254,7 +265,7 @@ def _move(model: Any, device: str) -> None:
 
 
 def _no_ids(body: dict[str, Any]) -> list[int]:
-    raise ValueError("this is an embedding model")
+    raise ValueError("this model does not generate text")
 
 
 def _free_memory() -> None:

@@ -8,6 +8,7 @@ llama-server's `timings`, which the Ollama API turns into its statistics).
     POST /v1/chat/completions     the model's chat template; JSON or SSE
     POST /v1/completions          a raw prompt; JSON or SSE
     POST /v1/embeddings           (embedding models)
+    POST /v1/rerank               (cross-encoders: raw scores of every document, rerank_shapes)
     DELETE /sessions/{key}        drop a chat session's pinned KV (204, known or not)
 
 Chat sessions: the front marks a request that belongs to one of its server-side chat sessions
@@ -241,6 +242,7 @@ def build_app(
     prompt_ids: Tokenize,
     embed: Callable[[dict[str, Any]], Any] | None = None,
     tool_family: tool_calls.Family | None = None,
+    rerank: Callable[[dict[str, Any]], Any] | None = None,
 ) -> Starlette:
     """`chat_ids`/`prompt_ids` turn a request body into prompt token ids (raising ValueError
     with a message for a body they cannot use)."""
@@ -250,7 +252,8 @@ def build_app(
 
     async def complete(request: Request, chat: bool) -> Response:
         if generator is None:
-            return error(400, f"'{model_name}' is an embedding model: use /v1/embeddings", "model")
+            use = "/v1/rerank" if rerank is not None else "/v1/embeddings"
+            return error(400, f"'{model_name}' does not generate text: use {use}", "model")
         try:
             body = json.loads(await request.body())
         except ValueError as exc:
@@ -300,7 +303,17 @@ def build_app(
         except ValueError as exc:  # InvalidParams of either kind name the field
             return error(400, str(exc), getattr(exc, "param", None))
 
+    async def rerank_route(request: Request) -> Response:
+        if rerank is None:
+            return error(400, f"'{model_name}' is not a reranker", "model")
+        try:
+            body = json.loads(await request.body())
+            return JSONResponse(await asyncio.to_thread(rerank, body))
+        except ValueError as exc:  # InvalidParams name the field
+            return error(400, str(exc), getattr(exc, "param", None))
+
     routes = [
+        Route("/v1/rerank", rerank_route, methods=["POST"]),
         Route("/health", health), Route("/v1/health", health), Route("/stats", stats),
         Route("/v1/chat/completions", chat_route, methods=["POST"]),
         Route("/chat/completions", chat_route, methods=["POST"]),
