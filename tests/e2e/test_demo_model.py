@@ -99,14 +99,14 @@ def test_ollama_chat_and_generate(server: Server) -> None:
 def test_ollama_tags_show_ps(server: Server) -> None:
     client = ollama.Client(host=server.url, timeout=60)
     tags = {m.model: m for m in client.list().models}
-    demo = tags["smollm2"]
+    demo = tags["smollm2:latest"]
     assert demo.details is not None
     assert demo.details.family == "llama" and demo.details.quantization_level == "Q4_1"
     shown = client.show("smollm2")
     assert shown.modelinfo and shown.modelinfo["general.architecture"] == "llama"
     assert shown.template  # the GGUF's chat template
     client.chat(model="smollm2", messages=PROMPT, options={"num_predict": 2})
-    assert "smollm2" in [m.model for m in client.ps().models]
+    assert "smollm2:latest" in [m.model for m in client.ps().models]
 
 
 def test_native_chat_raw_http(server: Server) -> None:

@@ -24,6 +24,7 @@ from tests.integration.harness import HELLO, config, module_server
 from tests.support import Server, fake_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+MAX_BODY = 64 * 1024
 
 TOOLS_AND_THINKING = (
     "{% if tools %}{{ tools }}{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}"
@@ -70,7 +71,8 @@ def server(tmp_path_factory: pytest.TempPathFactory, ggufs: dict[str, Path]) -> 
         fake_model("org/tagged:Q4_K_M"),
         *({"id": name, "backend": "llamacpp", "path": str(path)} for name, path in ggufs.items()),
     ]
-    with module_server(tmp_path_factory, config(*models)) as s:
+    # A small body limit: an admin's blob upload (a whole model file) is not held to it.
+    with module_server(tmp_path_factory, config(*models, max_body_bytes=MAX_BODY)) as s:
         yield s
 
 
@@ -180,8 +182,9 @@ def test_create_from_a_modelfile_makes_a_preset_and_delete_removes_only_it(
     modelfile = ('FROM create-base:latest\nPARAMETER num_predict 3\nPARAMETER stop "<|end|>"\n'
                  'SYSTEM """You are\nterse."""\nMESSAGE user hi\nMESSAGE assistant hello\n'
                  'TEMPLATE {{ .Prompt }}\n')
+    body = {"model": "terse", "modelfile": modelfile}
     with httpx.stream("POST", server.url + "/api/create", timeout=30,
-                      headers=server.admin_headers, json={"model": "terse", "modelfile": modelfile}) as r:
+                      headers=server.admin_headers, json=body) as r:
         assert r.status_code == 200
         lines = [httpx.Response(200, content=line).json() for line in r.iter_lines() if line]
     assert lines[-1] == {"status": "success"}
@@ -248,10 +251,12 @@ def test_blobs_are_checked_stored_owner_only_and_a_model_can_be_made_from_one(
                       headers=auth).status_code == 400
     assert httpx.post(url, content=data, timeout=10, headers=auth).status_code == 201
     assert httpx.head(url, timeout=10, headers=auth).status_code == 200
-    blobs = list((server.home / "blobs").iterdir())
-    assert [b.name for b in blobs] == ["sha256-" + digest.removeprefix("sha256:")]
-    assert stat.S_IMODE(blobs[0].stat().st_mode) == 0o600
-    assert blobs[0].read_bytes() == data
+    blob = server.home / "blobs" / ("sha256-" + digest.removeprefix("sha256:"))
+    assert stat.S_IMODE(blob.stat().st_mode) == 0o600
+    assert blob.read_bytes() == data
+    names = {b.name for b in (server.home / "blobs").iterdir()}
+    assert "sha256-" + "1" * 64 not in names  # the mismatched upload left nothing
+    assert not any(n.endswith(".part") for n in names)
 
     r = admin(server, "/api/create", {"model": "from-blob", "files": {"plain.gguf": digest},
                                      "stream": False})
@@ -261,6 +266,16 @@ def test_blobs_are_checked_stored_owner_only_and_a_model_can_be_made_from_one(
     assert shown["details"]["family"] == "llama" and shown["details"]["format"] == "gguf"
     assert admin(server, "/api/delete", {"model": "from-blob"}).status_code == 200
     assert "from-blob:latest" not in tags(server)
+
+
+def test_an_admin_s_blob_upload_is_not_held_to_max_body_bytes(server: Server) -> None:
+    data = bytes(range(256)) * (3 * MAX_BODY // 256)
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    r = httpx.post(f"{server.url}/api/blobs/{digest}", content=data, timeout=30,
+                   headers=server.admin_headers)
+    assert r.status_code == 201, r.text
+    r = httpx.post(server.url + "/api/show", content=b" " * (2 * MAX_BODY), timeout=30)
+    assert r.status_code == 413  # any other body still is
 
 
 def test_push_is_a_clear_501(server: Server) -> None:

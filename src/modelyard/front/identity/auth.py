@@ -83,6 +83,7 @@ class RouteClass(StrEnum):
 _PUBLIC = {("GET", "/health"), ("GET", "/"), ("GET", "/login"), ("POST", "/auth/login")}
 _PUBLIC.add(("GET", "/openapi.json"))  # the API's description: what the source says
 _PUBLIC_PREFIXES = ("/studio/assets/",)
+BLOB_PREFIX = "/api/blobs/"  # Ollama's model-file uploads (front/api/ollama_create.py)
 _INFERENCE_EXACT = {
     ("POST", "/chat"), ("GET", "/models"), ("GET", "/status"), ("GET", "/diag"),
     ("POST", "/api/chat"), ("POST", "/api/generate"), ("POST", "/api/embed"),
@@ -299,7 +300,11 @@ class AuthGate:
         try:
             headers = Headers(scope=scope)
             self._check_host(headers)
-            receive = self._limit_body(headers, receive)
+            # An admin's blob upload (/api/create's model files) is a whole model, not a
+            # request body: limited by the disk, not by max_body_bytes (checked once we know).
+            blob = scope["method"] == "POST" and path.startswith(BLOB_PREFIX)
+            if not blob:
+                receive = self._limit_body(headers, receive)
             auth: Auth = scope["app"].state.front.identity.auth
             cls = route_class(scope["method"], path)
             who, bad_token = (None, False)
@@ -314,6 +319,8 @@ class AuthGate:
                 if _routed(scope):
                     raise
                 principal = ANONYMOUS_INFERENCE  # no such route: let the router say 404/405
+            if blob and not principal.is_admin:
+                receive = self._limit_body(headers, receive)
         except ModelyardError as exc:
             await error_response(path, exc)(scope, receive, send)
             return
