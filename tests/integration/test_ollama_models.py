@@ -8,7 +8,10 @@ One server is shared by the module; each test that changes the catalog uses name
 from __future__ import annotations
 
 import hashlib
+import os
 import stat
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -330,3 +333,21 @@ def test_a_local_origin_may_not_reach_the_admin_routes(server: Server) -> None:
     r = httpx.post(server.url + "/admin/rescan", timeout=10,
                    headers={"Origin": "http://localhost:3000"})
     assert r.status_code == 403, r.text
+
+
+# --- the CLI ------------------------------------------------------------------------------------
+
+
+def test_the_cli_falls_back_to_ollama_host(server: Server) -> None:
+    env = {**os.environ, "MODELYARD_HOME": str(server.home), "COLUMNS": "250", "NO_COLOR": "1",
+           "OLLAMA_HOST": f"127.0.0.1:{server.port}"}
+    env.pop("MODELYARD_URL", None)
+    done = subprocess.run([sys.executable, "-m", "modelyard", "ps"], capture_output=True,
+                          text=True, timeout=50, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "engine" in done.stdout.lower()
+    # MODELYARD_URL still wins over it.
+    env["MODELYARD_URL"] = "http://127.0.0.1:9"  # discard port: nothing answers there
+    done = subprocess.run([sys.executable, "-m", "modelyard", "ps"], capture_output=True,
+                          text=True, timeout=50, env=env)
+    assert done.returncode == 1 and "127.0.0.1:9" in done.stdout + done.stderr

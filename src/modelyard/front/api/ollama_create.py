@@ -124,32 +124,33 @@ def parse_modelfile(text: str) -> dict[str, Any]:
             continue
         word, _, rest = line.partition(" ")
         command, rest = word.upper(), rest.strip()
-        if rest.startswith('"""'):  # a multi-line value, up to the closing """
-            body = rest[3:]
-            while '"""' not in body and i < len(lines):
-                body += "\n" + lines[i]
-                i += 1
-            rest = body.split('"""', 1)[0]
-        elif len(rest) >= 2 and rest[0] == rest[-1] == '"':
-            rest = rest[1:-1]
-        if command == "FROM":
-            out["from"] = rest
-        elif command == "PARAMETER":
+        if command == "PARAMETER":
             key, _, value = rest.partition(" ")
             _add_parameter(out["parameters"], key.strip(), value.strip())
-        elif command in ("SYSTEM", "TEMPLATE", "LICENSE"):
-            out[command.lower()] = rest
         elif command == "MESSAGE":
             role, _, content = rest.partition(" ")
-            content = content.strip()
-            if content.startswith('"""'):
-                content = content[3:].split('"""', 1)[0]
-            out["messages"].append({"role": role.strip(), "content": content.strip('"')})
-        elif command == "ADAPTER":
-            out["adapter"] = rest
+            content, i = _value(content.strip(), lines, i)
+            out["messages"].append({"role": role.strip(), "content": content})
+        elif command in ("FROM", "SYSTEM", "TEMPLATE", "LICENSE", "ADAPTER"):
+            value, i = _value(rest, lines, i)
+            out["adapter" if command == "ADAPTER" else command.lower()] = value
         else:
             raise InvalidRequest(f"Modelfile: unknown instruction {word!r}", param="modelfile")
     return out
+
+
+def _value(rest: str, lines: list[str], i: int) -> tuple[str, int]:
+    """An instruction's value: a triple-quoted one (up to its closing quotes, maybe lines
+    later), a "quoted" one, or the rest of the line; and the next line to read."""
+    if rest.startswith('"""'):
+        body = rest[3:]
+        while '"""' not in body and i < len(lines):
+            body += "\n" + lines[i]
+            i += 1
+        return body.split('"""', 1)[0], i
+    if len(rest) >= 2 and rest[0] == rest[-1] == '"':
+        return rest[1:-1], i
+    return rest, i
 
 
 def _add_parameter(params: dict[str, Any], key: str, raw: str) -> None:
