@@ -133,7 +133,7 @@ def test_ps_reads_as_ollama_s_clients_read_it(server: Server) -> None:
     assert int(pinned["expires_at"][:4]) > 2100  # far ahead, as Ollama gives it
     assert pinned["size_vram"] == 0  # a CPU-only engine: nothing on a GPU
     assert 0 <= pinned["size_vram"] <= pinned["size"]
-    assert isinstance(pinned["context_length"], int)
+    assert pinned["context_length"] == 4096  # default_ctx_size: what its server was given
     assert {"digest", "details", "model"} <= set(pinned)
     seen = ollama.Client(host=server.url).ps().models
     model = next(m for m in seen if m.model == "pinned:latest")

@@ -120,13 +120,13 @@ async def ps(request: Request) -> Response:
             entry = catalog.registry.get(m.model)
             if m.state != "ready" or entry is None:
                 continue
-            ps_row(running, entry, listed, m, engine.name, on_gpu)
+            ps_row(running, entry, listed, m, engine.name, on_gpu,
+                   catalog.settings.default_ctx_size)
     return _json({"models": running})
 
 
 def ps_row(out: list[dict[str, Any]], entry: Entry, listed: dict[str, dict[str, Any]],
-           m: ModelStatus,
-           engine: str, on_gpu: bool) -> None:
+           m: ModelStatus, engine: str, on_gpu: bool, default_ctx_size: int) -> None:
     """One /api/ps row: `size` what the model holds in memory (its measured or reserved bytes,
     else its file), `size_vram` the part of it on a GPU (never more than `size`)."""
     row = {k: v for k, v in (listed.get(entry.name) or _tag(entry, entry.name)).items()
@@ -139,17 +139,21 @@ def ps_row(out: list[dict[str, Any]], entry: Entry, listed: dict[str, dict[str, 
         "size": size,
         "size_vram": size if on_gpu else 0,
         "expires_at": FOREVER if forever else rfc3339(time.time() + (expires_in or 0.0)),
-        "context_length": _context_length(entry, info),
+        "context_length": _context_length(entry, info, default_ctx_size),
         "engine": engine,
     })
     out.append(row)
 
 
-def _context_length(entry: Entry, info: GgufInfo | None) -> int:
-    """The context the model runs with: its configured `ctx_size`, else what the file says."""
+def _context_length(entry: Entry, info: GgufInfo | None, default_ctx_size: int) -> int:
+    """The context the model runs with: its configured `ctx_size`, else the server's
+    `default_ctx_size` for llama-server and OpenAI-server backends (as they start them), else
+    what the file says (transformers runs a model's own)."""
     configured = getattr(entry.spec, "ctx_size", None)
     if isinstance(configured, int):
         return configured
+    if entry.spec.backend in ("llamacpp", "openai"):
+        return default_ctx_size
     return (info.context_length if info else None) or 0
 
 
