@@ -262,6 +262,10 @@ class Preset(BaseModel):
         description="Request defaults, e.g. {temperature: 0.2, top_p: 0.9, max_tokens: 512}.",
     )
     system: str | None = Field(None, description="System prompt used when a chat has none.")
+    messages: list[dict[str, Any]] = Field(
+        default_factory=list, description="Messages ({role, content}) put before a chat's own, "
+        "after its system prompt: a few-shot example (Ollama's MESSAGE).",
+    )
     mcp_servers: list[str] = Field(
         default_factory=list,
         description="Ids of `mcp_servers` whose tools requests through this preset get (the "

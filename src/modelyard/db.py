@@ -70,6 +70,17 @@ aliases = sa.Table(
     sa.Column("model", sa.String, nullable=False),
 )
 
+# Presets made by Ollama's /api/create (a Modelfile): `spec` is a config Preset as JSON, plus
+# the TEMPLATE it was given (shown by /api/show; llama-server renders the model's own).
+presets = sa.Table(
+    "presets",
+    metadata,
+    sa.Column("id", sa.String, primary_key=True),
+    sa.Column("spec", sa.JSON, nullable=False),
+    sa.Column("template", sa.String),
+    sa.Column("created_at", sa.Float, nullable=False),
+)
+
 
 users = sa.Table(
     "users",

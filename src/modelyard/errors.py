@@ -115,6 +115,13 @@ class InvalidRequest(ModelyardError):
     openai_type = "invalid_request_error"
 
 
+class NotImplementedHere(ModelyardError):
+    """A route of a peer's API that modelyard deliberately does not serve (Ollama's /api/push)."""
+
+    status = 501
+    code = "not_implemented"
+
+
 class ToolsUnsupported(ModelyardError):
     status = 400
     code = "tools_unsupported"

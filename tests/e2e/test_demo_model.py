@@ -99,14 +99,31 @@ def test_ollama_chat_and_generate(server: Server) -> None:
 def test_ollama_tags_show_ps(server: Server) -> None:
     client = ollama.Client(host=server.url, timeout=60)
     tags = {m.model: m for m in client.list().models}
-    demo = tags["smollm2"]
+    demo = tags["smollm2:latest"]
     assert demo.details is not None
     assert demo.details.family == "llama" and demo.details.quantization_level == "Q4_1"
     shown = client.show("smollm2")
     assert shown.modelinfo and shown.modelinfo["general.architecture"] == "llama"
     assert shown.template  # the GGUF's chat template
-    client.chat(model="smollm2", messages=PROMPT, options={"num_predict": 2})
-    assert "smollm2" in [m.model for m in client.ps().models]
+    client.chat(model="smollm2:latest", messages=PROMPT, options={"num_predict": 2})
+    running = next(m for m in client.ps().models if m.model == "smollm2:latest")
+    # A CPU engine: nothing in VRAM, and the context the demo model runs with.
+    assert running.size_vram == 0 and running.size and running.size > 0
+    assert running.context_length == 2048
+    # From the GGUF and its chat template (the demo's renders tools), not guesses.
+    assert shown.capabilities is not None
+    assert {"completion", "tools"} <= set(shown.capabilities)
+    assert "embedding" not in shown.capabilities
+    assert shown.modelinfo["llama.context_length"] == 8192
+
+
+def test_chat_ollama_validates_the_demo_model_on_init(server: Server) -> None:
+    from langchain_ollama import ChatOllama
+
+    for name in ("smollm2", "smollm2:latest"):
+        llm = ChatOllama(model=name, base_url=server.url, validate_model_on_init=True,
+                         num_predict=4)
+        assert llm.invoke("Say hi").content
 
 
 def test_native_chat_raw_http(server: Server) -> None:

@@ -127,9 +127,10 @@ def openai_ids(server: Server) -> list[str]:
 
 
 def ollama_names(server: Server) -> list[str]:
+    """/api/tags's names as model ids: Ollama lists an untagged name as `name:latest`."""
     r = httpx.get(server.url + "/api/tags", headers=server.admin_headers, timeout=10)
     assert r.status_code == 200, r.text
-    return [m["name"] for m in r.json()["models"]]
+    return [m["name"].removesuffix(":latest") for m in r.json()["models"]]
 
 
 def native_models(server: Server) -> dict[str, dict[str, Any]]:

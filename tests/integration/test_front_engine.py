@@ -210,13 +210,13 @@ def test_ollama_tags_ps_show_version(server: Server) -> None:
     assert post(server, "/api/chat", {"model": "m1", "messages": HELLO, "stream": False}).is_success
 
     tags = httpx.get(server.url + "/api/tags", timeout=10).json()["models"]
-    assert {"m1", "idle", "cold"} <= {t["name"] for t in tags}
+    assert {"m1:latest", "idle:latest", "cold:latest"} <= {t["name"] for t in tags}
     assert all(len(t["digest"]) == 64 for t in tags)
 
     running = httpx.get(server.url + "/api/ps", timeout=10).json()["models"]
     names = {m["name"] for m in running}
-    assert "m1" in names
-    assert "idle" not in names  # listed only once used
+    assert "m1:latest" in names
+    assert "idle:latest" not in names  # listed only once used
 
     r = post(server, "/api/show", {"model": "m1"})
     assert r.status_code == 200
@@ -228,8 +228,8 @@ def test_ollama_tags_ps_show_version(server: Server) -> None:
     assert r.status_code == 200
     assert re.fullmatch(r"\d+\.\d+\.\d+", r.json()["version"])
     client = ollama.Client(host=server.url)
-    assert "m1" in {m.model for m in client.ps().models}
-    assert "idle" in {m.model for m in client.list().models}
+    assert "m1:latest" in {m.model for m in client.ps().models}
+    assert "idle:latest" in {m.model for m in client.list().models}
 
 
 # --- native -------------------------------------------------------------------------------------

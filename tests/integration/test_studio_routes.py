@@ -27,8 +27,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 def test_the_shell_is_served_at_the_root_and_at_login_without_auth(server: Server) -> None:
-    for path in ("/", "/login"):
-        r = httpx.get(server.url + path, timeout=10)
+    for path in ("/", "/login"):  # as a browser asks (others get "Ollama is running" at /)
+        r = httpx.get(server.url + path, headers={"Accept": "text/html"}, timeout=10)
         assert r.status_code == 200, r.text
         assert r.headers["content-type"].startswith("text/html")
         assert r.headers["cache-control"] == "no-cache"

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from modelyard import __version__
+from modelyard.cli.server_url import MODELYARD_DEFAULT, default_url
 from modelyard.cli.status import size
 from modelyard.config import Settings, load_settings
 from modelyard.request_ids import handler_setup
@@ -30,9 +31,11 @@ app = typer.Typer(
 console = Console()
 err_console = Console(stderr=True)
 
-DEFAULT_URL = "http://127.0.0.1:8770"
+DEFAULT_URL = default_url()  # $OLLAMA_HOST when set (cli/server_url.py)
 UrlOption = Annotated[
-    str, typer.Option("--url", envvar="MODELYARD_URL", help="The modelyard server to talk to.")
+    str, typer.Option("--url", envvar="MODELYARD_URL",
+                      help="The modelyard server to talk to (else $OLLAMA_HOST, else "
+                      f"{MODELYARD_DEFAULT}).")
 ]
 ConfigOption = Annotated[
     Path | None,

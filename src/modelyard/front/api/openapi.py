@@ -23,7 +23,17 @@ from starlette.routing import Route
 
 from modelyard import __version__
 from modelyard.embeddings_shapes import MAX_INPUTS
-from modelyard.front.api import accounts, admin, native, ollama, openai, pulls, services
+from modelyard.front.api import (
+    accounts,
+    admin,
+    native,
+    ollama,
+    ollama_create,
+    ollama_models,
+    openai,
+    pulls,
+    services,
+)
 from modelyard.front.api import responses as responses_api
 from modelyard.front.archive.store import KINDS, MAX_LIST
 from modelyard.front.identity.auth import LOGIN_COOKIE, RouteClass, route_class
@@ -174,7 +184,7 @@ OPERATIONS: dict[tuple[str, str], Op] = {
     ("POST", "/api/embeddings"): Op("ollama", "Embedding (legacy)", OllamaEmbeddingsRequest),
     ("GET", "/api/tags"): Op("ollama", "List the models"),
     ("GET", "/api/ps"): Op("ollama", "Loaded models"),
-    ("POST", "/api/show"): Op("ollama", "Model details", ollama.ShowRequest),
+    ("POST", "/api/show"): Op("ollama", "Model details", ollama_models.ShowRequest),
     ("GET", "/api/version"): Op("ollama", "Ollama API version"),
     ("POST", "/api/pull"): Op(
         "ollama", "Pull a model (NDJSON progress)", pulls.OllamaPullRequest,
@@ -182,6 +192,13 @@ OPERATIONS: dict[tuple[str, str], Op] = {
     ("DELETE", "/api/delete"): Op("ollama", "Delete a model", pulls.NameRequest),
     ("POST", "/api/delete"): Op("ollama", "Delete a model", pulls.NameRequest),
     ("POST", "/api/copy"): Op("ollama", "Copy a model under a new name", pulls.CopyRequest),
+    ("POST", "/api/create"): Op(
+        "ollama", "Create a preset from a Modelfile (NDJSON status)", ollama_create.CreateRequest,
+        answers=(NDJSON, JSON)),
+    ("POST", "/api/blobs/{digest}"): Op(
+        "ollama", "Upload a file under its sha256 digest (HEAD: is it there)", body=None,
+        body_required=False, body_media="application/octet-stream"),
+    ("POST", "/api/push"): Op("ollama", "Push a model (not supported: 501)"),
     # native
     ("POST", "/chat"): Op(
         "native", "Chat (JSON, or SSE with stream)", native.NativeChatRequest,

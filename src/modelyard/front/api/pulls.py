@@ -162,8 +162,46 @@ async def ollama_delete(request: Request) -> Response:
     state = state_of(request)
     name = validate(NameRequest, await read_json_object(request)).target()
     entry = state.catalog.registry.resolve(name)
+    if await _forget_name(state, name, entry):
+        return Response(status_code=200)
     await delete_model(state, entry)
     return Response(status_code=200)
+
+
+async def _forget_name(state: FrontState, name: str, entry: Entry) -> bool:
+    """Delete only what `name` itself is when it is a name of its own: an alias /api/copy made
+    (its model stays), or a preset /api/create made (its base model stays; one made FROM an
+    uploaded blob takes the model it became with it). False: `name` is the model itself."""
+    registry = state.catalog.registry
+    alias = next((a for a in registry.aliases_of(entry.name)
+                  if registry.get(a) is entry and _same(a, name)), None)
+
+    def forget(c: sa.Connection) -> bool:
+        if alias is not None:
+            if c.execute(sa.delete(db.aliases).where(db.aliases.c.name == alias)).rowcount:
+                return True
+            raise InvalidRequest(f"'{alias}' is an alias of '{entry.name}' in the config; remove "
+                                 "it there", param="model")
+        if entry.source != "created":
+            return False
+        c.execute(sa.delete(db.presets).where(db.presets.c.id == entry.name))
+        c.execute(sa.delete(db.aliases).where(db.aliases.c.model == entry.name))
+        if entry.preset is not None and entry.preset.model == entry.name:
+            c.execute(sa.delete(db.models).where(db.models.c.id == entry.name))
+        return True
+
+    if not await _in_db(state, forget):
+        return False
+    if alias is None:
+        for engine in state.dispatch.engines:
+            if engine.up and entry.id == entry.name:  # it ran as a server of its own
+                await engine.unload(entry.id)
+    await state.catalog.rescan()
+    return True
+
+
+def _same(a: str, b: str) -> bool:
+    return a.strip().lower().removesuffix(":latest") == b.strip().lower().removesuffix(":latest")
 
 
 async def delete_model(state: FrontState, entry: Entry) -> None:

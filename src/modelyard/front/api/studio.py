@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 from starlette.requests import Request
-from starlette.responses import FileResponse, Response, StreamingResponse
+from starlette.responses import FileResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from modelyard.errors import RouteNotFound
@@ -44,6 +44,14 @@ MEDIA_TYPES = {
 }
 # The shell and assets change with each release; `no-cache` revalidates instead of serving stale.
 NO_CACHE = {"Cache-Control": "no-cache"}
+
+
+async def root(request: Request) -> Response:
+    """The Studio for a browser; for anything else (`curl`, Ollama's clients probing the
+    server, a HEAD) what Ollama answers there: they check for this text."""
+    if request.method == "GET" and "text/html" in request.headers.get("accept", ""):
+        return await shell(request)
+    return PlainTextResponse("Ollama is running")
 
 
 async def shell(request: Request) -> Response:
@@ -102,7 +110,7 @@ async def events(request: Request) -> Response:
 
 
 routes = [
-    Route("/", shell, methods=["GET"]),
+    Route("/", root, methods=["GET"]),
     Route("/login", shell, methods=["GET"]),
     Route("/studio/assets/{path:path}", asset, methods=["GET"]),
     Route("/studio/events", events, methods=["GET"]),

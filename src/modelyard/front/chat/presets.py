@@ -20,6 +20,13 @@ def apply_preset(preset: Preset, body: dict[str, Any]) -> dict[str, Any]:
         has_system = any(isinstance(m, dict) and m.get("role") == "system" for m in messages)
         if not has_system:
             out["messages"] = [{"role": "system", "content": preset.system}, *messages]
+    if preset.messages and isinstance(messages, list):
+        chat = out["messages"]
+        head = 0  # after the leading system message(s)
+        while head < len(chat) and isinstance(chat[head], dict) and (
+                chat[head].get("role") == "system"):
+            head += 1
+        out["messages"] = [*chat[:head], *preset.messages, *chat[head:]]
     return out
 
 

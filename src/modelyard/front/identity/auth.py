@@ -58,6 +58,7 @@ from modelyard.errors import (
     UnsupportedMediaType,
 )
 from modelyard.front.identity import accounts, tokens
+from modelyard.front.identity.cors import is_default_origin
 from modelyard.front.identity.login_throttle import LoginThrottle
 from modelyard.front.identity.principal import ANONYMOUS_ADMIN, ANONYMOUS_INFERENCE, Principal
 from modelyard.front.render import error_response
@@ -82,6 +83,7 @@ class RouteClass(StrEnum):
 _PUBLIC = {("GET", "/health"), ("GET", "/"), ("GET", "/login"), ("POST", "/auth/login")}
 _PUBLIC.add(("GET", "/openapi.json"))  # the API's description: what the source says
 _PUBLIC_PREFIXES = ("/studio/assets/",)
+BLOB_PREFIX = "/api/blobs/"  # Ollama's model-file uploads (front/api/ollama_create.py)
 _INFERENCE_EXACT = {
     ("POST", "/chat"), ("GET", "/models"), ("GET", "/status"), ("GET", "/diag"),
     ("POST", "/api/chat"), ("POST", "/api/generate"), ("POST", "/api/embed"),
@@ -298,7 +300,11 @@ class AuthGate:
         try:
             headers = Headers(scope=scope)
             self._check_host(headers)
-            receive = self._limit_body(headers, receive)
+            # An admin's blob upload (/api/create's model files) is a whole model, not a
+            # request body: limited by the disk, not by max_body_bytes (checked once we know).
+            blob = scope["method"] == "POST" and path.startswith(BLOB_PREFIX)
+            if not blob:
+                receive = self._limit_body(headers, receive)
             auth: Auth = scope["app"].state.front.identity.auth
             cls = route_class(scope["method"], path)
             who, bad_token = (None, False)
@@ -313,6 +319,8 @@ class AuthGate:
                 if _routed(scope):
                     raise
                 principal = ANONYMOUS_INFERENCE  # no such route: let the router say 404/405
+            if blob and not principal.is_admin:
+                receive = self._limit_body(headers, receive)
         except ModelyardError as exc:
             await error_response(path, exc)(scope, receive, send)
             return
@@ -392,11 +400,17 @@ def check_browser_request(settings: Settings, method: str, path: str, headers: H
     if method in _SAFE_METHODS or (headers.get("authorization") and not is_login):
         return
     origin = headers.get("origin")
-    if origin is not None and not origin_allowed(settings, origin, headers.get("host", "")):
+    with_cookie = who is not None and who.login is not None
+    # A local page (Ollama's default origins, front/identity/cors.py) may call the Ollama and
+    # OpenAI APIs as it may call Ollama's, but never with the Studio's login cookie, and never
+    # modelyard's own admin, account or login routes.
+    local = (origin is not None and is_default_origin(origin) and not with_cookie
+             and path.startswith(("/api/", "/v1/")))
+    if origin is not None and not local and not origin_allowed(
+            settings, origin, headers.get("host", "")):
         raise OriginNotAllowed(
             f"a request from the page of another site ({origin}) may not change anything here; "
             "list that origin in `cors_origins` if it is yours")
-    with_cookie = who is not None and who.login is not None
     has_body = headers.get("content-length", "0") != "0" or "transfer-encoding" in headers
     if (is_login or (with_cookie and has_body)) and not _json_media(
             headers.get("content-type", "")):
