@@ -4,8 +4,8 @@
 - tools / vision: the checks the chat pipeline itself enforces (front/chat/tools/support.py,
   front/chat/vision.py), so /api/show never promises what a request would be refused;
 - thinking: the chat template reads `enable_thinking` or frames a `<think>` block;
-- embedding: the GGUF says how it pools (`<arch>.pooling_type`) or has an encoder-only
-  architecture; such a model does not complete text;
+- embedding: the model's kind (store/kinds.py: a GGUF's pooling type or encoder-only
+  architecture, a sentence-transformers repo); such a model does not complete text;
 - insert: the GGUF names fill-in-the-middle tokens (prefix/suffix/middle).
 """
 
@@ -21,11 +21,6 @@ from modelyard.front.chat.vision import supports_vision
 from modelyard.store.gguf import GgufError, GgufInfo, read_gguf_info
 from modelyard.store.registry import Entry
 
-# llama.cpp architectures that only embed (they have no causal LM head).
-EMBEDDING_ARCHITECTURES = frozenset({
-    "bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3", "t5encoder",
-    "modern-bert", "neo-bert", "xlm-roberta",
-})
 _THINKING_MARKERS = ("<think>", "enable_thinking", "reasoning_content")
 _FIM_KEYS = ("tokenizer.ggml.fim_pre_token_id", "tokenizer.ggml.prefix_token_id")
 
@@ -62,21 +57,17 @@ def _template(entry: Entry, info: GgufInfo | None) -> str:
     return (info.chat_template or "") if info else ""
 
 
-def is_embedding(entry: Entry, info: GgufInfo | None) -> bool:
-    if info is None:
-        return False
-    arch = info.architecture
-    return arch in EMBEDDING_ARCHITECTURES or f"{arch}.pooling_type" in info.metadata
-
-
 def capabilities(entry: Entry) -> list[str]:
     spec = entry.spec
     if isinstance(spec, ServiceModel):  # what its routes serve
         return [c for c, kind in (("completion", "chat"), ("embedding", "embeddings"))
                 if kind in spec.paths]
-    info = gguf_info(entry)
-    if is_embedding(entry, info):
+    kind = entry.kind  # store/kinds.py: read from the files, the engine's own rule
+    if kind == "embedding":
         return ["embedding"]
+    if kind == "rerank":
+        return []  # Ollama has no capability name for it; /v1/rerank serves it
+    info = gguf_info(entry)
     caps = ["completion"]
     if supports_tools(entry.spec):
         caps.append("tools")
