@@ -31,6 +31,7 @@ from modelyard.config import Settings
 from modelyard.errors import ClientDisconnected, MethodNotAllowed, ModelyardError, RouteNotFound
 from modelyard.front.api import accounts as accounts_api
 from modelyard.front.api import admin, embeddings, native, ollama, openai, pulls, services
+from modelyard.front.api import anthropic as anthropic_api
 from modelyard.front.api import archive as archive_api
 from modelyard.front.api import logs as logs_api
 from modelyard.front.api import openapi as openapi_api
@@ -150,7 +151,7 @@ def create_app(
             *openai.routes, *services.routes, *ollama.routes, *native.routes, *admin.routes,
             *pulls.routes, *embeddings.routes, *accounts_api.routes, *logs_api.routes,
             *archive_api.routes, *studio_api.routes, *front_metrics.routes,
-            *sessions_api.routes, *openapi_api.routes,
+            *sessions_api.routes, *openapi_api.routes, *anthropic_api.routes,
         ],
         middleware=_middleware(settings),
         lifespan=lifespan,

@@ -24,7 +24,9 @@ from starlette.routing import Route
 from modelyard import __version__
 from modelyard.embeddings_shapes import MAX_INPUTS
 from modelyard.front.api import accounts, admin, native, ollama, openai, pulls, services
+from modelyard.front.api import anthropic as anthropic_api
 from modelyard.front.archive.store import KINDS, MAX_LIST
+from modelyard.front.chat import anthropic_shapes
 from modelyard.front.identity.auth import LOGIN_COOKIE, RouteClass, route_class
 from modelyard.front.ops.logs import MAX_LIMIT
 
@@ -122,6 +124,12 @@ OPERATIONS: dict[tuple[str, str], Op] = {
         "openai", "Text completion (JSON, or SSE with stream)", openai.CompletionRequest,
         answers=_CHAT_ANSWERS),
     ("GET", "/v1/models"): Op("openai", "List the models"),
+    # Anthropic Messages
+    ("POST", "/v1/messages"): Op(
+        "anthropic", "Anthropic Messages (JSON, or Anthropic's SSE events with stream)",
+        anthropic_api.MessagesRequest, answers=_CHAT_ANSWERS),
+    ("POST", "/v1/messages/count_tokens"): Op(
+        "anthropic", "The input tokens of a Messages request", anthropic_api.CountTokensRequest),
     ("GET", "/v1/models/{model:path}"): Op("openai", "One model"),
     ("POST", "/v1/embeddings"): Op("openai", "Embeddings", OpenAIEmbeddingRequest),
     ("GET", "/v1/sessions"): Op("openai", "The caller's chat sessions"),
@@ -228,6 +236,8 @@ def _error_schema(path: str) -> str:
     """The error shape of the API family `path` belongs to (as front/render.py picks it)."""
     if path.startswith(services.PATH_PREFIXES):
         return "NativeError"
+    if path.startswith(anthropic_shapes.PATH_PREFIX):
+        return "AnthropicError"
     if path.startswith("/v1/"):
         return "OpenAIError"
     return "OllamaError" if path.startswith("/api/") else "NativeError"
@@ -238,6 +248,9 @@ _ERRORS: dict[str, Schema] = {
         "type": "object", "required": ["message", "type", "code"], "properties": {
             "message": _STR, "type": _STR, "param": {"type": ["string", "null"]},
             "code": {"type": ["string", "null"]}}}}},
+    "AnthropicError": {"type": "object", "required": ["type", "error"], "properties": {
+        "type": {"const": "error"}, "error": {"type": "object", "required": ["type", "message"],
+                                              "properties": {"type": _STR, "message": _STR}}}},
     "OllamaError": {"type": "object", "required": ["error"], "properties": {"error": _STR}},
     "NativeError": {"type": "object", "required": ["error", "message"], "properties": {
         "error": _STR, "message": _STR, "consumer": {"type": ["string", "null"]},
@@ -295,7 +308,7 @@ def document() -> Schema:
     return {
         "openapi": "3.1.0",
         "info": {"title": "modelyard", "version": __version__,
-                 "description": "OpenAI, Ollama and native APIs over local models."},
+                 "description": "OpenAI, Ollama, Anthropic and native APIs over local models."},
         "paths": paths,
         "components": {
             "schemas": {**defs.get("$defs", {}), **_ERRORS},
