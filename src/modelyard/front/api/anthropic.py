@@ -58,6 +58,8 @@ class _Body(BaseModel):
     system: str | list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
+    output_config: dict[str, Any] | None = Field(
+        None, description="`format` (a JSON schema) → response_format; `effort` ignored")
     thinking: dict[str, Any] | None = Field(
         None, description="validated as Anthropic does, not passed on (no thinking blocks)")
 

@@ -216,15 +216,16 @@ def _tool_choice(choice: dict[str, Any], payload: dict[str, Any]) -> None:
 
 
 def check_thinking(thinking: dict[str, Any] | None, max_tokens: int | None) -> None:
-    """`thinking` as Anthropic validates it: disabled, or enabled with 1024 ≤ budget_tokens
-    < max_tokens. It is accepted and not passed on: see docs/api.md (Anthropic Messages)."""
+    """`thinking` as Anthropic validates it: enabled with 1024 ≤ budget_tokens < max_tokens,
+    or disabled, adaptive, between_tools. It is accepted and not passed on: see docs/api.md
+    (Anthropic Messages)."""
     if thinking is None:
         return
     kind = thinking.get("type")
-    if kind == "disabled":
+    if kind in ("disabled", "adaptive", "between_tools"):
         return
     if kind != "enabled":
-        raise _bad("thinking.type", "must be enabled or disabled")
+        raise _bad("thinking.type", "must be enabled, disabled, adaptive or between_tools")
     budget = thinking.get("budget_tokens")
     if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1024:
         raise _bad("thinking.budget_tokens", "must be an integer ≥ 1024")
@@ -253,4 +254,23 @@ def to_openai(data: dict[str, Any], *, max_tokens: int, stream: bool) -> dict[st
         payload["tools"] = _tools(data["tools"])
     if data.get("tool_choice") is not None:
         _tool_choice(data["tool_choice"], payload)
+    _output_format(data.get("output_config"), payload)
     return payload
+
+
+def _output_format(config: Any, payload: dict[str, Any]) -> None:
+    """`output_config.format` (structured outputs: a JSON schema the answer must match) →
+    OpenAI's `response_format`; `effort` has no backend equivalent and is ignored."""
+    if config is None:
+        return
+    if not isinstance(config, dict):
+        raise _bad("output_config", "must be an object")
+    fmt = config.get("format")
+    if fmt is None:
+        return
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(
+            fmt.get("schema"), dict):
+        raise _bad("output_config.format", "must be {\"type\": \"json_schema\", \"schema\": "
+                                           "{…}}")
+    payload["response_format"] = {"type": "json_schema",
+                                  "json_schema": {"name": "output", "schema": fmt["schema"]}}
