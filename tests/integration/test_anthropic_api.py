@@ -259,3 +259,16 @@ def test_queue_full_is_a_rate_limit_error(client: anthropic.Anthropic, server: S
             pass
     assert refused.value.body["error"]["type"] == "rate_limit_error"
     assert refused.value.response.headers.get("retry-after")
+
+
+def test_server_side_session_carries_the_history(server: Server) -> None:
+    headers = {"x-api-key": key(server), "X-Session-Id": "anth-s1"}
+    first = httpx.post(server.url + "/v1/messages", headers=headers, timeout=60, json={
+        "model": "m", "max_tokens": 3, "messages": HELLO})  # fmt: skip
+    assert first.status_code == 200, first.text
+    again = [{"role": "user", "content": "And again"}]
+    second = httpx.post(server.url + "/v1/messages", headers=headers, timeout=60, json={
+        "model": "m", "max_tokens": 3, "stream": True, "messages": again})  # fmt: skip
+    assert second.status_code == 200 and sse(second.text)[-1][0] == "message_stop"
+    sent = sent_to_backend(server, "m")["messages"]
+    assert sent == [*HELLO, {"role": "assistant", "content": TEXT_3}, *again]

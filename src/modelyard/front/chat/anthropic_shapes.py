@@ -172,7 +172,8 @@ def _message(message: dict[str, Any], i: int) -> list[dict[str, Any]]:
                               "user)")
     out: list[dict[str, Any]] = list(tool_messages)  # they answer the previous assistant turn
     if calls:
-        out.append({"role": "assistant", "content": _joined(parts) if parts else None,
+        # "" rather than null: some chat templates cannot render a null content.
+        out.append({"role": "assistant", "content": _joined(parts) if parts else "",
                     "tool_calls": calls})
     elif parts or not tool_messages:
         out.append({"role": role, "content": _joined(parts) if parts else ""})
