@@ -17,7 +17,8 @@ SERVICES = {"tts": "speech", "stt": "transcription", "painter": "image"}  # and 
 SERVICE_FOR = {"/v1/audio/speech": "tts", "/v1/audio/transcriptions": "stt",
                "/v1/images/generations": "painter"}
 INFERENCE = {"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/api/chat",
-             "/api/generate", "/api/embed", "/api/embeddings", "/chat", "/api/show"}
+             "/api/generate", "/api/embed", "/api/embeddings", "/chat", "/api/show",
+             "/v1/messages", "/v1/messages/count_tokens"}
 LIMITS = ("max_tokens", "max_completion_tokens", "n_predict", "num_predict")
 MAX_TOKENS = 32
 

@@ -7,6 +7,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from modelyard.errors import ModelyardError
+from modelyard.front.chat import anthropic_shapes
 
 # The service APIs (front/api/services.py): errors modelyard raises there are in the native
 # shape, since their answers are audio or images, not OpenAI JSON. Here, not in the API module,
@@ -17,6 +18,8 @@ SERVICE_PATH_PREFIXES = ("/v1/audio/", "/v1/images/")
 def error_response(path: str, exc: ModelyardError) -> Response:
     if path.startswith(SERVICE_PATH_PREFIXES):
         body = exc.native_body()
+    elif path.startswith(anthropic_shapes.PATH_PREFIX):  # the Anthropic Messages API
+        body = anthropic_shapes.error_body(exc)
     elif path.startswith("/v1/"):
         body = exc.openai_body()
     elif path.startswith("/api/"):

@@ -34,8 +34,10 @@ from modelyard.front.api import (
     pulls,
     services,
 )
+from modelyard.front.api import anthropic as anthropic_api
 from modelyard.front.api import responses as responses_api
 from modelyard.front.archive.store import KINDS, MAX_LIST
+from modelyard.front.chat import anthropic_shapes
 from modelyard.front.identity.auth import LOGIN_COOKIE, RouteClass, route_class
 from modelyard.front.ops.logs import MAX_LIMIT
 from modelyard.rerank_shapes import MAX_DOCUMENTS
@@ -152,6 +154,12 @@ OPERATIONS: dict[tuple[str, str], Op] = {
         "openai", "Text completion (JSON, or SSE with stream)", openai.CompletionRequest,
         answers=_CHAT_ANSWERS),
     ("GET", "/v1/models"): Op("openai", "List the models"),
+    # Anthropic Messages
+    ("POST", "/v1/messages"): Op(
+        "anthropic", "Anthropic Messages (JSON, or Anthropic's SSE events with stream)",
+        anthropic_api.MessagesRequest, answers=_CHAT_ANSWERS),
+    ("POST", "/v1/messages/count_tokens"): Op(
+        "anthropic", "The input tokens of a Messages request", anthropic_api.CountTokensRequest),
     ("GET", "/v1/models/{model:path}"): Op("openai", "One model"),
     ("POST", "/v1/embeddings"): Op("openai", "Embeddings", OpenAIEmbeddingRequest),
     ("POST", "/v1/rerank"): Op("openai", "Rerank documents (Jina/Cohere shape)", RerankRequest),
@@ -272,6 +280,8 @@ def _error_schema(path: str) -> str:
     """The error shape of the API family `path` belongs to (as front/render.py picks it)."""
     if path.startswith(services.PATH_PREFIXES):
         return "NativeError"
+    if path.startswith(anthropic_shapes.PATH_PREFIX):
+        return "AnthropicError"
     if path.startswith("/v1/"):
         return "OpenAIError"
     return "OllamaError" if path.startswith("/api/") else "NativeError"
@@ -282,6 +292,9 @@ _ERRORS: dict[str, Schema] = {
         "type": "object", "required": ["message", "type", "code"], "properties": {
             "message": _STR, "type": _STR, "param": {"type": ["string", "null"]},
             "code": {"type": ["string", "null"]}}}}},
+    "AnthropicError": {"type": "object", "required": ["type", "error"], "properties": {
+        "type": {"const": "error"}, "error": {"type": "object", "required": ["type", "message"],
+                                              "properties": {"type": _STR, "message": _STR}}}},
     "OllamaError": {"type": "object", "required": ["error"], "properties": {"error": _STR}},
     "NativeError": {"type": "object", "required": ["error", "message"], "properties": {
         "error": _STR, "message": _STR, "consumer": {"type": ["string", "null"]},
@@ -339,7 +352,7 @@ def document() -> Schema:
     return {
         "openapi": "3.1.0",
         "info": {"title": "modelyard", "version": __version__,
-                 "description": "OpenAI, Ollama and native APIs over local models."},
+                 "description": "OpenAI, Ollama, Anthropic and native APIs over local models."},
         "paths": paths,
         "components": {
             "schemas": {**defs.get("$defs", {}), **_ERRORS},

@@ -14,7 +14,7 @@ from typing import Any, Literal
 CHAT_PATH = "/v1/chat/completions"
 COMPLETION_PATH = "/v1/completions"
 
-Api = Literal["openai", "ollama", "native"]
+Api = Literal["openai", "ollama", "native", "anthropic"]
 
 
 @dataclass(slots=True)

@@ -12,7 +12,8 @@ Route classes (the whole policy is `route_class` plus `AuthGate._decide`):
                revoke tokens nor change the password of the user it belongs to)
     admin      everything else (/admin/*, pulls and jobs, deleting models): need the admin scope
 
-Identity comes from `Authorization: Bearer my-…` (an API token) or the signed session cookie of
+Identity comes from `Authorization: Bearer my-…` (an API token; or `x-api-key: my-…`, as
+Anthropic's SDKs send it) or the signed session cookie of
 the Web Studio; state-changing requests made with the cookie must carry `X-CSRF-Token`. The gate
 also refuses a `Host` that is not the bound name (DNS rebinding) and bodies over
 `max_body_bytes`. It is plain ASGI so streamed responses pass through untouched.
@@ -67,6 +68,8 @@ from modelyard.front.render import error_response
 # browsers and clients already hold; only the Python names say "login".
 LOGIN_COOKIE = "modelyard_session"
 CSRF_HEADER = "x-csrf-token"
+# Anthropic's SDKs send the API key here, not in Authorization: read like a bearer token.
+API_KEY_HEADER = "x-api-key"
 SECRET_KEY_FILE = "secret-key"
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _TOKEN_CACHE_S = 2.0  # a token revoked by another process (the CLI) stops working within this
@@ -212,6 +215,8 @@ class Auth:
         """(who, whether a bearer token was given but is not valid)."""
         authorization = headers.get("authorization", "")
         scheme, _, secret = authorization.partition(" ")
+        if scheme.lower() != "bearer" and headers.get(API_KEY_HEADER, "").strip():
+            scheme, secret = "bearer", headers[API_KEY_HEADER]  # Anthropic's SDKs send this
         if scheme.lower() == "bearer" and secret.strip():
             token = await self.by_token(secret.strip())
             if token is None:
@@ -397,7 +402,8 @@ def check_browser_request(settings: Settings, method: str, path: str, headers: H
     not checked: a page could send one only after a preflight our CORS settings allowed."""
     method = "GET" if method == "HEAD" else method
     is_login = (method, path) == ("POST", "/auth/login")
-    if method in _SAFE_METHODS or (headers.get("authorization") and not is_login):
+    if method in _SAFE_METHODS or ((headers.get("authorization") or headers.get(API_KEY_HEADER))
+                                   and not is_login):
         return
     origin = headers.get("origin")
     with_cookie = who is not None and who.login is not None

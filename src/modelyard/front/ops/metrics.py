@@ -31,6 +31,7 @@ from modelyard.wire.status import EngineReport
 API_OF_PATH = {
     "/v1/chat/completions": "openai",
     "/v1/completions": "openai",
+    "/v1/messages": "anthropic",
     "/api/chat": "ollama",
     "/api/generate": "ollama",
     "/chat": "native",
