@@ -94,7 +94,6 @@ def _prepare_completion(data: dict[str, Any], reshape: Reshape) -> dict[str, Any
             raise InvalidRequest("echo: supported for text prompts only, not token ids",
                                  param="echo")
         reshape.echo = prompts
-    if "echo" in data:
         payload = {k: v for k, v in payload.items() if k != "echo"}
     logprobs = data.get("logprobs")
     if isinstance(logprobs, int) and not isinstance(logprobs, bool) and logprobs is not None:
