@@ -191,4 +191,4 @@ def test_ollama_context_overflow_has_its_shape(server: Server) -> None:
     assert r.status_code == 400, r.text
     assert r.json() == {"error": "This model's maximum context length is 8 tokens. However, "
                                  "your messages resulted in 10 tokens. Please reduce the "
-                                 "length of the messages."}
+                                 "length of the messages. (context_length_exceeded)"}

@@ -271,9 +271,12 @@ def context_overflow(status: int, body: bytes) -> tuple[int, int] | None:
 
 
 def context_overflow_message(n_prompt: int, n_ctx: int) -> str:
-    # OpenAI's own wording: LangChain and litellm recognise the overflow by it (and the code)
+    # OpenAI's own wording, which litellm matches ("maximum context length"), and the code in
+    # the text: the openai SDK puts only `message` in str(error), where langchain-openai looks
+    # for "context_length_exceeded".
     return (f"This model's maximum context length is {n_ctx} tokens. However, your messages "
-            f"resulted in {n_prompt} tokens. Please reduce the length of the messages.")
+            f"resulted in {n_prompt} tokens. Please reduce the length of the messages. "
+            "(context_length_exceeded)")
 
 
 def openai_error(status: int, body: bytes, *, infill: bool) -> tuple[int, bytes] | None:
