@@ -166,6 +166,7 @@ class Plan:
     text: str | None = None  # a fixed answer instead of `generated_text` (tool-call mode)
     cached: int = 0  # prompt tokens reused from the slot's cache
     calls: list[tuple[str, str]] | None = None  # (name, arguments JSON): answer with tool calls
+    logprobs: int | None = None  # text completions: llama-server's (chat-shaped) logprobs
 
 
 CALL = re.compile(r"\bcall\s+([A-Za-z_][\w.-]*)\s*(?=\{)")
@@ -376,9 +377,21 @@ class Generation(Response):
         usage = {"completion_tokens": n, "prompt_tokens": p, "total_tokens": n + p}
         return {**usage, "prompt_tokens_details": {"cached_tokens": self.plan.cached}}
 
+    def logprobs(self, tokens: range) -> dict[str, Any] | None:
+        """llama-server's logprobs for a text completion: the chat shape, not the completions
+        one. Token i has logprob -i/10; its alternatives are the next words."""
+        n = self.plan.logprobs
+        if n is None:
+            return None
+        def entry(i: int, k: int = 0) -> dict[str, Any]:
+            return {"id": i + k, "token": token_text(i + k), "logprob": -(i + k) / 10}
+        return {"content": [{**entry(i), "top_logprobs": [entry(i, k) for k in range(n)]}
+                            for i in tokens]}
+
     def chunk(self, i: int) -> bytes:
         if not self.plan.chat:
-            choice = {"text": token_text(i), "index": 0, "logprobs": None, "finish_reason": None}
+            choice = {"text": token_text(i), "index": 0, "logprobs": self.logprobs(range(i, i + 1)),
+                      "finish_reason": None}
             return sse(self.envelope([choice], "text_completion"))
         deltas = [{"role": "assistant", "content": None}] if i == 0 else []
         deltas.append(self.deltas[i] if self.deltas is not None else {"content": token_text(i)})
@@ -389,7 +402,8 @@ class Generation(Response):
         plan, fr, usage = self.plan, self.plan.finish_reason, self.usage()
         text = "" if plan.stream else generated_text(plan.n_tokens)
         if not plan.chat:
-            choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": fr}
+            logprobs = None if plan.stream else self.logprobs(range(plan.n_tokens))
+            choice = {"text": text, "index": 0, "logprobs": logprobs, "finish_reason": fr}
             body = self.envelope([choice], "text_completion", usage=usage, timings=timings)
             return sse(body) + DONE if plan.stream else dumps(body)
         if plan.text is not None:
@@ -515,6 +529,8 @@ def parse_request(body: Any, chat: bool, vision: bool = False) -> Plan | JSONRes
     options = body.get("stream_options")
     include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
     plan = Plan(chat, bool(body.get("stream")), include_usage, n, finish, count_words(body[key]))
+    if not chat and isinstance(body.get("logprobs"), int) and body["logprobs"] > 0:
+        plan.logprobs = body["logprobs"]
     tooled = plan_tools(body) if chat else None
     if isinstance(tooled, str):
         plan.text = tooled
@@ -565,6 +581,12 @@ def build_app(fake: Fake) -> Any:
                              vision=fake.opts.mmproj is not None)
         if isinstance(plan, Response):
             return plan
+        if fake.opts.ctx_size is not None and plan.prompt_tokens > fake.opts.ctx_size:
+            n, ctx = plan.prompt_tokens, fake.opts.ctx_size
+            return JSONResponse({"error": {
+                "code": 400, "type": "exceed_context_size_error", "n_prompt_tokens": n,
+                "n_ctx": ctx, "message": f"request ({n} tokens) exceeds the available context "
+                                         f"size ({ctx} tokens), try increasing it"}}, 400)
         fake.use_slot(body, plan)
         return Generation(fake, plan)
 
@@ -583,6 +605,10 @@ def build_app(fake: Fake) -> Any:
                              "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
                              "results": results[::-1]})
 
+    async def infill(request: Request) -> Response:  # a model without FIM tokens, as the demo's
+        return error(501, "Infill is not supported by this model: prefix token is missing. ",
+                     "not_supported_error")
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         task = asyncio.create_task(fake.load())
@@ -596,6 +622,7 @@ def build_app(fake: Fake) -> Any:
     paths = ("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions")
     routes += [Route(p, complete, methods=["POST"]) for p in paths]
     routes += [Route(p, rerank, methods=["POST"]) for p in ("/v1/rerank", "/rerank")]
+    routes += [Route("/infill", infill, methods=["POST"])]
     inner = Starlette(routes=routes, lifespan=lifespan)
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
@@ -625,6 +652,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--parallel", type=int, default=None, help="slots, also -np")
     p.add_argument("--slot-save-path", default=None)
     p.add_argument("--reranking", "--rerank", action="store_true", help="serve /v1/rerank")
+    p.add_argument("--ctx-size", type=int, default=None,
+                   help="a prompt of more words is refused as llama-server does (also -c)")
     p.add_argument("--crash-on-load", action="store_true")
     p.add_argument("--crash-after-tokens", type=int, default=None)
     p.add_argument("--silent-stall", action="store_true")
@@ -636,7 +665,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--claim-bytes", type=int, default=0,
                    help="memory held on the simulated GPU from the start of the load")
     # exact short forms only: argparse would read llama-server's `-mg 0` as `-m g`
-    short = {"-m": "--model", "-a": "--alias", "-np": "--parallel"}
+    short = {"-m": "--model", "-a": "--alias", "-np": "--parallel", "-c": "--ctx-size"}
     opts, _ignored = p.parse_known_args([short.get(a, a) for a in argv])
     opts.alias = opts.alias or os.path.basename(opts.model)
     return opts

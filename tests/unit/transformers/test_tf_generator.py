@@ -12,7 +12,11 @@ from typing import Any
 import pytest
 
 from modelyard.engine.backends.transformers.generator import BatchGenerator, TokenEvent
-from modelyard.engine.backends.transformers.params import InvalidParams, SamplingParams
+from modelyard.engine.backends.transformers.params import (
+    ContextOverflow,
+    InvalidParams,
+    SamplingParams,
+)
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
 
@@ -249,8 +253,9 @@ async def test_bad_prompts_are_refused_before_queueing(gen: BatchGenerator) -> N
     with pytest.raises(InvalidParams) as info:
         gen.generate([], SamplingParams())
     assert info.value.param == "prompt"
-    with pytest.raises(InvalidParams):
+    with pytest.raises(ContextOverflow) as overflow:
         gen.generate([5] * 5000, SamplingParams())  # the tiny model's context is 1024
+    assert (overflow.value.n_prompt, overflow.value.n_ctx) == (5000, 1024)
 
 
 async def test_max_tokens_is_clamped_to_the_context(gen: BatchGenerator) -> None:

@@ -19,7 +19,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from modelyard.front.archive import capture as archive_capture
-from modelyard.front.chat import pipeline, render
+from modelyard.front.chat import openai_compat, pipeline, render
 from modelyard.front.chat.request import CHAT_PATH, COMPLETION_PATH, ChatCall
 from modelyard.front.chat.shapes import check_openai_chat
 from modelyard.front.chat.tools.support import check_tools_for
@@ -61,20 +61,26 @@ class CompletionRequest(_Request):
 
 
 def openai_call(path: str, data: dict[str, Any], body: bytes, req: _Request, *,
-                priority: int = 0) -> ChatCall:
+                priority: int = 0, prepared: openai_compat.Prepared | None = None) -> ChatCall:
     """The pipeline's request for a validated OpenAI body: the client's bytes go upstream
-    unchanged unless modelyard's `archive` field must come out first."""
+    unchanged unless modelyard's `archive` field must come out first, or a feature llama-server
+    serves differently (`prepared`: front/chat/openai_compat.py) rewrote them."""
     chat = path == CHAT_PATH
+    upstream = path
+    if prepared is not None:
+        data, upstream = prepared.payload, prepared.path
+        body = orjson.dumps(data)
     fields = None
     if archive_capture.BODY_FIELD in data:
         fields = data
         data = {k: v for k, v in data.items() if k != archive_capture.BODY_FIELD}
     return ChatCall(
-        "openai", path, req.model, path, req.stream, data,
+        "openai", path, req.model, upstream, req.stream, data,
         body=body if fields is None else None, fields=fields,
         archive=None if fields is None else fields[archive_capture.BODY_FIELD],
         priority=priority, chat=chat,
         progress=chat,  # text completions have no place for reasoning: progress is for chats
+        reshape=None if prepared is None else prepared.reshape,
     )
 
 
@@ -92,7 +98,10 @@ async def _relay(
         check_openai_chat(data)  # a malformed part or tool: 400 naming it, not the backend's 500
         check_tools_for(state, req.model, data)
         check_vision_for(state, req.model, data)
-    call = openai_call(path, data, body, req, priority=request_priority(request))
+    # Parsed further only when it asks for what llama-server serves differently (DESIGN §3.13).
+    prepared = openai_compat.prepare(path, data, chat=path == CHAT_PATH)
+    call = openai_call(path, data, body, req, priority=request_priority(request),
+                       prepared=prepared)
     return await pipeline.answer(request, call, render.OPENAI)
 
 

@@ -83,6 +83,8 @@ async def answer(request: Request, call: ChatCall, render: Render) -> Response:
     def stream_body(relay: Relay) -> AsyncIterator[bytes]:
         if gen is None:  # the backend's SSE, unchanged
             chunks = relay_raw(relay, render.error_event)
+            if call.reshape is not None:
+                chunks = call.reshape.stream(chunks)
             if turn is not None:
                 chunks = tap_sse(turn, chunks)
             return chunks if capture is None else capture.tap_sse(chunks)
@@ -123,6 +125,8 @@ async def answer(request: Request, call: ChatCall, render: Render) -> Response:
         response: Response = LeasedStream(stream_body(relay), relay, render.media_type)
     elif gen is None:  # a whole OpenAI answer, unchanged
         raw = await relay.read()
+        if call.reshape is not None:
+            raw = call.reshape.whole(raw)
         if turn is not None:
             commit_body(turn, raw)
         if capture is not None:

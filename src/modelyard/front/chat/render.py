@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from modelyard.errors import ModelyardError
+from modelyard.front.chat import openai_compat
 from modelyard.front.chat.request import ChatCall
 from modelyard.front.chat.tools import http as tool_loop_http
 from modelyard.front.chat.tools.loop import ToolLoop
@@ -87,7 +88,11 @@ class OpenAIRender(Render):
 
     def upstream_error(self, call: ChatCall, status: int, content_type: str,
                        body: bytes) -> Response:  # fmt: skip
-        # Upstream 4xx/5xx pass through unchanged.
+        # Upstream 4xx/5xx pass through unchanged, but for llama-server's own shapes of errors
+        # OpenAI has a shape for (a context overflow).
+        infill = call.reshape is not None and call.reshape.infill
+        if (shaped := openai_compat.openai_error(status, body, infill=infill)) is not None:
+            return Response(shaped[1], status_code=shaped[0], media_type="application/json")
         return Response(body, status_code=status, media_type=content_type)
 
 
@@ -123,6 +128,8 @@ class _OllamaRender(Render):
 
     def upstream_error(self, call: ChatCall, status: int, content_type: str,
                        body: bytes) -> Response:  # fmt: skip
+        if (counts := openai_compat.context_overflow(status, body)) is not None:
+            return _json({"error": openai_compat.context_overflow_message(*counts)}, 400)
         return _json({"error": upstream_message(body)}, status)
 
     def text(self, call: ChatCall, gen: Generation, text: str) -> bytes:

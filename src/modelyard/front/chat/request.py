@@ -9,7 +9,10 @@ rendering of the answer (front/chat/render.py) is the API's own.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from modelyard.front.chat.openai_compat import Reshape
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETION_PATH = "/v1/completions"
@@ -40,6 +43,9 @@ class ChatCall:
     # (text completions, Ollama's /api/generate): a `session_id` field is refused.
     chat: bool = True
     progress: bool = True  # swap progress may be streamed (the API has a place for it)
+    # OpenAI fidelity the backend's answer needs on its way out (front/chat/openai_compat.py);
+    # None: the answer passes unchanged.
+    reshape: Reshape | None = None
 
     @property
     def own_fields(self) -> dict[str, Any]:

@@ -71,7 +71,11 @@ from modelyard.engine.backends.transformers.detok import (
 )
 from modelyard.engine.backends.transformers.kvbatch import KVBatch, RowKV, slice_row
 from modelyard.engine.backends.transformers.paged_kv import BlockPool, PagedBatch
-from modelyard.engine.backends.transformers.params import InvalidParams, SamplingParams
+from modelyard.engine.backends.transformers.params import (
+    ContextOverflow,
+    InvalidParams,
+    SamplingParams,
+)
 from modelyard.engine.backends.transformers.prefix_cache import PrefixCache
 from modelyard.engine.backends.transformers.sampling import Choice, RowSampler, sample
 from modelyard.engine.backends.transformers.session_pins import SessionPins
@@ -244,8 +248,7 @@ class BatchGenerator:
             raise InvalidParams("the prompt is empty", "prompt")
         room = self._context - len(prompt_ids)
         if room < 1:
-            raise InvalidParams(f"the prompt has {len(prompt_ids)} tokens; the model's context "
-                                f"is {self._context}", "prompt")
+            raise ContextOverflow(len(prompt_ids), self._context)
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[TokenEvent | BaseException] = asyncio.Queue()
         prompt = [int(t) for t in prompt_ids]

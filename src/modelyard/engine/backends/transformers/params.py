@@ -40,6 +40,24 @@ class InvalidParams(ValueError):
         self.param = param
 
 
+class ContextOverflow(InvalidParams):
+    """A prompt that leaves no room in the model's context. The server answers it in
+    llama-server's shape (`exceed_context_size_error` with the counts), which the front turns
+    into each API's own (front/chat/openai_compat.py), as it does llama-server's."""
+
+    def __init__(self, n_prompt: int, n_ctx: int) -> None:
+        super().__init__(f"the prompt has {n_prompt} tokens; the model's context is {n_ctx}",
+                         "prompt")
+        self.n_prompt = n_prompt
+        self.n_ctx = n_ctx
+
+    def llama_server_body(self) -> dict[str, object]:
+        return {"error": {
+            "code": 400, "type": "exceed_context_size_error", "n_prompt_tokens": self.n_prompt,
+            "n_ctx": self.n_ctx, "message": f"request ({self.n_prompt} tokens) exceeds the "
+                                           f"available context size ({self.n_ctx} tokens)"}}
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int | None = None

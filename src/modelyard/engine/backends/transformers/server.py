@@ -36,7 +36,11 @@ from starlette.routing import Route
 
 from modelyard.engine.backends.transformers import tool_calls
 from modelyard.engine.backends.transformers.generator import BatchGenerator, TokenEvent
-from modelyard.engine.backends.transformers.params import InvalidParams, SamplingParams
+from modelyard.engine.backends.transformers.params import (
+    ContextOverflow,
+    InvalidParams,
+    SamplingParams,
+)
 from modelyard.engine.backends.transformers.session_pins import valid_session_key
 
 if TYPE_CHECKING:
@@ -274,7 +278,9 @@ def build_app(
         completion = Completion(model_name, chat, body, tool_family)
         try:
             events = generator.generate(ids, params, session=session)
-        except InvalidParams as exc:  # an empty prompt, or one longer than the context
+        except ContextOverflow as exc:  # llama-server's shape: the front translates both alike
+            return JSONResponse(exc.llama_server_body(), status_code=400)
+        except InvalidParams as exc:  # an empty prompt
             return error(400, str(exc), exc.param)
         if body.get("stream"):
             return StreamingResponse(completion.stream(events), media_type="text/event-stream")
