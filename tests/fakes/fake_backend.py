@@ -29,6 +29,9 @@ common prefix with its slot's (`timings.cache_n`, `usage.prompt_tokens_details.c
 `POST /slots/{id}?action=save|restore|erase` with `{"filename"}` saves a slot's tokens to
 DIR/filename and restores them (llama-server's routes).
 
+Reasoning (`--reasoning`): a chat answers `reasoning_content` (two deltas when streamed) before
+its text, unless `chat_template_kwargs.enable_thinking` is false (see `reasoning_for`).
+
 Tool-call mode (chat requests with non-empty `tools`, `tool_choice` not "none"): see
 `plan_tools` -- `call NAME {json}` directives in the last user message become tool calls in
 llama-server's wire format; a last `tool` message is answered `tool said: <content>` (or, when
@@ -160,6 +163,7 @@ class Plan:
     text: str | None = None  # a fixed answer instead of `generated_text` (tool-call mode)
     cached: int = 0  # prompt tokens reused from the slot's cache
     calls: list[tuple[str, str]] | None = None  # (name, arguments JSON): answer with tool calls
+    reasoning: str | None = None  # --reasoning: `reasoning_content` before the answer
 
 
 CALL = re.compile(r"\bcall\s+([A-Za-z_][\w.-]*)\s*(?=\{)")
@@ -375,6 +379,10 @@ class Generation(Response):
             choice = {"text": token_text(i), "index": 0, "logprobs": None, "finish_reason": None}
             return sse(self.envelope([choice], "text_completion"))
         deltas = [{"role": "assistant", "content": None}] if i == 0 else []
+        if i == 0 and self.plan.reasoning is not None:  # two reasoning deltas, then the text
+            half = len(self.plan.reasoning) // 2
+            deltas += [{"reasoning_content": self.plan.reasoning[:half]},
+                       {"reasoning_content": self.plan.reasoning[half:]}]
         deltas.append(self.deltas[i] if self.deltas is not None else {"content": token_text(i)})
         choices = [[{"finish_reason": None, "index": 0, "delta": d}] for d in deltas]
         return b"".join(sse(self.envelope(c, "chat.completion.chunk")) for c in choices)
@@ -390,6 +398,8 @@ class Generation(Response):
             text = "" if plan.stream else plan.text
         if not plan.stream:
             message: dict[str, Any] = {"role": "assistant", "content": text}
+            if plan.reasoning is not None:
+                message["reasoning_content"] = plan.reasoning
             if plan.calls is not None:
                 heads = [d["tool_calls"][0] for d in self.deltas or []]
                 calls = [dict(h) for h in heads if "id" in h]
@@ -429,7 +439,9 @@ class Generation(Response):
             if crash_at is not None:
                 fake.crash(plan.n_tokens)
             predicted_ms = (time.monotonic() - t0) * 1e3
-            prompt = rates("prompt", plan.prompt_tokens, 0.05 * plan.prompt_tokens)
+            # As llama-server: `prompt_n` counts only the tokens evaluated now, not the cached.
+            evaluated = plan.prompt_tokens - plan.cached
+            prompt = rates("prompt", evaluated, 0.05 * evaluated)
             predicted = rates("predicted", plan.n_tokens, predicted_ms)
             timings = {"cache_n": plan.cached, **prompt, **predicted}
             if not (plan.stream and plan.n_tokens):
@@ -517,6 +529,19 @@ def parse_request(body: Any, chat: bool, vision: bool = False) -> Plan | JSONRes
     return plan
 
 
+REASONING = "The user wants an answer. I will give one."
+
+
+def reasoning_for(body: dict[str, Any]) -> str | None:
+    """--reasoning: a reasoning model with llama-server's default `reasoning_format` (auto: the
+    thoughts come apart as `reasoning_content`) unless `chat_template_kwargs.enable_thinking`
+    is false or `reasoning_format` is "none" (the thoughts would be in the content)."""
+    kwargs = body.get("chat_template_kwargs")
+    if isinstance(kwargs, dict) and kwargs.get("enable_thinking") is False:
+        return None
+    return None if body.get("reasoning_format") == "none" else REASONING
+
+
 def build_app(fake: Fake) -> Any:
     loading = error(503, "Loading model", "unavailable_error")
 
@@ -560,6 +585,8 @@ def build_app(fake: Fake) -> Any:
         if isinstance(plan, Response):
             return plan
         fake.use_slot(body, plan)
+        if plan.chat and fake.opts.reasoning:
+            plan.reasoning = reasoning_for(body)
         return Generation(fake, plan)
 
     @contextlib.asynccontextmanager
@@ -598,6 +625,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--alias", help="the model name (default: the model file name), also -a")
     p.add_argument("--model", default="fake.gguf", help="only logged, also -m")
     p.add_argument("--mmproj", default=None, help="a projector: chats may carry images")
+    p.add_argument("--reasoning", action="store_true",
+                   help="a reasoning model: chats answer `reasoning_content` first")
     p.add_argument("--load-time-s", type=float, default=0.0)
     p.add_argument("--tokens-per-s", type=float, default=0.0, help="0: as fast as possible")
     p.add_argument("--parallel", type=int, default=None, help="slots, also -np")

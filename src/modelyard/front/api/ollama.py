@@ -28,6 +28,7 @@ from modelyard.front.chat import pipeline, render
 from modelyard.front.chat.request import CHAT_PATH, COMPLETION_PATH, ChatCall
 from modelyard.front.chat.sessions.relay import session_id_for
 from modelyard.front.chat.shapes import check_ollama_chat, check_ollama_images
+from modelyard.front.chat.thinking import check_think, check_thinking_for, thinking_fields
 from modelyard.front.chat.tools.support import check_tools_for, supports_tools
 from modelyard.front.chat.translate import now_rfc3339, ollama_messages_to_openai, rfc3339
 from modelyard.front.chat.vision import check_vision_for, supports_vision
@@ -77,6 +78,7 @@ class _OllamaRequest(BaseModel):
     options: dict[str, Any] = Field(default_factory=dict)
     format: str | dict[str, Any] | None = None
     keep_alive: str | int | float | None = None
+    think: bool | str | None = None  # true/false or a level: front/chat/thinking.py
 
 
 class ChatRequest(_OllamaRequest):
@@ -121,6 +123,8 @@ def _openai_params(req: _OllamaRequest) -> dict[str, Any]:
         }
     elif req.format not in (None, ""):
         raise InvalidRequest("`format` must be \"json\" or a JSON schema", param="format")
+    if isinstance(req, ChatRequest) or not req.raw:  # a raw prompt has no template to switch
+        params.update(thinking_fields(check_think(req.think)))
     return params
 
 
@@ -231,6 +235,7 @@ async def chat(request: Request) -> Response:
                      endpoint=request.url.path)
     check_tools_for(state, req.model, call.payload)
     check_vision_for(state, req.model, call.payload)
+    check_thinking_for(state, req.model, req.think)
     return await pipeline.answer(request, call, render.OLLAMA_CHAT)
 
 
@@ -246,6 +251,8 @@ async def generate(request: Request) -> Response:
     call = generate_call(req, keep_alive_s=keep_alive_s, priority=request_priority(request),
                          endpoint=request.url.path)
     check_vision_for(state, req.model, call.payload)
+    if not req.raw:
+        check_thinking_for(state, req.model, req.think)
     return await pipeline.answer(request, call, render.OLLAMA_GENERATE)
 
 

@@ -100,6 +100,8 @@ async def answer(request: Request, call: ChatCall, render: Render) -> Response:
             on_text=lambda text: render.text(call, gen, text),
             on_done=on_done,
             on_error=render.error_event,
+            on_event=lambda: render.thinking(call, gen, gen.thinking_delta)
+            if gen.thinking_delta else None,
         )
         return chunks if capture is None else capture.tap_generation(chunks, gen)
 
