@@ -9,6 +9,7 @@ prompt cache, `--reasoning` a reasoning model.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -25,7 +26,7 @@ REASONING = "The user wants an answer. I will give one."
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     models = [fake_model("cached", "--parallel", "1"), fake_model("thinker", "--reasoning"),
-              fake_model("plain")]
+              fake_model("plain"), fake_model("ctx", "-c", "$ctx", ctx_size=4096)]
     with module_server(tmp_path_factory, config(*models)) as s:
         yield s
 
@@ -95,3 +96,35 @@ def test_think_that_is_not_a_switch_is_a_400(server: Server) -> None:
     r = post(server, "/api/chat", {"model": "plain", "think": "very",
                                    "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 400 and "think" in r.json()["error"]
+
+
+def argv_of(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/cmdline").read_text().split("\0")
+
+
+def test_num_ctx_beyond_the_models_context_runs_a_larger_instance(server: Server) -> None:
+    """options.num_ctx 6000 on a model served with 4096: the context variant `ctx@ctx6144` (a
+    model of its own, its own server started with that context) answers it."""
+    body = {"model": "ctx", "stream": False, "options": {"num_ctx": 6000},
+            "messages": [{"role": "user", "content": "a long prompt"}]}
+    r = post(server, "/api/chat", body)
+    assert r.status_code == 200, r.text
+    assert r.json()["model"] == "ctx"  # the client's name, not the variant's
+    variant = model_status(server, "ctx@ctx6144")
+    assert variant is not None and variant["state"] == "ready"
+    argv = argv_of(variant["pid"])
+    assert argv[argv.index("-c") + 1] == "6144"
+    base = model_status(server, "ctx")
+    assert base is None or base["state"] != "ready"  # nothing loaded the default instance
+    # a num_ctx the model's own context covers: the model as it is
+    small = {**body, "options": {"num_ctx": 2048}}
+    assert post(server, "/api/generate", {**small, "prompt": "hi"}).status_code == 200
+    base = model_status(server, "ctx")
+    assert base is not None and base["state"] == "ready"
+    assert argv_of(base["pid"])[argv_of(base["pid"]).index("-c") + 1] == "4096"
+
+
+def test_num_ctx_that_is_not_a_count_is_a_400(server: Server) -> None:
+    r = post(server, "/api/chat", {"model": "ctx", "options": {"num_ctx": "lots"},
+                                   "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 400 and "num_ctx" in r.json()["error"]

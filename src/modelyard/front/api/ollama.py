@@ -24,7 +24,7 @@ from starlette.routing import Route
 from modelyard import __version__
 from modelyard.errors import InvalidRequest
 from modelyard.front.archive import capture as archive_capture
-from modelyard.front.chat import pipeline, render
+from modelyard.front.chat import context, pipeline, render
 from modelyard.front.chat.request import CHAT_PATH, COMPLETION_PATH, ChatCall
 from modelyard.front.chat.sessions.relay import session_id_for
 from modelyard.front.chat.shapes import check_ollama_chat, check_ollama_images
@@ -123,7 +123,7 @@ def _openai_params(req: _OllamaRequest) -> dict[str, Any]:
         }
     elif req.format not in (None, ""):
         raise InvalidRequest("`format` must be \"json\" or a JSON schema", param="format")
-    if isinstance(req, ChatRequest) or not req.raw:  # a raw prompt has no template to switch
+    if not (isinstance(req, GenerateRequest) and req.raw):  # a raw prompt has no template
         params.update(thinking_fields(check_think(req.think)))
     return params
 
@@ -236,6 +236,7 @@ async def chat(request: Request) -> Response:
     check_tools_for(state, req.model, call.payload)
     check_vision_for(state, req.model, call.payload)
     check_thinking_for(state, req.model, req.think)
+    call.serve_as = context.serve_as(state, req.model, req.options.get("num_ctx"))
     return await pipeline.answer(request, call, render.OLLAMA_CHAT)
 
 
@@ -253,6 +254,7 @@ async def generate(request: Request) -> Response:
     check_vision_for(state, req.model, call.payload)
     if not req.raw:
         check_thinking_for(state, req.model, req.think)
+    call.serve_as = context.serve_as(state, req.model, req.options.get("num_ctx"))
     return await pipeline.answer(request, call, render.OLLAMA_GENERATE)
 
 

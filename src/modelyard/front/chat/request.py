@@ -40,6 +40,9 @@ class ChatCall:
     # (text completions, Ollama's /api/generate): a `session_id` field is refused.
     chat: bool = True
     progress: bool = True  # swap progress may be streamed (the API has a place for it)
+    # The name the relay leases when it is not `model`: a context variant (`<model>@ctx<N>`,
+    # front/chat/context.py) for a request that needs a larger context.
+    serve_as: str | None = None
 
     @property
     def own_fields(self) -> dict[str, Any]:
