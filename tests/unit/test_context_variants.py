@@ -12,6 +12,7 @@ from tests.unit.test_estimate import write_model
 from modelyard.config import LlamaCppModel, ServiceModel, Settings
 from modelyard.errors import InvalidRequest
 from modelyard.front.chat.context import serve_as
+from modelyard.store.config_diff import diff_specs, spec_views
 from modelyard.store.estimate import estimate_model
 from modelyard.store.registry import Entry, ModelRegistry, split_context_variant
 
@@ -59,3 +60,17 @@ def test_num_ctx_asks_for_a_variant_only_beyond_the_models_context(tmp_path: Pat
 def test_a_service_has_no_context_variant(tmp_path: Path) -> None:
     spec = ServiceModel(id="svc", url="http://127.0.0.1:5002", paths={"speech": "/v1/audio/speech"})
     assert ModelRegistry([Entry(spec, "config")]).get("svc@ctx8192") is None
+
+
+def test_a_running_variant_restarts_and_goes_with_its_base(tmp_path: Path) -> None:
+    old = registry(tmp_path)
+    settings = Settings(home=tmp_path / "home", scan_hf_cache=False)
+    write_model(tmp_path / "other.gguf")
+    moved = ModelRegistry([Entry(LlamaCppModel(id="tiny", path=tmp_path / "other.gguf"),
+                                 "config")])
+    running = ["tiny", "tiny@ctx8192"]
+    diff = diff_specs(spec_views(old, settings, running), spec_views(moved, settings, running))
+    assert diff.changed == ["tiny", "tiny@ctx8192"]
+    gone = diff_specs(spec_views(old, settings, running),
+                      spec_views(ModelRegistry([]), settings, running))
+    assert gone.removed == ["tiny", "tiny@ctx8192"]
