@@ -25,6 +25,7 @@ from modelyard import __version__
 from modelyard.errors import InvalidRequest
 from modelyard.front.archive import capture as archive_capture
 from modelyard.front.chat import context, pipeline, render
+from modelyard.front.chat.go_template import render_prompt
 from modelyard.front.chat.request import CHAT_PATH, COMPLETION_PATH, ChatCall
 from modelyard.front.chat.sessions.relay import session_id_for
 from modelyard.front.chat.shapes import check_ollama_chat, check_ollama_images
@@ -90,6 +91,13 @@ class GenerateRequest(_OllamaRequest):
     system: str | None = None
     raw: bool = False
     images: list[str] | None = None
+    template: str | None = None  # a Go-template prompt override: front/chat/go_template.py
+
+    @property
+    def verbatim(self) -> bool:
+        """The prompt goes to the completion endpoint as it is (`raw`) or as `template` makes
+        it: the model's chat template is not applied."""
+        return self.raw or bool(self.template)
 
 
 def _content(text: str, images: list[str] | None) -> str | list[dict[str, Any]]:
@@ -123,7 +131,7 @@ def _openai_params(req: _OllamaRequest) -> dict[str, Any]:
         }
     elif req.format not in (None, ""):
         raise InvalidRequest("`format` must be \"json\" or a JSON schema", param="format")
-    if not (isinstance(req, GenerateRequest) and req.raw):  # a raw prompt has no template
+    if not (isinstance(req, GenerateRequest) and req.verbatim):  # no chat template to switch
         params.update(thinking_fields(check_think(req.think)))
     return params
 
@@ -140,6 +148,9 @@ def chat_payload(req: ChatRequest) -> dict[str, Any]:
 
 def generate_payload(req: GenerateRequest) -> tuple[str, dict[str, Any]]:
     params = _openai_params(req)
+    if req.template:
+        params["prompt"] = render_prompt(req.template, system=req.system or "", prompt=req.prompt)
+        return COMPLETION_PATH, params
     if req.raw:
         params["prompt"] = req.prompt
         return COMPLETION_PATH, params
@@ -252,7 +263,7 @@ async def generate(request: Request) -> Response:
     call = generate_call(req, keep_alive_s=keep_alive_s, priority=request_priority(request),
                          endpoint=request.url.path)
     check_vision_for(state, req.model, call.payload)
-    if not req.raw:
+    if not req.verbatim:
         check_thinking_for(state, req.model, req.think)
     call.serve_as = context.serve_as(state, req.model, req.options.get("num_ctx"))
     return await pipeline.answer(request, call, render.OLLAMA_GENERATE)
