@@ -29,6 +29,10 @@ common prefix with its slot's (`timings.cache_n`, `usage.prompt_tokens_details.c
 `POST /slots/{id}?action=save|restore|erase` with `{"filename"}` saves a slot's tokens to
 DIR/filename and restores them (llama-server's routes).
 
+Fill in the middle: `POST /infill` (`input_prefix`, `input_suffix`, `n_predict`) answers in
+llama-server's own completion shape (`content`, `stop`, `stop_type`, `tokens_predicted`,
+`timings`; streamed as SSE without `[DONE]`).
+
 Reasoning (`--reasoning`): a chat answers `reasoning_content` (two deltas when streamed) before
 its text, unless `chat_template_kwargs.enable_thinking` is false (see `reasoning_for`).
 
@@ -164,6 +168,7 @@ class Plan:
     cached: int = 0  # prompt tokens reused from the slot's cache
     calls: list[tuple[str, str]] | None = None  # (name, arguments JSON): answer with tool calls
     reasoning: str | None = None  # --reasoning: `reasoning_content` before the answer
+    native: bool = False  # /infill: llama-server's own completion shape, not OpenAI's
 
 
 CALL = re.compile(r"\bcall\s+([A-Za-z_][\w.-]*)\s*(?=\{)")
@@ -374,7 +379,19 @@ class Generation(Response):
         usage = {"completion_tokens": n, "prompt_tokens": p, "total_tokens": n + p}
         return {**usage, "prompt_tokens_details": {"cached_tokens": self.plan.cached}}
 
+    def native(self, done: bool, text: str, timings: dict[str, Any] | None = None) -> bytes:
+        """llama-server's own completion shape (/infill): SSE without `[DONE]` when streamed."""
+        body: dict[str, Any] = {"index": 0, "content": text, "stop": done}
+        if done:
+            plan = self.plan
+            body.update(stop_type="limit" if plan.finish_reason == "length" else "eos",
+                        tokens_predicted=plan.n_tokens, tokens_evaluated=plan.prompt_tokens,
+                        timings=timings)
+        return sse(body) if self.plan.stream else dumps(body)
+
     def chunk(self, i: int) -> bytes:
+        if self.plan.native:
+            return self.native(False, token_text(i))
         if not self.plan.chat:
             choice = {"text": token_text(i), "index": 0, "logprobs": None, "finish_reason": None}
             return sse(self.envelope([choice], "text_completion"))
@@ -390,6 +407,8 @@ class Generation(Response):
     def final(self, timings: dict[str, Any]) -> bytes:
         plan, fr, usage = self.plan, self.plan.finish_reason, self.usage()
         text = "" if plan.stream else generated_text(plan.n_tokens)
+        if plan.native:
+            return self.native(True, text, timings)
         if not plan.chat:
             choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": fr}
             body = self.envelope([choice], "text_completion", usage=usage, timings=timings)
@@ -580,10 +599,14 @@ def build_app(fake: Fake) -> Any:
         except ValueError as exc:
             return error(400, f"[json.exception.parse_error.101] parse error: {exc}")
         fake.received = [*fake.received[-63:], body]
+        infill = request.url.path == "/infill"
+        if infill and isinstance(body, dict):  # prefix and suffix are the prompt
+            body = {**body, "prompt": f"{body.get('input_prefix')} {body.get('input_suffix')}"}
         plan = parse_request(body, chat=request.url.path.endswith("/chat/completions"),
                              vision=fake.opts.mmproj is not None)
         if isinstance(plan, Response):
             return plan
+        plan.native = infill
         fake.use_slot(body, plan)
         if plan.chat and fake.opts.reasoning:
             plan.reasoning = reasoning_for(body)
@@ -599,7 +622,8 @@ def build_app(fake: Fake) -> Any:
     routes += [Route(p, models) for p in ("/models", "/v1/models")]
     routes += [Route("/slots", slots), Route("/stats", stats), Route("/requests", received)]
     routes += [Route("/slots/{slot:int}", slot_action, methods=["POST"])]
-    paths = ("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions")
+    paths = ("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions",
+             "/infill")
     routes += [Route(p, complete, methods=["POST"]) for p in paths]
     inner = Starlette(routes=routes, lifespan=lifespan)
 

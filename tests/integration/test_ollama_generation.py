@@ -128,3 +128,29 @@ def test_num_ctx_that_is_not_a_count_is_a_400(server: Server) -> None:
     r = post(server, "/api/chat", {"model": "ctx", "options": {"num_ctx": "lots"},
                                    "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 400 and "num_ctx" in r.json()["error"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_suffix_fills_in_the_middle_through_infill(server: Server, stream: bool) -> None:
+    body = {"model": "plain", "stream": stream, "prompt": "def add(a, b):",
+            "suffix": "return c", "options": {"num_predict": 3}}
+    r = post(server, "/api/generate", body)
+    assert r.status_code == 200, r.text
+    final = lines(r)[-1] if stream else r.json()
+    text = "".join(c["response"] for c in lines(r)) if stream else final["response"]
+    assert text == "The quick brown" and final["done_reason"] == "length"
+    assert final["eval_count"] == 3 and final["prompt_eval_count"] == 5
+    upstream = sent(server, "plain")
+    assert (upstream["input_prefix"], upstream["input_suffix"]) == ("def add(a, b):", "return c")
+    assert upstream["n_predict"] == 3 and "messages" not in upstream
+
+
+def test_template_goes_to_the_completion_endpoint(server: Server) -> None:
+    body = {"model": "plain", "stream": False, "prompt": "Hi", "system": "Be brief.",
+            "template": "{{ if .System }}[S]{{ .System }}{{ end }}[U]{{ .Prompt }}[A]"
+                        "{{ .Response }}[END]"}
+    r = post(server, "/api/generate", body)
+    assert r.status_code == 200 and r.json()["response"] == TEXT_16
+    assert sent(server, "plain")["prompt"] == "[S]Be brief.[U]Hi[A]"
+    bad = post(server, "/api/generate", {**body, "template": "{{ range .Messages }}{{ end }}"})
+    assert bad.status_code == 400 and "range .Messages" in bad.json()["error"]

@@ -26,6 +26,7 @@ from modelyard.errors import InvalidRequest
 from modelyard.front.archive import capture as archive_capture
 from modelyard.front.chat import context, pipeline, render
 from modelyard.front.chat.go_template import render_prompt
+from modelyard.front.chat.infill import INFILL_PATH, check_insert_for, infill_payload
 from modelyard.front.chat.request import CHAT_PATH, COMPLETION_PATH, ChatCall
 from modelyard.front.chat.sessions.relay import session_id_for
 from modelyard.front.chat.shapes import check_ollama_chat, check_ollama_images
@@ -92,12 +93,13 @@ class GenerateRequest(_OllamaRequest):
     raw: bool = False
     images: list[str] | None = None
     template: str | None = None  # a Go-template prompt override: front/chat/go_template.py
+    suffix: str | None = None  # fill in the middle: front/chat/infill.py
 
     @property
     def verbatim(self) -> bool:
         """The prompt goes to the completion endpoint as it is (`raw`) or as `template` makes
-        it: the model's chat template is not applied."""
-        return self.raw or bool(self.template)
+        it, or with a `suffix` to fill in: the model's chat template is not applied."""
+        return self.raw or bool(self.template) or bool(self.suffix)
 
 
 def _content(text: str, images: list[str] | None) -> str | list[dict[str, Any]]:
@@ -148,6 +150,8 @@ def chat_payload(req: ChatRequest) -> dict[str, Any]:
 
 def generate_payload(req: GenerateRequest) -> tuple[str, dict[str, Any]]:
     params = _openai_params(req)
+    if req.suffix:
+        return INFILL_PATH, infill_payload(params, req.prompt, req.suffix)
     if req.template:
         params["prompt"] = render_prompt(req.template, system=req.system or "", prompt=req.prompt)
         return COMPLETION_PATH, params
@@ -265,6 +269,8 @@ async def generate(request: Request) -> Response:
     check_vision_for(state, req.model, call.payload)
     if not req.verbatim:
         check_thinking_for(state, req.model, req.think)
+    if req.suffix:
+        check_insert_for(state, req.model)
     call.serve_as = context.serve_as(state, req.model, req.options.get("num_ctx"))
     return await pipeline.answer(request, call, render.OLLAMA_GENERATE)
 

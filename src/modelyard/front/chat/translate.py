@@ -64,10 +64,21 @@ class Generation:
                 self._absorb_tool_calls(part["tool_calls"])
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
+        if "choices" not in payload:  # llama-server's own shape (/infill, /completion)
+            added += self._absorb_native(payload)
         self.content += added
         self.thinking += self.thinking_delta
         self._absorb_counts(payload)
         return added
+
+    def _absorb_native(self, payload: dict[str, Any]) -> str:
+        """llama-server's native completion: `content`, `stop` and why (`stop_type`)."""
+        if payload.get("stop") is True:
+            self.finish_reason = "length" if payload.get("stop_type") == "limit" else "stop"
+        self.prompt_tokens = max(self.prompt_tokens, _int(payload.get("tokens_evaluated")))
+        self.completion_tokens = _int(payload.get("tokens_predicted")) or self.completion_tokens
+        text = payload.get("content")
+        return text if isinstance(text, str) else ""
 
     def _absorb_counts(self, payload: dict[str, Any]) -> None:
         """Token counts and timings. llama-server's `usage.prompt_tokens` counts the whole prompt
