@@ -35,6 +35,14 @@ holds, minus one (a raw logit-like score, negative for no match), and answers in
 shape, `{"results": [{"index", "relevance_score"}], "usage"}`, in reverse document order (so a
 client must sort by score itself).
 
+Fill in the middle: `POST /infill` (`input_prefix`, `input_suffix`, `n_predict`) answers in
+llama-server's own completion shape (`content`, `stop`, `stop_type`, `tokens_predicted`,
+`timings`; streamed as SSE without `[DONE]`); with `--no-fim` (a model without
+fill-in-the-middle tokens, as the demo model) it answers llama-server's 501.
+
+Reasoning (`--reasoning`): a chat answers `reasoning_content` (two deltas when streamed) before
+its text, unless `chat_template_kwargs.enable_thinking` is false (see `reasoning_for`).
+
 Tool-call mode (chat requests with non-empty `tools`, `tool_choice` not "none"): see
 `plan_tools` -- `call NAME {json}` directives in the last user message become tool calls in
 llama-server's wire format; a last `tool` message is answered `tool said: <content>` (or, when
@@ -167,6 +175,8 @@ class Plan:
     cached: int = 0  # prompt tokens reused from the slot's cache
     calls: list[tuple[str, str]] | None = None  # (name, arguments JSON): answer with tool calls
     logprobs: int | None = None  # text completions: llama-server's (chat-shaped) logprobs
+    reasoning: str | None = None  # --reasoning: `reasoning_content` before the answer
+    native: bool = False  # /infill: llama-server's own completion shape, not OpenAI's
 
 
 CALL = re.compile(r"\bcall\s+([A-Za-z_][\w.-]*)\s*(?=\{)")
@@ -388,12 +398,28 @@ class Generation(Response):
         return {"content": [{**entry(i), "top_logprobs": [entry(i, k) for k in range(n)]}
                             for i in tokens]}
 
+    def native(self, done: bool, text: str, timings: dict[str, Any] | None = None) -> bytes:
+        """llama-server's own completion shape (/infill): SSE without `[DONE]` when streamed."""
+        body: dict[str, Any] = {"index": 0, "content": text, "stop": done}
+        if done:
+            plan = self.plan
+            body.update(stop_type="limit" if plan.finish_reason == "length" else "eos",
+                        tokens_predicted=plan.n_tokens, tokens_evaluated=plan.prompt_tokens,
+                        timings=timings)
+        return sse(body) if self.plan.stream else dumps(body)
+
     def chunk(self, i: int) -> bytes:
+        if self.plan.native:
+            return self.native(False, token_text(i))
         if not self.plan.chat:
             choice = {"text": token_text(i), "index": 0, "logprobs": self.logprobs(range(i, i + 1)),
                       "finish_reason": None}
             return sse(self.envelope([choice], "text_completion"))
         deltas = [{"role": "assistant", "content": None}] if i == 0 else []
+        if i == 0 and self.plan.reasoning is not None:  # two reasoning deltas, then the text
+            half = len(self.plan.reasoning) // 2
+            deltas += [{"reasoning_content": self.plan.reasoning[:half]},
+                       {"reasoning_content": self.plan.reasoning[half:]}]
         deltas.append(self.deltas[i] if self.deltas is not None else {"content": token_text(i)})
         choices = [[{"finish_reason": None, "index": 0, "delta": d}] for d in deltas]
         return b"".join(sse(self.envelope(c, "chat.completion.chunk")) for c in choices)
@@ -401,6 +427,8 @@ class Generation(Response):
     def final(self, timings: dict[str, Any]) -> bytes:
         plan, fr, usage = self.plan, self.plan.finish_reason, self.usage()
         text = "" if plan.stream else generated_text(plan.n_tokens)
+        if plan.native:
+            return self.native(True, text, timings)
         if not plan.chat:
             logprobs = None if plan.stream else self.logprobs(range(plan.n_tokens))
             choice = {"text": text, "index": 0, "logprobs": logprobs, "finish_reason": fr}
@@ -410,6 +438,8 @@ class Generation(Response):
             text = "" if plan.stream else plan.text
         if not plan.stream:
             message: dict[str, Any] = {"role": "assistant", "content": text}
+            if plan.reasoning is not None:
+                message["reasoning_content"] = plan.reasoning
             if plan.calls is not None:
                 heads = [d["tool_calls"][0] for d in self.deltas or []]
                 calls = [dict(h) for h in heads if "id" in h]
@@ -449,7 +479,9 @@ class Generation(Response):
             if crash_at is not None:
                 fake.crash(plan.n_tokens)
             predicted_ms = (time.monotonic() - t0) * 1e3
-            prompt = rates("prompt", plan.prompt_tokens, 0.05 * plan.prompt_tokens)
+            # As llama-server: `prompt_n` counts only the tokens evaluated now, not the cached.
+            evaluated = plan.prompt_tokens - plan.cached
+            prompt = rates("prompt", evaluated, 0.05 * evaluated)
             predicted = rates("predicted", plan.n_tokens, predicted_ms)
             timings = {"cache_n": plan.cached, **prompt, **predicted}
             if not (plan.stream and plan.n_tokens):
@@ -539,6 +571,19 @@ def parse_request(body: Any, chat: bool, vision: bool = False) -> Plan | JSONRes
     return plan
 
 
+REASONING = "The user wants an answer. I will give one."
+
+
+def reasoning_for(body: dict[str, Any]) -> str | None:
+    """--reasoning: a reasoning model with llama-server's default `reasoning_format` (auto: the
+    thoughts come apart as `reasoning_content`) unless `chat_template_kwargs.enable_thinking`
+    is false or `reasoning_format` is "none" (the thoughts would be in the content)."""
+    kwargs = body.get("chat_template_kwargs")
+    if isinstance(kwargs, dict) and kwargs.get("enable_thinking") is False:
+        return None
+    return None if body.get("reasoning_format") == "none" else REASONING
+
+
 def build_app(fake: Fake) -> Any:
     loading = error(503, "Loading model", "unavailable_error")
 
@@ -577,6 +622,12 @@ def build_app(fake: Fake) -> Any:
         except ValueError as exc:
             return error(400, f"[json.exception.parse_error.101] parse error: {exc}")
         fake.received = [*fake.received[-63:], body]
+        infill = request.url.path == "/infill"
+        if infill and fake.opts.no_fim:  # a model without FIM tokens, as the demo's
+            return error(501, "Infill is not supported by this model: prefix token is missing. ",
+                         "not_supported_error")
+        if infill and isinstance(body, dict):  # prefix and suffix are the prompt
+            body = {**body, "prompt": f"{body.get('input_prefix')} {body.get('input_suffix')}"}
         plan = parse_request(body, chat=request.url.path.endswith("/chat/completions"),
                              vision=fake.opts.mmproj is not None)
         if isinstance(plan, Response):
@@ -587,7 +638,10 @@ def build_app(fake: Fake) -> Any:
                 "code": 400, "type": "exceed_context_size_error", "n_prompt_tokens": n,
                 "n_ctx": ctx, "message": f"request ({n} tokens) exceeds the available context "
                                          f"size ({ctx} tokens), try increasing it"}}, 400)
+        plan.native = infill
         fake.use_slot(body, plan)
+        if plan.chat and fake.opts.reasoning:
+            plan.reasoning = reasoning_for(body)
         return Generation(fake, plan)
 
     async def rerank(request: Request) -> Response:
@@ -605,10 +659,6 @@ def build_app(fake: Fake) -> Any:
                              "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
                              "results": results[::-1]})
 
-    async def infill(request: Request) -> Response:  # a model without FIM tokens, as the demo's
-        return error(501, "Infill is not supported by this model: prefix token is missing. ",
-                     "not_supported_error")
-
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         task = asyncio.create_task(fake.load())
@@ -619,10 +669,10 @@ def build_app(fake: Fake) -> Any:
     routes += [Route(p, models) for p in ("/models", "/v1/models")]
     routes += [Route("/slots", slots), Route("/stats", stats), Route("/requests", received)]
     routes += [Route("/slots/{slot:int}", slot_action, methods=["POST"])]
-    paths = ("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions")
+    paths = ("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions",
+             "/infill")
     routes += [Route(p, complete, methods=["POST"]) for p in paths]
     routes += [Route(p, rerank, methods=["POST"]) for p in ("/v1/rerank", "/rerank")]
-    routes += [Route("/infill", infill, methods=["POST"])]
     inner = Starlette(routes=routes, lifespan=lifespan)
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
@@ -647,11 +697,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--alias", help="the model name (default: the model file name), also -a")
     p.add_argument("--model", default="fake.gguf", help="only logged, also -m")
     p.add_argument("--mmproj", default=None, help="a projector: chats may carry images")
+    p.add_argument("--reasoning", action="store_true",
+                   help="a reasoning model: chats answer `reasoning_content` first")
     p.add_argument("--load-time-s", type=float, default=0.0)
     p.add_argument("--tokens-per-s", type=float, default=0.0, help="0: as fast as possible")
     p.add_argument("--parallel", type=int, default=None, help="slots, also -np")
     p.add_argument("--slot-save-path", default=None)
     p.add_argument("--reranking", "--rerank", action="store_true", help="serve /v1/rerank")
+    p.add_argument("--no-fim", action="store_true", help="/infill answers 501 (no FIM tokens)")
     p.add_argument("--ctx-size", type=int, default=None,
                    help="a prompt of more words is refused as llama-server does (also -c)")
     p.add_argument("--crash-on-load", action="store_true")

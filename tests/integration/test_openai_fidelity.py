@@ -26,7 +26,7 @@ USER = [{"role": "user", "content": "hello there"}]
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    models = [fake_model("m"), fake_model("small", "--ctx-size", "8")]
+    models = [fake_model("m", "--no-fim"), fake_model("small", "--ctx-size", "8")]
     with module_server(tmp_path_factory, config(*models)) as s:
         yield s
 

@@ -75,3 +75,29 @@ def test_ollama_schema_format() -> None:
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     payload = chat_payload(ChatRequest.model_validate({"model": "m", "format": schema}))
     assert payload["response_format"]["json_schema"]["schema"] == schema
+
+
+def test_prompt_eval_count_counts_cached_tokens_too() -> None:
+    """llama-server's `timings.prompt_n` is only the newly evaluated tokens: a repeated prompt
+    reported prompt_eval_count 1 (issue 18). The whole prompt is prompt_n + cache_n."""
+    stream = Generation.start()
+    stream.absorb({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+                   "timings": {"cache_n": 13, "prompt_n": 1, "predicted_n": 3}})
+    assert stream.stats()["prompt_eval_count"] == 14 and stream.cached_tokens == 13
+    # usage (the whole prompt, cached ones apart in its details), then timings
+    both = Generation.start()
+    both.absorb({"choices": [], "usage": {"prompt_tokens": 14, "completion_tokens": 3,
+                                          "prompt_tokens_details": {"cached_tokens": 13}}})
+    both.absorb({"choices": [], "timings": {"cache_n": 13, "prompt_n": 1, "predicted_n": 3}})
+    assert both.prompt_tokens == 14 and both.cached_tokens == 13 and both.completion_tokens == 3
+    cold = Generation.start()
+    cold.absorb({"choices": [], "timings": {"cache_n": 0, "prompt_n": 14, "predicted_n": 3}})
+    assert cold.prompt_tokens == 14 and cold.cached_tokens == 0
+
+
+def test_generation_collects_reasoning_as_thinking() -> None:
+    gen = Generation.start()
+    gen.absorb({"choices": [{"index": 0, "delta": {"reasoning_content": "Let me "}}]})
+    gen.absorb({"choices": [{"index": 0, "delta": {"reasoning_content": "think."}}]})
+    assert gen.absorb({"choices": [{"index": 0, "delta": {"content": "4"}}]}) == "4"
+    assert gen.thinking == "Let me think." and gen.content == "4"

@@ -532,7 +532,9 @@ class Engine:
         keep running. Settings that need a restart keep their running values."""
         settings = keep_running(settings, self.settings)
         registry = await asyncio.to_thread(ModelRegistry.build, settings)
-        diff = diff_specs(spec_views(self.registry, self.settings), spec_views(registry, settings))
+        running = list(self._models)  # context variants among them are compared too
+        diff = diff_specs(spec_views(self.registry, self.settings, running),
+                          spec_views(registry, settings, running))
         self.settings, self.registry = settings, registry
         restarting = []
         for rt in list(self._models.values()):

@@ -9,12 +9,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from modelyard.config import ModelSpec, Settings
-from modelyard.store.registry import ModelRegistry
+from modelyard.store.registry import ModelRegistry, split_context_variant
 
 # Settings read once at startup (by the bind, the auth gate, the database, the engine processes
 # and their supervisor, the logging, the pull queue, the archive, the chat sessions, the thermal
@@ -114,13 +114,20 @@ def spec_view(spec: ModelSpec, settings: Settings) -> dict[str, Any]:
     return view
 
 
-def spec_views(registry: ModelRegistry, settings: Settings) -> dict[str, dict[str, Any]]:
+def spec_views(
+    registry: ModelRegistry, settings: Settings, running: Iterable[str] = ()
+) -> dict[str, dict[str, Any]]:
     """Every model the registry runs, by id (a preset without its own context runs its base
-    model, so it adds nothing here)."""
+    model, so it adds nothing here), and the context variants (`<model>@ctx<N>`, never listed)
+    among the `running` ids: one restarts with its base, and goes with it."""
     views: dict[str, dict[str, Any]] = {}
     for entry in registry.entries():
         if entry.id not in views:
             views[entry.id] = spec_view(entry.spec, settings)
+    for model_id in running:
+        variant = registry.get(model_id) if split_context_variant(model_id) else None
+        if variant is not None and model_id not in views:
+            views[model_id] = spec_view(variant.spec, settings)
     return views
 
 

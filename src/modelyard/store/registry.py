@@ -112,6 +112,25 @@ class Entry:
             return None
 
 
+# `<model>@ctx<N>`: the model served with a context of N tokens, a model of its own (its own
+# server, scheduled and estimated like any other: the KV cache grows with N). Ollama's
+# `options.num_ctx` asks for one (front/chat/context.py); presets with `ctx_size` are the
+# configured kind.
+CTX_MARK = "@ctx"
+
+
+def context_variant_name(name: str, ctx_size: int) -> str:
+    return f"{name}{CTX_MARK}{ctx_size}"
+
+
+def split_context_variant(name: str) -> tuple[str, int] | None:
+    """(base name, context) for a `<model>@ctx<N>` name, else None."""
+    base, mark, digits = name.rpartition(CTX_MARK)
+    if not mark or not base or not digits.isdigit() or digits.startswith("0"):
+        return None
+    return base, int(digits)
+
+
 def _key(name: str) -> str:
     name = name.strip().lower()
     return name.removesuffix(":latest")
@@ -129,6 +148,8 @@ class ModelRegistry:
         self._entries: dict[str, Entry] = {}
         self._names: dict[str, str] = {}  # lookup key → entry name
         self._aliases: dict[str, list[str]] = {}  # entry name → other names, as written
+        # Context variants asked for so far, by (base entry name, context): never listed.
+        self._variants: dict[tuple[str, int], Entry] = {}
         for entry in entries:
             if entry.name in self._entries:
                 continue
@@ -164,7 +185,24 @@ class ModelRegistry:
         if name in self._entries:
             return self._entries[name]
         model_id = self._names.get(_key(name))
-        return self._entries[model_id] if model_id is not None else None
+        if model_id is not None:
+            return self._entries[model_id]
+        return self._context_variant(name)
+
+    def _context_variant(self, name: str) -> Entry | None:
+        """The entry `<model>@ctx<N>` names: its base model with `ctx_size` N, under its own id
+        (another context is another server), for a backend whose context can be set."""
+        parsed = split_context_variant(name)
+        base = None if parsed is None else self.get(parsed[0])
+        if parsed is None or base is None or not hasattr(base.spec, "ctx_size"):
+            return None
+        key = (base.name, parsed[1])
+        if key not in self._variants:
+            spec = base.spec.model_copy(update={
+                "id": context_variant_name(base.id, parsed[1]), "ctx_size": parsed[1],
+                "aliases": []})
+            self._variants[key] = Entry(spec, base.source, base.preset)
+        return self._variants[key]
 
     def resolve(self, name: str) -> Entry:
         entry = self.get(name)

@@ -21,10 +21,13 @@ from starlette.routing import Route
 
 from modelyard.errors import InvalidRequest
 from modelyard.front.archive import capture as archive_capture
-from modelyard.front.chat import pipeline, render
+from modelyard.front.chat import context, pipeline, render
+from modelyard.front.chat.go_template import render_prompt
+from modelyard.front.chat.infill import INFILL_PATH, check_insert_for, infill_payload
 from modelyard.front.chat.request import CHAT_PATH, COMPLETION_PATH, ChatCall
 from modelyard.front.chat.sessions.relay import session_id_for
 from modelyard.front.chat.shapes import check_ollama_chat, check_ollama_images
+from modelyard.front.chat.thinking import check_think, check_thinking_for, thinking_fields
 from modelyard.front.chat.tools.support import check_tools_for
 from modelyard.front.chat.translate import now_rfc3339, ollama_messages_to_openai
 from modelyard.front.chat.vision import check_vision_for
@@ -68,6 +71,7 @@ class _OllamaRequest(BaseModel):
     options: dict[str, Any] = Field(default_factory=dict)
     format: str | dict[str, Any] | None = None
     keep_alive: str | int | float | None = None
+    think: bool | str | None = None  # true/false or a level: front/chat/thinking.py
 
 
 class ChatRequest(_OllamaRequest):
@@ -79,6 +83,14 @@ class GenerateRequest(_OllamaRequest):
     system: str | None = None
     raw: bool = False
     images: list[str] | None = None
+    template: str | None = None  # a Go-template prompt override: front/chat/go_template.py
+    suffix: str | None = None  # fill in the middle: front/chat/infill.py
+
+    @property
+    def verbatim(self) -> bool:
+        """The prompt goes to the completion endpoint as it is (`raw`) or as `template` makes
+        it, or with a `suffix` to fill in: the model's chat template is not applied."""
+        return self.raw or bool(self.template) or bool(self.suffix)
 
 
 def _content(text: str, images: list[str] | None) -> str | list[dict[str, Any]]:
@@ -112,6 +124,8 @@ def _openai_params(req: _OllamaRequest) -> dict[str, Any]:
         }
     elif req.format not in (None, ""):
         raise InvalidRequest("`format` must be \"json\" or a JSON schema", param="format")
+    if not (isinstance(req, GenerateRequest) and req.verbatim):  # no chat template to switch
+        params.update(thinking_fields(check_think(req.think)))
     return params
 
 
@@ -127,6 +141,11 @@ def chat_payload(req: ChatRequest) -> dict[str, Any]:
 
 def generate_payload(req: GenerateRequest) -> tuple[str, dict[str, Any]]:
     params = _openai_params(req)
+    if req.suffix:
+        return INFILL_PATH, infill_payload(params, req.prompt, req.suffix)
+    if req.template:
+        params["prompt"] = render_prompt(req.template, system=req.system or "", prompt=req.prompt)
+        return COMPLETION_PATH, params
     if req.raw:
         params["prompt"] = req.prompt
         return COMPLETION_PATH, params
@@ -222,6 +241,8 @@ async def chat(request: Request) -> Response:
                      endpoint=request.url.path)
     check_tools_for(state, req.model, call.payload)
     check_vision_for(state, req.model, call.payload)
+    check_thinking_for(state, req.model, req.think)
+    call.serve_as = context.serve_as(state, req.model, req.options.get("num_ctx"))
     return await pipeline.answer(request, call, render.OLLAMA_CHAT)
 
 
@@ -237,6 +258,11 @@ async def generate(request: Request) -> Response:
     call = generate_call(req, keep_alive_s=keep_alive_s, priority=request_priority(request),
                          endpoint=request.url.path)
     check_vision_for(state, req.model, call.payload)
+    if not req.verbatim:
+        check_thinking_for(state, req.model, req.think)
+    if req.suffix:
+        check_insert_for(state, req.model)
+    call.serve_as = context.serve_as(state, req.model, req.options.get("num_ctx"))
     return await pipeline.answer(request, call, render.OLLAMA_GENERATE)
 
 

@@ -75,7 +75,7 @@ async def answer(request: Request, call: ChatCall, render: Render) -> Response:
 
     def open_relay(say: Callable[[str], None] | None) -> Awaitable[Relay]:
         return state.dispatch.open_relay(
-            call.model, call.path, body, keep_alive_s=call.keep_alive_s,
+            call.serve_as or call.model, call.path, body, keep_alive_s=call.keep_alive_s,
             priority=call.priority, client=None if watch else request, on_progress=say,
             session_kv=None if turn is None else turn.kv,
         )
@@ -102,6 +102,8 @@ async def answer(request: Request, call: ChatCall, render: Render) -> Response:
             on_text=lambda text: render.text(call, gen, text),
             on_done=on_done,
             on_error=render.error_event,
+            on_event=lambda: render.thinking(call, gen, gen.thinking_delta)
+            if gen.thinking_delta else None,
         )
         return chunks if capture is None else capture.tap_generation(chunks, gen)
 

@@ -58,6 +58,10 @@ class Render:
     def text(self, call: ChatCall, gen: Generation, text: str) -> bytes:
         raise NotImplementedError
 
+    def thinking(self, call: ChatCall, gen: Generation, text: str) -> bytes | None:
+        """A streamed piece of the model's reasoning; None: this API does not show it."""
+        return None
+
     def done(self, call: ChatCall, gen: Generation) -> bytes:
         raise NotImplementedError
 
@@ -135,11 +139,20 @@ class _OllamaRender(Render):
     def text(self, call: ChatCall, gen: Generation, text: str) -> bytes:
         return _ndjson(self.shape(call, gen, text, False))
 
+    def thinking(self, call: ChatCall, gen: Generation, text: str) -> bytes | None:
+        # Ollama's `thinking` (chat: in the message), with empty text, as Ollama streams it.
+        out = self.shape(call, gen, "", False)
+        out.get("message", out)["thinking"] = text
+        return _ndjson(out)
+
     def done(self, call: ChatCall, gen: Generation) -> bytes:
         return _ndjson(self.shape(call, gen, "", True))
 
     def whole(self, call: ChatCall, gen: Generation) -> Response:
-        return _json(self.shape(call, gen, gen.content, True))
+        out = self.shape(call, gen, gen.content, True)
+        if gen.thinking:
+            out.get("message", out)["thinking"] = gen.thinking
+        return _json(out)
 
 
 class OllamaChatRender(_OllamaRender):
@@ -211,6 +224,9 @@ class NativeRender(Render):
 
     def text(self, call: ChatCall, gen: Generation, text: str) -> bytes:
         return sse_event({"delta": {"content": text}, "done": False})
+
+    def thinking(self, call: ChatCall, gen: Generation, text: str) -> bytes | None:
+        return sse_event({"delta": {"reasoning_content": text}, "done": False})
 
     def done(self, call: ChatCall, gen: Generation) -> bytes:
         return sse_event({"delta": {}, **native_final(call.model, gen, with_message=False)})

@@ -46,6 +46,9 @@ class ChatCall:
     # OpenAI fidelity the backend's answer needs on its way out (front/chat/openai_compat.py);
     # None: the answer passes unchanged.
     reshape: Reshape | None = None
+    # The name the relay leases when it is not `model`: a context variant (`<model>@ctx<N>`,
+    # front/chat/context.py) for a request that needs a larger context.
+    serve_as: str | None = None
 
     @property
     def own_fields(self) -> dict[str, Any]:

@@ -26,8 +26,14 @@ class Generation:
     started_ns: int
     load_duration_ns: int = 0
     content: str = ""
+    # The backend's reasoning (llama-server's `reasoning_content`): Ollama's `thinking`.
+    thinking: str = ""
+    thinking_delta: str = ""  # the reasoning the last `absorb` added (streamed as it comes)
     finish_reason: str | None = None
+    # All prompt tokens, those reused from the backend's cache included (Ollama's
+    # `prompt_eval_count`); `cached_tokens` says how many of them were reused.
     prompt_tokens: int = 0
+    cached_tokens: int = 0
     completion_tokens: int = 0
     prompt_ms: float = 0.0
     predicted_ms: float = 0.0
@@ -41,6 +47,7 @@ class Generation:
     def absorb(self, payload: dict[str, Any]) -> str:
         """Take one chunk or a whole response; return the text it adds."""
         added = ""
+        self.thinking_delta = ""
         for choice in payload.get("choices") or []:
             if choice.get("index", 0) != 0:
                 continue
@@ -50,22 +57,50 @@ class Generation:
                 text = choice.get("text")
             if isinstance(text, str):
                 added += text
+            reasoning = part.get("reasoning_content") if isinstance(part, dict) else None
+            if isinstance(reasoning, str):
+                self.thinking_delta += reasoning
             if isinstance(part, dict) and isinstance(part.get("tool_calls"), list):
                 self._absorb_tool_calls(part["tool_calls"])
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
+        if "choices" not in payload:  # llama-server's own shape (/infill, /completion)
+            added += self._absorb_native(payload)
         self.content += added
+        self.thinking += self.thinking_delta
+        self._absorb_counts(payload)
+        return added
+
+    def _absorb_native(self, payload: dict[str, Any]) -> str:
+        """llama-server's native completion: `content`, `stop` and why (`stop_type`)."""
+        if payload.get("stop") is True:
+            self.finish_reason = "length" if payload.get("stop_type") == "limit" else "stop"
+        self.prompt_tokens = max(self.prompt_tokens, _int(payload.get("tokens_evaluated")))
+        self.completion_tokens = _int(payload.get("tokens_predicted")) or self.completion_tokens
+        text = payload.get("content")
+        return text if isinstance(text, str) else ""
+
+    def _absorb_counts(self, payload: dict[str, Any]) -> None:
+        """Token counts and timings. llama-server's `usage.prompt_tokens` counts the whole prompt
+        and `prompt_tokens_details.cached_tokens` the part reused from its cache, but its
+        `timings.prompt_n` only the tokens it evaluated now (`cache_n` the reused ones): the
+        whole prompt is `prompt_n + cache_n`, never `prompt_n` alone (a repeated prompt would
+        count 1)."""
         usage = payload.get("usage")
         if isinstance(usage, dict):
-            self.prompt_tokens = int(usage.get("prompt_tokens") or self.prompt_tokens)
-            self.completion_tokens = int(usage.get("completion_tokens") or self.completion_tokens)
+            self.prompt_tokens = max(self.prompt_tokens, _int(usage.get("prompt_tokens")))
+            self.completion_tokens = _int(usage.get("completion_tokens")) or self.completion_tokens
+            details = usage.get("prompt_tokens_details")
+            if isinstance(details, dict):
+                self.cached_tokens = max(self.cached_tokens, _int(details.get("cached_tokens")))
         timings = payload.get("timings")
         if isinstance(timings, dict):
-            self.prompt_tokens = int(timings.get("prompt_n") or self.prompt_tokens)
-            self.completion_tokens = int(timings.get("predicted_n") or self.completion_tokens)
+            cached = _int(timings.get("cache_n"))
+            self.cached_tokens = max(self.cached_tokens, cached)
+            self.prompt_tokens = max(self.prompt_tokens, _int(timings.get("prompt_n")) + cached)
+            self.completion_tokens = _int(timings.get("predicted_n")) or self.completion_tokens
             self.prompt_ms = float(timings.get("prompt_ms") or 0.0)
             self.predicted_ms = float(timings.get("predicted_ms") or 0.0)
-        return added
 
     def _absorb_tool_calls(self, calls: list[Any]) -> None:
         for pos, call in enumerate(calls):
@@ -117,6 +152,10 @@ class Generation:
             "eval_count": self.completion_tokens,
             "eval_duration": int(self.predicted_ms * 1e6),
         }
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def ollama_messages_to_openai(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

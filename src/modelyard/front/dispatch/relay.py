@@ -318,12 +318,16 @@ async def translated_stream(
     on_text: Callable[[str], bytes],
     on_done: Callable[[], bytes],
     on_error: Callable[[ModelyardError], bytes],
+    on_event: Callable[[], bytes | None] | None = None,
 ) -> AsyncIterator[bytes]:
     """Upstream SSE turned into another API's framing: a message per text delta, a closing one,
-    or one in-band error if the backend fails or the connection breaks mid-stream."""
+    or one in-band error if the backend fails or the connection breaks mid-stream. `on_event`,
+    after each absorbed event, may frame what it carried besides text (reasoning)."""
     try:
         async for event in iter_sse_json(relay):
             text = absorb(event)
+            if on_event is not None and (extra := on_event()):
+                yield extra
             if text:
                 yield on_text(text)
         yield on_done()

@@ -57,7 +57,9 @@ def _as_text(template: Any) -> str:
     return ""
 
 
-def _gguf_template(spec: LlamaCppModel) -> str:
+def gguf_template(spec: LlamaCppModel) -> str:
+    """The chat template a llama.cpp model is served with: its `chat_template_file`, else the
+    GGUF's own; "" when it has none."""
     if spec.chat_template_file is not None:
         try:
             return Path(spec.chat_template_file).read_text(encoding="utf-8")
@@ -92,7 +94,7 @@ def supports_tools(spec: Any) -> bool:
         return bool(explicit)
     if isinstance(spec, LlamaCppModel):
         jinja = spec.argv is None or "--jinja" in spec.argv or "--jinja" in spec.extra_args
-        return jinja and template_supports_tools(_gguf_template(spec))
+        return jinja and template_supports_tools(gguf_template(spec))
     if isinstance(spec, OpenAIServerModel):
         return True
     if isinstance(spec, TransformersModel):
