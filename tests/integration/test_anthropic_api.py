@@ -14,6 +14,7 @@ from typing import Any
 import anthropic
 import httpx
 import pytest
+from tests.e2e.compat.table import covers
 from tests.integration.harness import TEXT_3, config, model_status, module_server
 from tests.support import Server, fake_model
 
@@ -168,6 +169,7 @@ def test_tool_error_result_and_tool_choice(client: anthropic.Anthropic, server: 
     assert sent["parallel_tool_calls"] is False
 
 
+@covers("Images (vision)", "Anthropic")
 def test_image_block_reaches_the_backend(client: anthropic.Anthropic, server: Server) -> None:
     message = client.messages.create(model="vis", max_tokens=3, messages=[{
         "role": "user", "content": [
@@ -208,6 +210,7 @@ def test_errors_in_anthropics_shape(client: anthropic.Anthropic, server: Server)
         client.messages.create(model="vis", max_tokens=3, messages=bad_image)
 
 
+@covers("Auth with a modelyard token", "Anthropic")
 def test_auth_by_x_api_key(server: Server) -> None:
     wrong = anthropic.Anthropic(base_url=server.url, api_key="my-wrong", max_retries=0)
     with pytest.raises(anthropic.AuthenticationError) as refused:

@@ -21,6 +21,7 @@ import httpx
 import ollama
 import openai
 import pytest
+from tests.e2e.compat.table import covers
 from tests.integration.harness import HELLO, config
 from tests.support import Server, fake_model
 
@@ -353,6 +354,7 @@ def test_cli_manages_users_and_tokens_in_the_database(auto: Server) -> None:
 # ---- auth `required` and `none` -----------------------------------------------------------------
 
 
+@covers("Auth with a modelyard token", "OpenAI", "Ollama")
 def test_required_needs_a_token_for_inference_and_the_clients_send_it(required: Server) -> None:
     r = httpx.post(required.url + "/v1/chat/completions", json=chat_body(), timeout=30)
     assert r.status_code == 401

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from tests.e2e.compat.table import covers
 from tests.integration.harness import TEXT_16, config, model_status, module_server
 from tests.support import Server, fake_model
 
@@ -59,6 +60,7 @@ def test_prompt_eval_count_counts_the_cached_prompt(server: Server, stream: bool
     assert [f["prompt_eval_count"] for f in finals] == [6, 6]  # role + 5 words, both times
 
 
+@covers("Thinking", "Ollama")
 def test_think_streams_the_reasoning_as_thinking(server: Server) -> None:
     body = {"model": "thinker", "think": True, "messages": [{"role": "user", "content": "hi"}]}
     chunks = lines(post(server, "/api/chat", body))
@@ -131,6 +133,7 @@ def test_num_ctx_that_is_not_a_count_is_a_400(server: Server) -> None:
 
 
 @pytest.mark.parametrize("stream", [False, True])
+@covers("Fill in the middle (suffix)", "Ollama")
 def test_suffix_fills_in_the_middle_through_infill(server: Server, stream: bool) -> None:
     body = {"model": "plain", "stream": stream, "prompt": "def add(a, b):",
             "suffix": "return c", "options": {"num_predict": 3}}

@@ -14,6 +14,7 @@ import numpy as np
 import openai
 import pytest
 from gguf import GGUFWriter
+from tests.e2e.compat.table import covers
 from tests.integration.harness import config, module_server
 from tests.support import FAKE_BACKEND, Server
 
@@ -57,6 +58,7 @@ def post(server: Server, path: str, body: dict[str, Any]) -> httpx.Response:
     return httpx.post(server.url + path, json=body, timeout=30)
 
 
+@covers("Rerank (`/v1/rerank`, `/rerank`)", "OpenAI")
 def test_rerank_sorts_cuts_and_echoes(server: Server) -> None:
     r = post(server, "/v1/rerank", {"model": "bge-reranker", "query": "the cat",
                                     "documents": [*DOCS[:3], {"text": DOCS[3]}], "top_n": 3,

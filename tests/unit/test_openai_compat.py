@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 import pytest
+from tests.e2e.compat.table import covers
 
 from modelyard.errors import InvalidRequest
 from modelyard.front.chat.openai_compat import Reshape, prepare
@@ -75,6 +76,7 @@ def test_include_usage_survives_any_chunking(size: int) -> None:
     assert out.endswith(b"data: [DONE]\n\n")
 
 
+@covers("Fill in the middle (suffix)", "OpenAI")
 def test_infill_answers_become_text_completions() -> None:
     whole = Reshape(model="m", infill=True).whole(orjson.dumps(
         {"content": "mid", "stop": True, "stop_type": "limit", "tokens_predicted": 2,

@@ -8,6 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
+from tests.e2e.compat.table import covers
 
 from modelyard.config import Settings, TransformersModel
 from modelyard.engine.backends.transformers.reranker import Reranker
@@ -57,6 +58,7 @@ def test_the_repo_is_a_reranker_and_scores_each_pair_as_alone(repo: Path) -> Non
     assert len(set(got.scores)) == len(DOCS)  # a random head still tells the documents apart
 
 
+@covers("Rerank (`/v1/rerank`, `/rerank`)", "OpenAI")
 async def test_an_engine_serves_the_cross_encoder_at_v1_rerank(repo: Path, tmp_path: Path) -> None:
     spec = TransformersModel(id="ce", path=repo)
     settings = Settings(home=tmp_path, scan_hf_cache=False, embedding_demo=False,

@@ -15,6 +15,7 @@ from typing import Any
 import ollama
 import openai
 import pytest
+from tests.e2e.compat.table import covers
 from tests.support import Server
 from tests.unit.transformers.tiny_vlm import IMAGE_TOKENS, build_tiny_vlm, data_url, png_base64
 
@@ -59,6 +60,7 @@ def user(*images: str) -> list[Any]:
     return [{"role": "user", "content": [*parts, {"type": "text", "text": QUESTION}]}]
 
 
+@covers("Images (vision)", "OpenAI")
 def test_openai_image_parts_reach_the_model(oai: openai.OpenAI) -> None:
     def ask(messages: list[Any]) -> Any:
         return oai.chat.completions.create(model="tiny-vlm", messages=messages, max_tokens=3,
@@ -79,6 +81,7 @@ def test_openai_image_parts_reach_the_model(oai: openai.OpenAI) -> None:
     assert text == red.choices[0].message.content
 
 
+@covers("Images (vision)", "Ollama")
 def test_ollama_images_reach_the_model(server: Server) -> None:
     client = ollama.Client(host=server.url, timeout=240)
     options = {"temperature": 0, "num_predict": 2}

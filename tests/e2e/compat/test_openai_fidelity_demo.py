@@ -16,6 +16,7 @@ import httpx
 import openai
 import pytest
 from pydantic import BaseModel
+from tests.e2e.compat.table import covers
 from tests.support import Server, require_e2e_artifact
 
 from modelyard.config import DEMO_MODEL_FILE, Settings, cache_dir
@@ -139,6 +140,7 @@ def test_langchain_and_litellm_recognise_the_overflow(server: Server) -> None:
                            messages=[{"role": "user", "content": LONG}])
 
 
+@covers("Context overflow is recognisable", "Ollama")
 def test_ollama_api_overflow_has_its_shape(server: Server) -> None:
     r = httpx.post(server.url + "/api/generate", timeout=240, json={
         "model": "smollm2", "prompt": LONG, "stream": False, "options": {"num_predict": 4}})
