@@ -33,7 +33,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from modelyard.engine.backends.transformers import tool_calls
+from modelyard.engine.backends.transformers import grammars, tool_calls
 from modelyard.engine.backends.transformers.generator import BatchGenerator, TokenEvent
 from modelyard.engine.backends.transformers.params import InvalidParams, SamplingParams
 from modelyard.engine.backends.transformers.session_pins import valid_session_key
@@ -44,8 +44,9 @@ SESSION_FIELD = "x_modelyard_session"
 
 
 def error(status: int, message: str, param: str | None = None,
-          kind: str = "invalid_request_error") -> JSONResponse:
-    body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
+          kind: str = "invalid_request_error", code: str | int | None = None) -> JSONResponse:
+    body = {"error": {"message": message, "type": kind, "param": param,
+                      "code": status if code is None else code}}
     return JSONResponse(body, status_code=status)
 
 
@@ -231,6 +232,19 @@ async def _close(events: AsyncIterator[TokenEvent]) -> None:
         await aclose()
 
 
+Constrain = Callable[[dict[str, Any], bool, "tool_calls.Family | None"], Any]
+
+
+async def _constraint(constrain: Constrain | None, body: dict[str, Any], chat: bool,
+                      family: tool_calls.Family | None) -> Any:
+    if constrain is not None:
+        return await asyncio.to_thread(constrain, body, chat, family)
+    if grammars.request_grammar(body, chat, family) is not None:  # (raises for a bad one)
+        raise grammars.InvalidGrammar("this model cannot constrain its output",
+                                      "response_format", "unsupported_constraint")
+    return None
+
+
 def build_app(
     model_name: str,
     generator: BatchGenerator | None,
@@ -238,9 +252,12 @@ def build_app(
     prompt_ids: Tokenize,
     embed: Callable[[dict[str, Any]], Any] | None = None,
     tool_family: tool_calls.Family | None = None,
+    constrain: Constrain | None = None,
 ) -> Starlette:
     """`chat_ids`/`prompt_ids` turn a request body into prompt token ids (raising ValueError
-    with a message for a body they cannot use)."""
+    with a message for a body they cannot use). `constrain(body, chat, family)` (blocking) gives
+    the grammar matcher a request's `response_format` / forced `tool_choice` asks for, or None,
+    raising `grammars.InvalidGrammar`; without it such requests are refused."""
 
     async def health(_: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -265,9 +282,14 @@ def build_app(
             ids = await asyncio.to_thread(chat_ids if chat else prompt_ids, body)
         except (ValueError, TypeError, KeyError) as exc:
             return error(400, str(exc), "messages" if chat else "prompt")
-        completion = Completion(model_name, chat, body, tool_family)
+        family = grammars.parse_family(body, tool_family) if chat else None
         try:
-            events = generator.generate(ids, params, session=session)
+            constraint = await _constraint(constrain, body, chat, family)
+        except grammars.InvalidGrammar as exc:
+            return error(400, str(exc), exc.param, code=exc.code)
+        completion = Completion(model_name, chat, body, family)
+        try:
+            events = generator.generate(ids, params, session=session, constraint=constraint)
         except InvalidParams as exc:  # an empty prompt, or one longer than the context
             return error(400, str(exc), exc.param)
         if body.get("stream"):
