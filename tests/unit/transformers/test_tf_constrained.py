@@ -231,6 +231,7 @@ async def test_auto_and_none_constrain_nothing(served: Any) -> None:
         data = await answer(client, seed=0, tools=TOOLS, tool_choice=choice, max_tokens=30)
         message = data["choices"][0]["message"]
         assert "tool_calls" not in message  # the random model writes no call by itself
+        assert "<tool_call>" not in message["content"]  # nor was one forced on it
         with pytest.raises(ValueError):
             json.loads(message["content"])
 
