@@ -1,7 +1,7 @@
 """What constrained decoding (llguidance, a JSON schema per sequence) costs the transformers engine.
 
-    .venv/bin/python bench/constrained.py                # random Llama (vocab 2048), < 1 minute
-    .venv/bin/python bench/constrained.py --model DIR    # e.g. the demo SmolLM2-135M safetensors
+    .venv/bin/python -m bench.constrained                # random Llama (vocab 2048), < 1 minute
+    .venv/bin/python -m bench.constrained --model DIR    # e.g. the demo SmolLM2-135M safetensors
                                                          # directory (vocab 49152: the mask is
                                                          # computed over every token)
 
