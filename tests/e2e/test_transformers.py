@@ -51,8 +51,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     config = {
         "scan_hf_cache": False,
         "models": [
+            # tools: its template renders none, but a forced tool_choice is enforced anyway
             {"id": "smol-tf", "backend": "transformers", "path": str(repo),
-             "max_batch_size": 8},
+             "max_batch_size": 8, "tools": True},
             {"id": "minilm", "backend": "transformers", "path": str(minilm)},
             # The same model through transformers' own GGUF loader (dequantized at load).
             {"id": "smol-tf-gguf", "backend": "transformers", "path": str(gguf.parent),
@@ -102,6 +103,33 @@ def test_greedy_chat_through_openai_and_ollama(server: Server, oai: openai.OpenA
     )
     assert reply["message"]["content"] == text
     assert reply["eval_count"] > 0
+
+
+CITY = {"type": "object", "additionalProperties": False, "required": ["city"],
+        "properties": {"city": {"type": "string", "maxLength": 20}}}
+
+
+def test_structured_output_and_forced_tool_calls_through_the_clients(
+        server: Server, oai: openai.OpenAI) -> None:
+    """The engine enforces them (constraints.py); the front and the SDKs pass them unchanged."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY}}
+    answer = oai.chat.completions.create(
+        model="smol-tf", messages=QUESTION, max_tokens=32, temperature=0,  # type: ignore[arg-type]
+        response_format=fmt,
+    )
+    assert json.loads(answer.choices[0].message.content or "")["city"]
+    reply = ollama.Client(host=server.url, timeout=240).chat(
+        model="smol-tf", messages=QUESTION, format=CITY,
+        options={"temperature": 0, "num_predict": 32})
+    assert set(json.loads(reply["message"]["content"])) == {"city"}
+    tool = {"type": "function", "function": {"name": "lookup", "parameters": CITY}}
+    called = oai.chat.completions.create(
+        model="smol-tf", messages=QUESTION, max_tokens=32, temperature=0,  # type: ignore[arg-type]
+        tools=[tool], tool_choice={"type": "function", "function": {"name": "lookup"}},
+    )
+    (call,) = called.choices[0].message.tool_calls or []
+    assert call.function.name == "lookup"
+    assert called.choices[0].finish_reason == "tool_calls"
 
 
 def test_the_gguf_file_through_transformers_answers_like_the_safetensors_repo(

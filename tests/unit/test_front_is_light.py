@@ -1,4 +1,4 @@
-"""The front never imports torch, transformers, pynvml or vLLM (DESIGN.md §1)."""
+"""The front never imports torch, transformers, pynvml, vLLM or llguidance (DESIGN.md §1)."""
 
 import subprocess
 import sys
@@ -8,7 +8,7 @@ import pytest
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
-HEAVY = ("torch", "transformers", "pynvml", "vllm")
+HEAVY = ("torch", "transformers", "pynvml", "vllm", "llguidance")
 
 # A meta-path spy sees every import *attempt*, so the check holds even where the heavy packages
 # are not installed (an `import torch` guarded by try/except would otherwise go unnoticed).

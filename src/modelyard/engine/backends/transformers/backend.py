@@ -168,6 +168,7 @@ class TransformersBackend:
 
     def _app(self, loaded: Loaded) -> Starlette:
         """A generator over `loaded` and the app that serves it."""
+        from modelyard.engine.backends.transformers.constraints import Compiler
         from modelyard.engine.backends.transformers.generator import BatchGenerator
         from modelyard.engine.backends.transformers.server import build_app
         from modelyard.engine.backends.transformers.tool_calls import tool_family_of
@@ -183,11 +184,15 @@ class TransformersBackend:
         )
         generator.start()
         self._generator = generator
+        vocab = getattr(loaded.model.config, "vocab_size", None)
+        compiler = Compiler(loaded.tokenizer, generator.eos_ids,
+                            vocab if isinstance(vocab, int) else None)
         return build_app(
             self.spec.id, generator,
             chat_ids=lambda body: chat_prompt_ids(loaded.tokenizer, body),
             prompt_ids=lambda body: completion_prompt_ids(loaded.tokenizer, body),
             tool_family=tool_family_of(loaded.tokenizer),
+            constrain=compiler.for_request,
         )
 
     async def stop(self) -> None:

@@ -77,7 +77,12 @@ from modelyard.engine.backends.transformers.params import (
     SamplingParams,
 )
 from modelyard.engine.backends.transformers.prefix_cache import PrefixCache
-from modelyard.engine.backends.transformers.sampling import Choice, RowSampler, sample
+from modelyard.engine.backends.transformers.sampling import (
+    Choice,
+    RowSampler,
+    TokenMask,
+    sample,
+)
 from modelyard.engine.backends.transformers.session_pins import SessionPins
 
 log = logging.getLogger(__name__)
@@ -236,12 +241,18 @@ class BatchGenerator:
         thread.join()
         self._thread = None
 
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        return self._eos
+
     def generate(self, prompt_ids: list[int], params: SamplingParams,
-                 session: str | None = None) -> TokenStream:
+                 session: str | None = None, constraint: TokenMask | None = None) -> TokenStream:
         """Queue a sequence now; iterate to receive its events. Raises InvalidParams for an empty
         prompt or one that leaves no room in the model's context. With a `session` key, the
         sequence starts from that session's pinned KV when it is the longest cached prefix, and
-        its KV becomes the session's pin when it retires."""
+        its KV becomes the session's pin when it retires. With a `constraint` (a grammar's
+        matcher, constraints.py, this sequence's own), its tokens follow the grammar and it
+        finishes ("stop") when the grammar is complete."""
         if self._thread is None or not self._thread.is_alive():
             raise RuntimeError("BatchGenerator is not running (call start())")
         if not prompt_ids:
@@ -256,7 +267,7 @@ class BatchGenerator:
             id=next(self._ids), prompt=prompt, params=params,
             max_new=min(params.max_tokens or room, room), loop=loop, events=events,
             detok=IncrementalDetokenizer(self._tokenizer, prompt),
-            stopper=StopMatcher(params.stop), sampler=RowSampler(params, prompt),
+            stopper=StopMatcher(params.stop), sampler=RowSampler(params, prompt, constraint),
             session=session or None,
         )
         with self._lock:
@@ -496,10 +507,12 @@ class BatchGenerator:
             seq.first_token = now
         with self._lock:
             self._tokens_generated += 1
-        eos = token in self._eos and not seq.params.ignore_eos
+        grammar = seq.sampler.constraint
+        # a grammar's EOS always ends the sequence: its matcher admits nothing after it
+        eos = token in self._eos and (not seq.params.ignore_eos or grammar is not None)
         text = "" if eos else seq.stopper.feed(seq.detok.add(token))
         finish: str | None = None
-        if eos or seq.stopper.stopped:
+        if eos or seq.stopper.stopped or (grammar is not None and grammar.finished):
             finish = "stop"
         elif len(seq.generated) >= seq.max_new:
             finish = "length"

@@ -1,9 +1,10 @@
 """Per-row sampling over a batch of logits: every row has its own `SamplingParams`.
 
-Penalties (stateful, per row) run first, then greedy rows take the argmax and sampled rows go
-through temperature, top-k, top-p and min-p, vectorised over the rows that sample. Each row draws
-from its own `torch.Generator` seeded from `params.seed` (or at random), so a seeded request
-samples the same tokens whatever else shares its batch.
+Penalties (stateful, per row) run first, then a constrained row's grammar mask (tokens it does
+not admit get -inf; logprobs stay the raw distribution's), then greedy rows take the argmax and
+sampled rows go through temperature, top-k, top-p and min-p, vectorised over the rows that
+sample. Each row draws from its own `torch.Generator` seeded from `params.seed` (or at random),
+so a seeded request samples the same tokens whatever else shares its batch.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -26,11 +28,26 @@ class Choice:
     top: list[tuple[int, float]] | None = None
 
 
-class RowSampler:
-    """One sequence's sampling state: its generator and the counts its penalties need."""
+class TokenMask(Protocol):
+    """A grammar a row's output must follow (constraints.py): which tokens it admits next, and
+    the token taken."""
 
-    def __init__(self, params: SamplingParams, prompt_ids: Sequence[int]) -> None:
+    def allowed(self, vocab: int, device: torch.device) -> torch.Tensor: ...
+
+    def advance(self, token: int) -> None: ...
+
+    @property
+    def finished(self) -> bool: ...
+
+
+class RowSampler:
+    """One sequence's sampling state: its generator, the counts its penalties need and its
+    grammar, if constrained."""
+
+    def __init__(self, params: SamplingParams, prompt_ids: Sequence[int],
+                 constraint: TokenMask | None = None) -> None:
         self.params = params
+        self.constraint = constraint
         self._prompt = list(prompt_ids) if params.repetition_penalty != 1.0 else []
         self._generated: list[int] = []
         self._seen: torch.Tensor | None = None  # bool [V]: in prompt or output (repetition)
@@ -45,6 +62,8 @@ class RowSampler:
         return self._generator
 
     def observe(self, token: int) -> None:
+        if self.constraint is not None:
+            self.constraint.advance(token)
         if not self.params.penalized:
             return
         if self._seen is not None:
@@ -89,6 +108,13 @@ def sample(logits: torch.Tensor, rows: Sequence[RowSampler]) -> list[Choice]:
     if any(r.params.penalized for r in rows):
         logits = torch.stack([r.penalize(logits[i]) if r.params.penalized else logits[i]
                               for i, r in enumerate(rows)])
+    constrained = [i for i, r in enumerate(rows) if r.constraint is not None]
+    if constrained:  # after the raw logprobs: those stay the model's own distribution
+        vocab = logits.shape[-1]
+        allowed = torch.stack([c.allowed(vocab, logits.device) for c in
+                               (rows[i].constraint for i in constrained) if c is not None])
+        logits = logits.clone()
+        logits[constrained] = logits[constrained].masked_fill(~allowed, NEG_INF)
     tokens = [0] * n
     greedy = [i for i, r in enumerate(rows) if r.params.greedy]
     if greedy:

@@ -34,7 +34,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from modelyard.engine.backends.transformers import tool_calls
+from modelyard.engine.backends.transformers import grammars, tool_calls
 from modelyard.engine.backends.transformers.generator import BatchGenerator, TokenEvent
 from modelyard.engine.backends.transformers.params import (
     ContextOverflow,
@@ -52,8 +52,9 @@ SESSION_FIELD = "x_modelyard_session"
 
 
 def error(status: int, message: str, param: str | None = None,
-          kind: str = "invalid_request_error") -> JSONResponse:
-    body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
+          kind: str = "invalid_request_error", code: str | int | None = None) -> JSONResponse:
+    body = {"error": {"message": message, "type": kind, "param": param,
+                      "code": status if code is None else code}}
     return JSONResponse(body, status_code=status)
 
 
@@ -239,6 +240,19 @@ async def _close(events: AsyncIterator[TokenEvent]) -> None:
         await aclose()
 
 
+Constrain = Callable[[dict[str, Any], bool, "tool_calls.Family | None"], Any]
+
+
+async def _constraint(constrain: Constrain | None, body: dict[str, Any], chat: bool,
+                      family: tool_calls.Family | None) -> Any:
+    if constrain is not None:
+        return await asyncio.to_thread(constrain, body, chat, family)
+    if grammars.request_grammar(body, chat, family) is not None:  # (raises for a bad one)
+        raise grammars.InvalidGrammar("this model cannot constrain its output",
+                                      "response_format", "unsupported_constraint")
+    return None
+
+
 def build_app(
     model_name: str,
     generator: BatchGenerator | VisionGenerator | None,
@@ -247,9 +261,12 @@ def build_app(
     embed: Callable[[dict[str, Any]], Any] | None = None,
     tool_family: tool_calls.Family | None = None,
     rerank: Callable[[dict[str, Any]], Any] | None = None,
+    constrain: Constrain | None = None,
 ) -> Starlette:
     """`chat_ids`/`prompt_ids` turn a request body into prompt token ids (raising ValueError
-    with a message for a body they cannot use)."""
+    with a message for a body they cannot use). `constrain(body, chat, family)` (blocking) gives
+    the grammar matcher a request's `response_format` / forced `tool_choice` asks for, or None,
+    raising `grammars.InvalidGrammar`; without it such requests are refused."""
 
     async def health(_: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -275,9 +292,18 @@ def build_app(
             ids = await asyncio.to_thread(chat_ids if chat else prompt_ids, body)
         except (ValueError, TypeError, KeyError) as exc:
             return error(400, str(exc), "messages" if chat else "prompt")
-        completion = Completion(model_name, chat, body, tool_family)
+        family = grammars.parse_family(body, tool_family) if chat else None
         try:
-            events = generator.generate(ids, params, session=session)
+            constraint = await _constraint(constrain, body, chat, family)
+        except grammars.InvalidGrammar as exc:
+            return error(400, str(exc), exc.param, code=exc.code)
+        completion = Completion(model_name, chat, body, family)
+        try:
+            # (the vision generator takes no constraint: its models get no compiler, so a
+            # constrained request was refused just above)
+            events = (generator.generate(ids, params, session=session) if constraint is None
+                      else generator.generate(ids, params, session=session,
+                                              constraint=constraint))
         except ContextOverflow as exc:  # llama-server's shape: the front translates both alike
             return JSONResponse(exc.llama_server_body(), status_code=400)
         except InvalidParams as exc:  # an empty prompt
