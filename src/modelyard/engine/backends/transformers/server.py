@@ -299,11 +299,7 @@ def build_app(
             return error(400, str(exc), exc.param, code=exc.code)
         completion = Completion(model_name, chat, body, family)
         try:
-            # (the vision generator takes no constraint: its models get no compiler, so a
-            # constrained request was refused just above)
-            events = (generator.generate(ids, params, session=session) if constraint is None
-                      else generator.generate(ids, params, session=session,
-                                              constraint=constraint))
+            events = generator.generate(ids, params, session=session, constraint=constraint)
         except ContextOverflow as exc:  # llama-server's shape: the front translates both alike
             return JSONResponse(exc.llama_server_body(), status_code=400)
         except InvalidParams as exc:  # an empty prompt

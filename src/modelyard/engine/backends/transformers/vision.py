@@ -207,7 +207,10 @@ class VisionGenerator:
                     "waiting": self._queued}
 
     def generate(self, prompt_ids: list[int], params: SamplingParams,
-                 session: str | None = None) -> AsyncIterator[TokenEvent]:
+                 session: str | None = None,
+                 constraint: object | None = None) -> AsyncIterator[TokenEvent]:
+        if constraint is not None:  # no compiler is wired for these models (backend.py)
+            raise InvalidParams("this model cannot constrain its output", "response_format")
         if not prompt_ids:
             raise InvalidParams("the prompt is empty", "prompt")
         room = self._context - len(prompt_ids)
