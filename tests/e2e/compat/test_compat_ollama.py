@@ -96,17 +96,20 @@ def test_embed(client: ollama.Client) -> None:
 
 
 @covers("Model management (copy, create, delete, push)", "Ollama")
-def test_copy_create_delete(client: ollama.Client) -> None:
-    client.copy("smollm2", "my-copy")
-    client.create(model="pirate", from_="smollm2", system="You are a pirate.",
+def test_copy_create_delete(compat_server: Server, client: ollama.Client) -> None:
+    # Making and deleting models is an admin's (a loopback client needs a token for it).
+    admin = ollama.Client(host=compat_server.url, timeout=120,
+                          headers=compat_server.admin_headers)
+    admin.copy("smollm2", "my-copy")
+    admin.create(model="pirate", from_="smollm2", system="You are a pirate.",
                   parameters={"temperature": 0.1})
     assert client.chat(model="pirate", messages=PROMPT, options={"num_predict": 4}).message
-    client.delete("my-copy")
-    client.delete("pirate")
+    admin.delete("my-copy")
+    admin.delete("pirate")
     names = [m.model for m in client.list().models]
     assert "smollm2:latest" in names and "my-copy:latest" not in names
     with pytest.raises(ollama.ResponseError) as err:
-        client.push("smollm2")
+        admin.push("smollm2")
     assert err.value.status_code == 501
 
 

@@ -5,7 +5,7 @@ keeps the byte-for-byte passthrough (DESIGN.md §3.13). `prepare` says what a re
 
 - `tool_choice` naming a function: llama-server only reads the strings auto/none/required (and
   silently takes an object as "auto"), so the tools are narrowed to the named one and the choice
-  becomes "required": its tool-call grammar then admits a call of that name only.
+  becomes "required" (which the pipeline then enforces as a JSON schema: forced_call.py).
 - `stream_options.include_usage`: OpenAI sends `"usage": null` on every chunk and the usage on a
   last chunk with empty `choices`; llama-server leaves `usage` out of the others and, for text
   completions, puts it on the finishing chunk.
@@ -29,6 +29,7 @@ from typing import Any
 import orjson
 
 from modelyard.errors import InvalidRequest
+from modelyard.front.chat.forced_call import ForcedCall
 from modelyard.front.sse import sse_event
 
 INFILL_PATH = "/infill"
@@ -130,13 +131,15 @@ class Reshape:
     echo: list[str] | None = None  # the prompts, by choice index
     logprobs: int | None = None  # the completions shape, this many alternatives per token
     infill: bool = False  # the answer is llama-server's /infill (native) shape
+    # a forced tool call llama-server answered as JSON text (front/chat/forced_call.py)
+    forced: ForcedCall | None = None
     _offsets: dict[int, int] = field(default_factory=dict)  # text_offset so far, by choice
     _echoed: set[int] = field(default_factory=set)
 
     @property
     def active(self) -> bool:
         return self.include_usage or self.echo is not None or self.logprobs is not None \
-            or self.infill
+            or self.infill or self.forced is not None
 
     def whole(self, body: bytes) -> bytes:
         try:
@@ -147,6 +150,8 @@ class Reshape:
             return body
         if self.infill:
             data = self._from_infill(data)
+        if self.forced is not None:
+            data = self.forced.whole(data)
         for choice in data.get("choices") or []:
             self._choice(choice)
         return orjson.dumps(data)
@@ -180,7 +185,8 @@ class Reshape:
             return line + b"\n\n"
         if not isinstance(event, dict) or "error" in event:
             return line + b"\n\n"
-        return b"".join(sse_event(e) for e in self._event(event))
+        events = [event] if self.forced is None else self.forced.events(event)
+        return b"".join(sse_event(out) for e in events for out in self._event(e))
 
     def _event(self, event: dict[str, Any]) -> list[dict[str, Any]]:
         if self.infill:

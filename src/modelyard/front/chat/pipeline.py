@@ -24,7 +24,10 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from modelyard.config import LlamaCppModel
 from modelyard.front.archive import capture as archive_capture
+from modelyard.front.chat import forced_call
+from modelyard.front.chat.openai_compat import Reshape
 from modelyard.front.chat.render import Render
 from modelyard.front.chat.request import ChatCall
 from modelyard.front.chat.sessions.relay import (
@@ -69,6 +72,15 @@ async def answer(request: Request, call: ChatCall, render: Render) -> Response:
         model=call.model, stream=call.stream)
     body = call.body if call.body is not None and turn is None else orjson.dumps(payload)
     gen = None if render.passthrough else Generation.start()
+    reshape = call.reshape
+    # A forced tool call on llama-server, enforced as a JSON schema (front/chat/forced_call.py).
+    force = None
+    if call.chat and (forcing := _forced_on_llama_server(request, call, payload)) is not None:
+        forced_payload, force = forcing
+        body = orjson.dumps(forced_payload)
+        if gen is None:
+            reshape = reshape if reshape is not None else Reshape(model=call.model)
+            reshape.forced = force
 
     # A non-streamed answer is awaited watching the client: one that leaves stops it.
     watch = None if call.stream else ClientWatch(request.receive)
@@ -83,13 +95,15 @@ async def answer(request: Request, call: ChatCall, render: Render) -> Response:
     def stream_body(relay: Relay) -> AsyncIterator[bytes]:
         if gen is None:  # the backend's SSE, unchanged
             chunks = relay_raw(relay, render.error_event)
-            if call.reshape is not None:
-                chunks = call.reshape.stream(chunks)
+            if reshape is not None:
+                chunks = reshape.stream(chunks)
             if turn is not None:
                 chunks = tap_sse(turn, chunks)
             return chunks if capture is None else capture.tap_sse(chunks)
         gen.load_duration_ns = relay.lease.load_duration_ns
         absorb: Callable[[dict[str, Any]], str] = gen.absorb
+        if force is not None:
+            absorb = _forced_absorb(force, gen.absorb)
 
         def closing() -> bytes:
             return render.done(call, gen)
@@ -127,8 +141,8 @@ async def answer(request: Request, call: ChatCall, render: Render) -> Response:
         response: Response = LeasedStream(stream_body(relay), relay, render.media_type)
     elif gen is None:  # a whole OpenAI answer, unchanged
         raw = await relay.read()
-        if call.reshape is not None:
-            raw = call.reshape.whole(raw)
+        if reshape is not None:
+            raw = reshape.whole(raw)
         if turn is not None:
             commit_body(turn, raw)
         if capture is not None:
@@ -136,6 +150,8 @@ async def answer(request: Request, call: ChatCall, render: Render) -> Response:
         response = Response(raw, media_type="application/json")
     else:
         whole = orjson.loads(await relay.read())
+        if force is not None:
+            whole = force.whole(whole)
         gen.absorb(whole)
         if turn is not None:
             commit_body(turn, whole)
@@ -143,3 +159,23 @@ async def answer(request: Request, call: ChatCall, render: Render) -> Response:
             capture.save_generation(gen)
         response = render.whole(call, gen)
     return tagged(response if capture is None else capture.attach(response), turn)
+
+
+def _forced_on_llama_server(request: Request, call: ChatCall, payload: dict[str, Any]
+                            ) -> tuple[dict[str, Any], forced_call.ForcedCall] | None:
+    """The rewritten request and its answer's conversion when `payload` forces a tool call and
+    llama-server serves the model (the transformers engine enforces it itself)."""
+    if payload.get("tool_choice") in (None, "auto", "none"):
+        return None
+    entry = state_of(request).catalog.registry.get(call.serve_as or call.model)
+    if entry is None or not isinstance(entry.spec, LlamaCppModel):
+        return None
+    return forced_call.plan(payload)
+
+
+def _forced_absorb(force: forced_call.ForcedCall,
+                   absorb: Callable[[dict[str, Any]], str]) -> Callable[[dict[str, Any]], str]:
+    def forced(payload: dict[str, Any]) -> str:
+        return "".join(absorb(event) for event in force.events(payload))
+
+    return forced
