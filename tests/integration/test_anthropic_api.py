@@ -105,7 +105,8 @@ def test_stream_events_in_anthropics_order(server: Server) -> None:
     assert "".join(d["delta"]["text"] for n, d in events if n == "content_block_delta") == TEXT_3
     delta = events[-2][1]
     assert delta["delta"] == {"stop_reason": "max_tokens", "stop_sequence": None}
-    assert delta["usage"] == {"input_tokens": 4, "output_tokens": 3}
+    assert delta["usage"] == {"input_tokens": 4, "cache_read_input_tokens": 0,
+                              "cache_creation_input_tokens": 0, "output_tokens": 3}
 
 
 def test_sdk_stream_builds_the_message(client: anthropic.Anthropic) -> None:

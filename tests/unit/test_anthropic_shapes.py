@@ -182,7 +182,8 @@ def test_stream_with_text_then_tool_use() -> None:
         "type": "tool_use", "id": "call_1", "name": "w", "input": {}}}  # fmt: skip
     assert json.loads(got[7][1]["delta"]["partial_json"]) == {"city": "Oslo"}
     assert got[9][1]["delta"]["stop_reason"] == "tool_use"
-    assert got[9][1]["usage"] == {"input_tokens": 7, "output_tokens": 4}
+    assert got[9][1]["usage"] == {"input_tokens": 7, "cache_read_input_tokens": 0,
+                                  "cache_creation_input_tokens": 0, "output_tokens": 4}
 
 
 def test_stream_without_text_and_in_band_error() -> None:
@@ -203,5 +204,16 @@ def test_whole_message() -> None:
                                                           "completion_tokens": 1}})  # fmt: skip
     body = orjson.loads(AnthropicRender().whole(CALL, gen).body)
     assert body["content"] == [{"type": "text", "text": "ok"}]
-    assert body["stop_reason"] == "end_turn" and body["usage"] == {"input_tokens": 3,
-                                                                    "output_tokens": 1}
+    assert body["stop_reason"] == "end_turn" and body["usage"] == {
+        "input_tokens": 3, "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0,
+        "output_tokens": 1}
+
+
+def test_cached_prompt_tokens_are_apart_as_anthropic_counts_them() -> None:
+    gen = Generation.start()
+    gen.absorb({"choices": [{"index": 0, "finish_reason": "stop", "message": {
+        "role": "assistant", "content": "ok"}}], "usage": {
+            "prompt_tokens": 30, "completion_tokens": 1,
+            "prompt_tokens_details": {"cached_tokens": 24}}})  # fmt: skip
+    usage = orjson.loads(AnthropicRender().whole(CALL, gen).body)["usage"]
+    assert (usage["input_tokens"], usage["cache_read_input_tokens"]) == (6, 24)

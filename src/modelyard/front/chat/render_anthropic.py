@@ -66,7 +66,10 @@ def tool_uses(gen: Generation) -> list[dict[str, Any]]:
 
 
 def usage(gen: Generation) -> dict[str, Any]:
-    return {"input_tokens": gen.prompt_tokens, "output_tokens": gen.completion_tokens}
+    # Anthropic's input_tokens are the ones not read from a cache; those are apart.
+    cached = min(gen.cached_tokens, gen.prompt_tokens)
+    return {"input_tokens": gen.prompt_tokens - cached, "cache_read_input_tokens": cached,
+            "cache_creation_input_tokens": 0, "output_tokens": gen.completion_tokens}
 
 
 class AnthropicRender(Render):

@@ -205,7 +205,7 @@ def function_call_item(item_id: str, call_id: str, name: str, arguments: str,
 
 def usage(gen: Generation) -> dict[str, Any]:
     return {"input_tokens": gen.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": 0},
+            "input_tokens_details": {"cached_tokens": min(gen.cached_tokens, gen.prompt_tokens)},
             "output_tokens": gen.completion_tokens,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": gen.prompt_tokens + gen.completion_tokens}
