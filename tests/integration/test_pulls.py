@@ -80,6 +80,7 @@ def hub_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     quant_repo(root, "org/restart-GGUF", SIZE, ("Q4_0",), seed=9)
     quant_repo(root, "org/done-GGUF", 1 * MB, ("Q4_0",), seed=10)
     quant_repo(root, "org/full-GGUF", SIZE, ("Q4_0",), seed=11)
+    quant_repo(root, "org/keep-GGUF", 1 * MB, ("Q4_0",), seed=13)
     for n in range(RACE_PULLS):
         quant_repo(root, f"org/tiny{n}-GGUF", 100_000, ("Q4_0",), seed=40 + n)
     # Two quants with the same bytes: in the HF cache they are two links to one blob.
@@ -119,8 +120,11 @@ def fast(tmp_path_factory: pytest.TempPathFactory, fast_hub: HubServer,
     """(server, HF_HOME) downloading from the fast Hub."""
     base = tmp_path_factory.mktemp("fast")
     hf_home = base / "hf"
-    with running_server(base / "home", config(model_dirs=[str(auto_dir)]),
-                        hub_env(fast_hub, hf_home)) as server:
+    # A preset of a model not pulled yet: listed once it is (test_deleting_a_config_preset…).
+    cfg = config(model_dirs=[str(auto_dir)],
+                 presets=[{"id": "keeper", "model": "org/keep-gguf:q4_0",
+                           "system": "Be brief."}])
+    with running_server(base / "home", cfg, hub_env(fast_hub, hf_home)) as server:
         yield server, hf_home
 
 
@@ -422,6 +426,24 @@ def test_deleting_a_pulled_quant_keeps_a_blob_another_pulled_quant_links_to(
     assert "org/twin2-gguf:q4_0" not in openai_ids(server)
     assert q5.is_file(), "the other pulled quant's link now dangles"
     assert sha256(q5) == sha256(hub_root / "org/twin2-GGUF" / f"{SMOL}-Q5_0.gguf")
+
+
+def test_deleting_a_config_preset_never_deletes_the_pulled_model_it_runs(
+    fast: tuple[Server, Path]
+) -> None:
+    server, hf_home = fast
+    job = wait_job(server, submit(server, "org/keep-GGUF:Q4_0")["job_id"])
+    assert job["status"] == "succeeded", job
+    assert post(server, "/admin/rescan").status_code == 200
+    assert "keeper" in openai_ids(server)
+    (pulled,) = snapshot_files(hf_home, "org/keep-GGUF").values()
+    for attempt in (post(server, "/api/delete", {"model": "keeper"}),
+                    httpx.delete(server.url + "/models/keeper", headers=server.admin_headers,
+                                 timeout=30)):
+        assert attempt.status_code == 400, attempt.text
+        assert "preset" in attempt.text
+    assert pulled.is_file()  # the preset's model and its files are still there
+    assert {"keeper", "org/keep-gguf:q4_0"} <= set(openai_ids(server))
 
 
 # ---- 9a. explicit downloads only ------------------------------------------------------------

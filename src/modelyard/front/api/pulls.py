@@ -206,6 +206,10 @@ def _same(a: str, b: str) -> bool:
 
 async def delete_model(state: FrontState, entry: Entry) -> None:
     """Unload it everywhere, delete what a pull put on disk, forget it and its aliases."""
+    if entry.preset is not None:  # a config preset: its entry carries its model's source
+        raise InvalidRequest(
+            f"'{entry.name}' is a preset of '{entry.preset.model}' in the config; remove it "
+            "there (deleting it never deletes its model)", param="model")
     if entry.source not in ("pulled", "imported"):
         raise InvalidRequest(
             f"'{entry.name}' comes from {entry.source} ({entry.path}); modelyard deletes only "
