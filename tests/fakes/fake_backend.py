@@ -40,6 +40,13 @@ llama-server's own completion shape (`content`, `stop`, `stop_type`, `tokens_pre
 `timings`; streamed as SSE without `[DONE]`); with `--no-fim` (a model without
 fill-in-the-middle tokens, as the demo model) it answers llama-server's 501.
 
+Token ids (Ollama's `context`): `POST /apply-template` `{"messages"}` answers the fake's chat
+template (`<|role|> words …  <|assistant|>`) as `{"prompt"}`; `POST /tokenize` `{"content",
+"add_special"}` the ids of its words (`word_id`, BOS first with `add_special`); `POST
+/completion` is llama-server's native completion (as /infill) of a `prompt` that may mix ids
+(one prompt token each) and text, with `return_tokens` each body carries its generated token
+ids (token i is `i % len(WORDS)`).
+
 Reasoning (`--reasoning`): a chat answers `reasoning_content` (two deltas when streamed) before
 its text, unless `chat_template_kwargs.enable_thinking` is false (see `reasoning_for`).
 
@@ -63,6 +70,7 @@ import socket
 import sys
 import time
 import uuid
+import zlib
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from types import FrameType
@@ -94,7 +102,10 @@ def generated_text(n: int) -> str:
 
 
 def count_words(value: Any) -> int:
-    """Deterministic prompt-token count: whitespace-separated words in all text content."""
+    """Deterministic prompt-token count: whitespace-separated words in all text content, and
+    one per token id (llama-server's prompts may mix ids and text)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return 1
     if isinstance(value, str):
         return len(value.split())
     if isinstance(value, list):
@@ -102,6 +113,21 @@ def count_words(value: Any) -> int:
     if isinstance(value, dict):
         return count_words(value.get("text", value.get("content")))
     return 0
+
+
+BOS_ID = 1
+
+
+def word_id(word: str) -> int:
+    """The fake's token id of a prompt word (ids of generated token i: `i % len(WORDS)`)."""
+    return 1000 + zlib.crc32(word.encode()) % 30000
+
+
+def apply_template(messages: list[Any]) -> str:
+    """The fake's chat template: `<|role|>` then the words of each message, then the turn."""
+    turns = [f"<|{m.get('role')}|> {_text(m.get('content'))}" for m in messages
+             if isinstance(m, dict)]
+    return " ".join([*turns, "<|assistant|>"])
 
 
 def chat_tokens(messages: list[Any]) -> list[str]:
@@ -177,6 +203,7 @@ class Plan:
     logprobs: int | None = None  # text completions: llama-server's (chat-shaped) logprobs
     reasoning: str | None = None  # --reasoning: `reasoning_content` before the answer
     native: bool = False  # /infill: llama-server's own completion shape, not OpenAI's
+    return_tokens: bool = False  # native: each chunk carries its token ids (`tokens`)
 
 
 CALL = re.compile(r"\bcall\s+([A-Za-z_][\w.-]*)\s*(?=\{)")
@@ -398,9 +425,13 @@ class Generation(Response):
         return {"content": [{**entry(i), "top_logprobs": [entry(i, k) for k in range(n)]}
                             for i in tokens]}
 
-    def native(self, done: bool, text: str, timings: dict[str, Any] | None = None) -> bytes:
-        """llama-server's own completion shape (/infill): SSE without `[DONE]` when streamed."""
+    def native(self, done: bool, text: str, ids: list[int],
+               timings: dict[str, Any] | None = None) -> bytes:
+        """llama-server's own completion shape (/infill, /completion): SSE without `[DONE]`
+        when streamed; with `return_tokens`, each body carries its tokens' ids."""
         body: dict[str, Any] = {"index": 0, "content": text, "stop": done}
+        if self.plan.return_tokens:
+            body["tokens"] = ids
         if done:
             plan = self.plan
             body.update(stop_type="limit" if plan.finish_reason == "length" else "eos",
@@ -410,7 +441,7 @@ class Generation(Response):
 
     def chunk(self, i: int) -> bytes:
         if self.plan.native:
-            return self.native(False, token_text(i))
+            return self.native(False, token_text(i), [i % len(WORDS)])
         if not self.plan.chat:
             choice = {"text": token_text(i), "index": 0, "logprobs": self.logprobs(range(i, i + 1)),
                       "finish_reason": None}
@@ -428,7 +459,8 @@ class Generation(Response):
         plan, fr, usage = self.plan, self.plan.finish_reason, self.usage()
         text = "" if plan.stream else generated_text(plan.n_tokens)
         if plan.native:
-            return self.native(True, text, timings)
+            ids = [] if plan.stream else [i % len(WORDS) for i in range(plan.n_tokens)]
+            return self.native(True, text, ids, timings)
         if not plan.chat:
             logprobs = None if plan.stream else self.logprobs(range(plan.n_tokens))
             choice = {"text": text, "index": 0, "logprobs": logprobs, "finish_reason": fr}
@@ -638,11 +670,27 @@ def build_app(fake: Fake) -> Any:
                 "code": 400, "type": "exceed_context_size_error", "n_prompt_tokens": n,
                 "n_ctx": ctx, "message": f"request ({n} tokens) exceeds the available context "
                                          f"size ({ctx} tokens), try increasing it"}}, 400)
-        plan.native = infill
+        plan.native = infill or request.url.path == "/completion"
+        plan.return_tokens = plan.native and bool(body.get("return_tokens"))
         fake.use_slot(body, plan)
         if plan.chat and fake.opts.reasoning:
             plan.reasoning = reasoning_for(body)
         return Generation(fake, plan)
+
+    async def template(request: Request) -> Response:  # the chat template, applied
+        body = json.loads(await request.body())
+        fake.received = [*fake.received[-63:], body]
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+            return error(400, "'messages' is required")
+        return JSONResponse({"prompt": apply_template(body["messages"])})
+
+    async def tokenize(request: Request) -> Response:  # text → ids, the template's marks too
+        body = json.loads(await request.body())
+        fake.received = [*fake.received[-63:], body]
+        if not isinstance(body, dict) or not isinstance(body.get("content"), str):
+            return error(400, "'content' is required")
+        ids = [word_id(w) for w in body["content"].split()]
+        return JSONResponse({"tokens": [BOS_ID, *ids] if body.get("add_special") else ids})
 
     async def rerank(request: Request) -> Response:
         if not fake.opts.reranking:
@@ -670,9 +718,11 @@ def build_app(fake: Fake) -> Any:
     routes += [Route("/slots", slots), Route("/stats", stats), Route("/requests", received)]
     routes += [Route("/slots/{slot:int}", slot_action, methods=["POST"])]
     paths = ("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions",
-             "/infill")
+             "/infill", "/completion")
     routes += [Route(p, complete, methods=["POST"]) for p in paths]
     routes += [Route(p, rerank, methods=["POST"]) for p in ("/v1/rerank", "/rerank")]
+    routes += [Route("/apply-template", template, methods=["POST"]),
+               Route("/tokenize", tokenize, methods=["POST"])]
     inner = Starlette(routes=routes, lifespan=lifespan)
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:

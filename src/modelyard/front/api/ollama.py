@@ -21,7 +21,7 @@ from starlette.routing import Route
 
 from modelyard.errors import InvalidRequest
 from modelyard.front.archive import capture as archive_capture
-from modelyard.front.chat import context, pipeline, render
+from modelyard.front.chat import context, ollama_context, pipeline, render
 from modelyard.front.chat.go_template import render_prompt
 from modelyard.front.chat.infill import INFILL_PATH, check_insert_for, infill_payload
 from modelyard.front.chat.request import CHAT_PATH, COMPLETION_PATH, ChatCall
@@ -263,7 +263,26 @@ async def generate(request: Request) -> Response:
     if req.suffix:
         check_insert_for(state, req.model)
     call.serve_as = context.serve_as(state, req.model, req.options.get("num_ctx"))
+    await _with_context(state, request, req, call)
     return await pipeline.answer(request, call, render.OLLAMA_GENERATE)
+
+
+async def _with_context(state: FrontState, request: Request, req: GenerateRequest,
+                        call: ChatCall) -> None:  # fmt: skip
+    """Ollama's `context` (front/chat/ollama_context.py): returned, and followed when sent,
+    where the model and the request allow; a `context` sent where they do not is a 400."""
+    sent = ollama_context.check_context((req.model_extra or {}).get("context"))
+    if req.raw:  # as Ollama: a raw prompt has no context, and one sent is ignored
+        return
+    why = ollama_context.why_not(state, req.model, raw=req.raw, suffix=bool(req.suffix),
+                                 images=bool(req.images))
+    if why is not None:
+        if sent:
+            raise InvalidRequest(f"`context` is not supported for {why}", param="context",
+                                 model=req.model)
+        return
+    prompt_text = call.payload["prompt"] if req.template else None
+    await ollama_context.prepare(state, request, call, context=sent, prompt_text=prompt_text)
 
 
 routes = [

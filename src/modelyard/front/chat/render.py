@@ -204,6 +204,8 @@ class OllamaGenerateRender(_OllamaRender):
         if done:
             out["done_reason"] = gen.done_reason
             out.update(gen.stats())
+            if call.context_prefix is not None:  # front/chat/ollama_context.py
+                out["context"] = [*call.context_prefix, *gen.token_ids]
         return out
 
 

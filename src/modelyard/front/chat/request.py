@@ -49,6 +49,9 @@ class ChatCall:
     # The name the relay leases when it is not `model`: a context variant (`<model>@ctx<N>`,
     # front/chat/context.py) for a request that needs a larger context.
     serve_as: str | None = None
+    # Ollama's `context` (front/chat/ollama_context.py): the token ids before the answer, which
+    # the final chunk carries with the answer's; None: the answer has no `context`.
+    context_prefix: list[int] | None = None
 
     @property
     def own_fields(self) -> dict[str, Any]:

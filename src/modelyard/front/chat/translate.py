@@ -39,6 +39,9 @@ class Generation:
     predicted_ms: float = 0.0
     # OpenAI tool calls by `index`: {"id", "name", "arguments" (JSON text, grown by deltas)}.
     tool_calls: dict[int, dict[str, str]] = field(default_factory=dict)
+    # The answer's token ids, when the backend returns them (llama-server's native completion
+    # with `return_tokens`): Ollama's `context` (front/chat/ollama_context.py).
+    token_ids: list[int] = field(default_factory=list)
 
     @classmethod
     def start(cls) -> Generation:
@@ -77,6 +80,8 @@ class Generation:
             self.finish_reason = "length" if payload.get("stop_type") == "limit" else "stop"
         self.prompt_tokens = max(self.prompt_tokens, _int(payload.get("tokens_evaluated")))
         self.completion_tokens = _int(payload.get("tokens_predicted")) or self.completion_tokens
+        if isinstance(tokens := payload.get("tokens"), list):
+            self.token_ids += [t for t in tokens if isinstance(t, int)]
         text = payload.get("content")
         return text if isinstance(text, str) else ""
 
