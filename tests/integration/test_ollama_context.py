@@ -122,3 +122,16 @@ def test_a_model_not_served_by_llama_cpp_has_no_context(server: Server) -> None:
     assert r.json()["response"] == "The quick"
     refused = post(server, {"model": "remote", "prompt": "hi", "context": [1, 2]})
     assert refused.status_code == 400 and "llama.cpp" in refused.json()["error"]
+
+
+@pytest.mark.parametrize(("fmt", "schema"), [
+    ("json", {"type": "object"}),
+    ({"type": "object", "required": ["a"]}, {"type": "object", "required": ["a"]}),
+])
+def test_format_goes_to_the_native_route_as_its_json_schema(server: Server, fmt: Any,
+                                                            schema: Any) -> None:
+    r = post(server, {"model": "local", "stream": False, "prompt": "hi", "format": fmt,
+                      "options": {"num_predict": 1}})
+    assert r.status_code == 200 and r.json()["context"]
+    upstream = received(server, "local")[-1]
+    assert upstream["json_schema"] == schema and "response_format" not in upstream
