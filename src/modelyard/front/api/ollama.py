@@ -14,7 +14,7 @@ import re
 from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -85,6 +85,8 @@ class GenerateRequest(_OllamaRequest):
     images: list[str] | None = None
     template: str | None = None  # a Go-template prompt override: front/chat/go_template.py
     suffix: str | None = None  # fill in the middle: front/chat/infill.py
+    # Token ids of an earlier exchange, read before this prompt: front/chat/ollama_context.py.
+    context: list[StrictInt] | None = None
 
     @property
     def verbatim(self) -> bool:
@@ -271,7 +273,7 @@ async def _with_context(state: FrontState, request: Request, req: GenerateReques
                         call: ChatCall) -> None:  # fmt: skip
     """Ollama's `context` (front/chat/ollama_context.py): returned, and followed when sent,
     where the model and the request allow; a `context` sent where they do not is a 400."""
-    sent = ollama_context.check_context((req.model_extra or {}).get("context"))
+    sent = ollama_context.check_context(req.context)
     if req.raw:  # as Ollama: a raw prompt has no context, and one sent is ignored
         return
     why = ollama_context.why_not(state, req.model, raw=req.raw, suffix=bool(req.suffix),

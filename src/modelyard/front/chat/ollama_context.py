@@ -75,9 +75,9 @@ async def _ask(state: FrontState, request: Request, call: ChatCall, path: str,
         priority=call.priority, client=request,
     )
     answer = await relay.read()  # closes the relay: the lease goes back
-    if relay.status != 200:
-        err = ModelyardError(f"{path}: {upstream_message(answer)}", model=call.model)
-        raise err
+    if relay.status != 200:  # the backend's refusal of the request (a 4xx) stays a 4xx
+        kind = InvalidRequest if 400 <= relay.status < 500 else ModelyardError
+        raise kind(f"{path}: {upstream_message(answer)}", model=call.model)
     data = orjson.loads(answer)
     if not isinstance(data, dict):
         raise ModelyardError(f"{path}: unexpected answer", model=call.model)
