@@ -184,6 +184,11 @@ class StubEngine:
 class StubEntry:
     id: str
     spec: Any = None
+    kind: Any = None  # a service: it says itself what it serves (front/api/model_kind.py)
+
+    @property
+    def name(self) -> str:
+        return self.id
 
 
 @dataclass
@@ -194,6 +199,13 @@ class StubRegistry:
         if name not in self.services:
             raise ModelNotFound(f"no model '{name}'")
         return StubEntry(name, self.services[name])
+
+    def get(self, name: str) -> Any:
+        # Every name is a model whose kind the stub cannot tell: the kind check lets it pass.
+        return StubEntry(name, self.services.get(name))
+
+    def entries(self) -> list[Any]:
+        return [StubEntry(name, spec) for name, spec in self.services.items()]
 
 
 @dataclass

@@ -38,6 +38,7 @@ RESTART_REQUIRED: tuple[str, ...] = (
 # placement…). Every option is in exactly one of the two lists (tests/unit/test_config_diff.py).
 RELOADABLE: tuple[str, ...] = (
     "max_tool_rounds", "models", "presets", "model_dirs", "scan_hf_cache", "hf_cache_dir",
+    "embedding_demo",  # the catalog is rebuilt by a reload: all-minilm comes or goes with it
     "llama_server_path",
     "default_ctx_size", "llama_server_parallel", "llama_server_threads", "load_cooldown_s",
     "load_stall_timeout_s", "load_timeout_s", "stop_grace_s", "log_tail_lines", "keep_alive_s",

@@ -21,7 +21,7 @@ class _FullContext:
     """A generator whose context (8 tokens) every prompt overflows."""
 
     def generate(self, prompt_ids: list[int], params: SamplingParams,
-                 session: str | None = None) -> Any:  # fmt: skip
+                 session: str | None = None, constraint: Any = None) -> Any:  # fmt: skip
         raise ContextOverflow(len(prompt_ids), 8)
 
 
