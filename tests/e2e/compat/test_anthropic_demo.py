@@ -6,14 +6,11 @@ One modelyard server (so one llama-server) is shared by the module.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import anthropic
 import pytest
-from tests.support import Server, require_e2e_artifact
-
-from modelyard.config import DEMO_MODEL_FILE, Settings, cache_dir
+from tests.support import Server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -25,18 +22,10 @@ ADD = {"name": "add", "description": "Add two numbers.",
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    require_e2e_artifact(Settings().resolve_llama_server(), "llama-server")
-    gguf = require_e2e_artifact(cache_dir() / "models" / DEMO_MODEL_FILE, "the demo model")
-    home = tmp_path_factory.mktemp("e2e-anthropic")
-    (home / "models").mkdir()
-    (home / "models" / DEMO_MODEL_FILE).symlink_to(gguf)
-    srv = Server(home, {"scan_hf_cache": False, "default_ctx_size": 2048})
-    try:
-        srv.wait_healthy(90)
-        yield srv
-    finally:
-        srv.stop()
+def server(compat_server: Server) -> Server:
+    """The suite's shared server (tests/e2e/compat/conftest.py): the same config as this
+    module would start."""
+    return compat_server
 
 
 @pytest.fixture(scope="module")
