@@ -16,6 +16,7 @@ from modelyard.config import (
 )
 from modelyard.engine.backends.openai_server import ChildServer  # imported now: not on a load
 from modelyard.errors import BackendUnavailable
+from modelyard.placement.devices import Placement
 
 
 class Backend(Protocol):
@@ -35,6 +36,12 @@ class Backend(Protocol):
 
     def tail(self, lines: int) -> list[str]:
         """Its last log lines, for errors."""
+        ...
+
+    def place(self, placement: Placement, env: Mapping[str, str]) -> None:
+        """Where this load goes, told before `start()`: the devices and bytes on each (and what
+        stays in host RAM), and the environment its children get for them
+        (CUDA_VISIBLE_DEVICES of the placement's devices, a simulated device's claim dirs)."""
         ...
 
     async def start(self, on_spawn: Callable[[int], None] | None = None) -> None:

@@ -15,6 +15,7 @@ import aiohttp
 from modelyard.config import LlamaCppModel, OpenAIServerModel, Settings
 from modelyard.engine.backends.llamacpp import llama_server_argv
 from modelyard.errors import ModelLoadFailed
+from modelyard.placement.devices import Placement
 from modelyard.proc.ports import LOOPBACK, free_port
 from modelyard.proc.process import ChildProcess
 from modelyard.proc.readiness import NotReady, wait_ready
@@ -36,6 +37,7 @@ class ChildServer:
     ) -> None:
         self.spec = spec
         self.settings = settings
+        self.placement: Placement | None = None  # told by the engine before start()
         if isinstance(spec, LlamaCppModel):
             template, values = llama_server_argv(spec, settings)
         else:
@@ -60,6 +62,10 @@ class ChildServer:
     @property
     def pid(self) -> int | None:
         return self.process.pid
+
+    def place(self, placement: Placement, env: Mapping[str, str]) -> None:
+        self.placement = placement
+        self.process.env = {**(self.process.env or {}), **env} if env else self.process.env
 
     @property
     def alive(self) -> bool:

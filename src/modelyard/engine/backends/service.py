@@ -6,12 +6,13 @@ like the consumers of mGPUmanager. Its health route tells whether it answers at 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import aiohttp
 
 from modelyard.config import ServiceModel, Settings
 from modelyard.errors import ModelLoadFailed
+from modelyard.placement.devices import Placement
 
 _TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=600)
 
@@ -27,6 +28,9 @@ class ServiceBackend:
     @property
     def pid(self) -> int | None:
         return None
+
+    def place(self, placement: Placement, env: Mapping[str, str]) -> None:
+        self.placement: Placement | None = placement
 
     @property
     def alive(self) -> bool:

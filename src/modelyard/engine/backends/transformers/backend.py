@@ -18,7 +18,7 @@ import contextlib
 import gc
 import importlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import uvicorn
@@ -34,6 +34,7 @@ from modelyard.engine.backends.transformers.loader import (
     load_causal_lm,
 )
 from modelyard.errors import ModelLoadFailed
+from modelyard.placement.devices import Placement
 from modelyard.store.kinds import repo_kind
 from modelyard.store.vision import is_image_text_repo
 
@@ -66,6 +67,9 @@ class TransformersBackend:
     @property
     def pid(self) -> int | None:
         return None  # in-process: the engine's own memory
+
+    def place(self, placement: Placement, env: Mapping[str, str]) -> None:
+        self.placement: Placement | None = placement
 
     @property
     def alive(self) -> bool:
