@@ -100,6 +100,10 @@ class _ModelBase(BaseModel):
     )
 
 
+# The KV cache types llama-server's --cache-type-k/v accept (its --help lists them).
+KvCacheType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
+
+
 class LlamaCppModel(_ModelBase):
     """A GGUF model served by a child `llama-server`."""
 
@@ -114,12 +118,35 @@ class LlamaCppModel(_ModelBase):
         description="A Jinja chat template that replaces the one inside the GGUF (llama-server "
         "`--chat-template-file`), e.g. one that renders `tools` for a model whose own does not.",
     )
+    cache_type_k: KvCacheType | None = Field(
+        None, description="KV cache type of K (llama-server `--cache-type-k`); null: f16. "
+        "q8_0 takes 34/32 bytes per element against f16's 2; the memory estimate counts it.",
+    )
+    cache_type_v: KvCacheType | None = Field(
+        None, description="KV cache type of V (`--cache-type-v`); null: f16. A quantized V "
+        "cache needs flash attention (llama.cpp refuses it with `flash_attn: off`).",
+    )
+    flash_attn: Literal["on", "off", "auto"] | None = Field(
+        None, description="Flash attention (`--flash-attn`); null: llama-server's default "
+        "(auto). `on` shrinks the compute buffer, and the estimate counts that.",
+    )
     argv: list[str] | None = Field(
         None,
         description="Replaces the default llama-server command line; `$path $port $host $id "
         "$ctx $ctx_total $parallel $mmproj $chat_template $slot_dir $llama_server` are "
         "substituted.",
     )
+
+    @model_validator(mode="after")
+    def _quantized_v_needs_flash_attn(self) -> LlamaCppModel:
+        # llama.cpp fails the load ("quantized V cache requires flash_attn"): say it at config
+        # time instead of after the weights are read.
+        if self.flash_attn == "off" and self.cache_type_v not in (None, "f32", "f16", "bf16"):
+            raise ValueError(
+                f"cache_type_v {self.cache_type_v} needs flash attention; "
+                "set flash_attn to on or auto"
+            )
+        return self
 
 
 class OpenAIServerModel(_ModelBase):

@@ -71,6 +71,10 @@ class GgufInfo:
     chat_template: str | None
     # Scalars and short arrays verbatim; a long array is replaced by its length (an int).
     metadata: dict[str, MetadataValue] = field(default_factory=dict, hash=False)
+    # Tensor data bytes of each repeating block (`blk.<i>.*`, over shards; a block without
+    # tensors counts 0), and of all tensors: what a split by layers places (store/estimate.py).
+    block_tensor_bytes: tuple[int, ...] = field(default=(), hash=False)
+    tensor_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -283,6 +287,21 @@ def _dominant_tensor_type(reader: GGUFReader) -> str | None:
     return max(totals, key=lambda k: totals[k]) if totals else None
 
 
+_BLOCK_RE = re.compile(r"^blk\.(\d+)\.")
+
+
+def _add_tensor_bytes(reader: GGUFReader, blocks: dict[int, int]) -> int:
+    """Add each `blk.<i>.*` tensor's bytes to blocks[i]; return all tensors' bytes."""
+    total = 0
+    for t in reader.tensors:
+        nbytes = int(t.n_bytes)
+        total += nbytes
+        m = _BLOCK_RE.match(t.name)
+        if m is not None:
+            blocks[int(m[1])] = blocks.get(int(m[1]), 0) + nbytes
+    return total
+
+
 def _other_shards(path: Path, meta: dict[str, MetadataValue]) -> list[Path]:
     """The shards after the first of a split model; raises if any is missing."""
     # The metadata decides, as in llama.cpp: a file merely named like a shard is a single file.
@@ -313,6 +332,8 @@ def read_gguf_info(path: Path) -> GgufInfo:
     meta = _collect_metadata(reader)
     params = sum(int(t.n_elements) for t in reader.tensors)
     dominant = _dominant_tensor_type(reader)
+    blocks: dict[int, int] = {}
+    tensor_bytes = _add_tensor_bytes(reader, blocks)
     del reader  # drop the memory map as soon as we are done with it
 
     arch = _str_value(meta, "general.architecture")
@@ -325,6 +346,7 @@ def read_gguf_info(path: Path) -> GgufInfo:
     for shard in _other_shards(path, meta):
         shard_reader, shard_size = _open(shard)
         params += sum(int(t.n_elements) for t in shard_reader.tensors)
+        tensor_bytes += _add_tensor_bytes(shard_reader, blocks)
         size += shard_size
         del shard_reader
 
@@ -346,4 +368,6 @@ def read_gguf_info(path: Path) -> GgufInfo:
         head_count_kv=_int_value(meta, f"{arch}.attention.head_count_kv"),
         chat_template=_str_value(meta, "tokenizer.chat_template"),
         metadata=meta,
+        block_tensor_bytes=tuple(blocks.get(i, 0) for i in range(max(blocks, default=-1) + 1)),
+        tensor_bytes=tensor_bytes,
     )

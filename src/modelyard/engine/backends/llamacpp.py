@@ -7,6 +7,7 @@ from pathlib import Path
 from modelyard.config import LlamaCppModel, Settings
 from modelyard.errors import BackendUnavailable
 from modelyard.store.kinds import gguf_kind
+from modelyard.store.llama_options import field_args
 
 # Fixed slots, each with its own KV cache of the full context (as Ollama's num_parallel does):
 # llama-server's default (automatic slots sharing one unified cache) kept discarding cached prompts
@@ -48,6 +49,9 @@ def llama_server_argv(spec: LlamaCppModel, settings: Settings) -> tuple[list[str
             argv += ["--chat-template-file", "$chat_template"]
         if settings.llama_server_threads is not None:
             argv += ["--threads", str(settings.llama_server_threads)]
+        # KV cache types and flash attention: the memory estimate reads the same flags
+        # (store/llama_options.py), and those a user put in extra_args.
+        argv += field_args(spec)
         # An embedding or reranking GGUF (its pooling type, store/kinds.py) needs the matching
         # mode, or llama-server answers /v1/embeddings and /v1/rerank with a 501.
         kind = gguf_kind(spec.path)
