@@ -43,3 +43,32 @@ def test_missing_binary_is_backend_unavailable(tmp_path: Path) -> None:
     settings = Settings(home=tmp_path, llama_server_path=tmp_path / "absent")
     with pytest.raises(BackendUnavailable, match="llama_server_path"):
         llama_server_argv(LlamaCppModel(id="m", path=tmp_path / "m.gguf"), settings)
+
+
+def test_cache_types_and_flash_attn_rendered(tmp_path: Path) -> None:
+    binary = tmp_path / "llama-server"
+    binary.write_text("")
+    settings = Settings(home=tmp_path, llama_server_path=binary)
+    spec = LlamaCppModel(id="m", path=tmp_path / "m.gguf", cache_type_k="q8_0",
+                         cache_type_v="q4_0", flash_attn="on", extra_args=["-ctk", "f16"])
+    template, values = llama_server_argv(spec, settings)
+    argv = render_argv(template, {**values, "host": "h", "port": "1"})
+    joined = " ".join(argv)
+    assert "--cache-type-k q8_0 --cache-type-v q4_0 --flash-attn on" in joined
+    assert argv[-2:] == ["-ctk", "f16"]  # extra_args last: llama-server's last occurrence wins
+    plain = LlamaCppModel(id="m", path=tmp_path / "m.gguf")
+    plain_argv = llama_server_argv(plain, settings)[0]
+    assert not {"--cache-type-k", "--cache-type-v", "--flash-attn"} & set(plain_argv)
+    # a custom argv is the user's: the fields are not added to it
+    custom = LlamaCppModel(id="m", path=tmp_path / "m.gguf", cache_type_k="q8_0",
+                           argv=["$llama_server", "-m", "$path"])
+    assert llama_server_argv(custom, settings)[0] == ["$llama_server", "-m", "$path"]
+
+
+def test_quantized_v_cache_without_flash_attention_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="cache_type_v q8_0 needs flash attention"):
+        LlamaCppModel(id="m", path=tmp_path / "m.gguf", cache_type_v="q8_0", flash_attn="off")
+    LlamaCppModel(id="m", path=tmp_path / "m.gguf", cache_type_v="q8_0", flash_attn="auto")
+    LlamaCppModel(id="m", path=tmp_path / "m.gguf", cache_type_v="bf16", flash_attn="off")
+    with pytest.raises(ValueError):
+        LlamaCppModel(id="m", path=tmp_path / "m.gguf", cache_type_k="q6_k")
