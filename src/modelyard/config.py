@@ -137,6 +137,14 @@ class LlamaCppModel(_ModelBase):
         "substituted.",
     )
 
+    @field_validator("flash_attn", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, value: Any) -> Any:
+        # YAML 1.1 reads a bare `on`/`off` as a boolean: take it as meant.
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        return value
+
     @model_validator(mode="after")
     def _quantized_v_needs_flash_attn(self) -> LlamaCppModel:
         # llama.cpp fails the load ("quantized V cache requires flash_attn"): say it at config

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from modelyard.config import LlamaCppModel, Settings
+from modelyard.config import LlamaCppModel, Settings, load_settings
 from modelyard.engine.backends.llamacpp import llama_server_argv
 from modelyard.engine.backends.openai_server import render_argv
 from modelyard.errors import BackendUnavailable
@@ -72,3 +72,15 @@ def test_quantized_v_cache_without_flash_attention_is_refused(tmp_path: Path) ->
     LlamaCppModel(id="m", path=tmp_path / "m.gguf", cache_type_v="bf16", flash_attn="off")
     with pytest.raises(ValueError):
         LlamaCppModel(id="m", path=tmp_path / "m.gguf", cache_type_k="q6_k")
+
+
+def test_yaml_bare_on_and_off_are_flash_attn_values(tmp_path: Path) -> None:
+    # YAML 1.1 reads `flash_attn: on` as True; the docs write it bare.
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "models:\n"
+        f"  - {{id: a, backend: llamacpp, path: {tmp_path}/a.gguf, flash_attn: on}}\n"
+        f"  - {{id: b, backend: llamacpp, path: {tmp_path}/b.gguf, flash_attn: off}}\n"
+    )
+    models = load_settings(config).models
+    assert [m.flash_attn for m in models if isinstance(m, LlamaCppModel)] == ["on", "off"]
