@@ -4,6 +4,7 @@ estimate that counts them. One modelyard server for the module."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +23,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     gguf = require_e2e_artifact(cache_dir() / "models" / DEMO_MODEL_FILE, "the demo model")
     home = tmp_path_factory.mktemp("kv-home")
     model = {"id": "smol-q8kv", "backend": "llamacpp", "path": str(gguf), "ctx_size": 1024,
-             "cache_type_k": "q8_0", "cache_type_v": "q8_0", "flash_attn": "on"}
+             "cache_type_k": "q8_0", "cache_type_v": "q8_0", "flash_attn": "on",
+             # llama-server logs its KV buffer's size at this verbosity
+             "extra_args": ["--log-verbosity", "4"]}
     srv = Server(home, {"scan_hf_cache": False, "llama_server_parallel": 2, "models": [model]})
     try:
         srv.wait_healthy(90)
@@ -51,3 +54,9 @@ def test_q8_0_cache_with_flash_attention_answers(server: Server) -> None:
     # 30 layers x 2048 cells x (K + V rows of 3 kv heads x 64 = 6 q8_0 blocks of 34 bytes)
     assert estimate["kv_cache_bytes"] == 30 * 2048 * (204 + 204)
     assert estimate["layers"] == 30
+    # Memory truth: llama-server's own account of its KV cache is the estimate's, to its
+    # rounding ("llama_kv_cache: size =   23.91 MiB ( 1024 cells, 30 layers, 2/2 seqs)").
+    log = (server.home / "logs" / "models" / "smol-q8kv.log").read_text(errors="replace")
+    sizes = re.findall(r"llama_kv_cache: size =\s*([0-9.]+) MiB", log)
+    assert sizes, log[-2000:]
+    assert abs(float(sizes[-1]) - estimate["kv_cache_bytes"] / 2**20) < 0.01
