@@ -2,11 +2,27 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from modelyard.config import LlamaCppModel, Settings
 from modelyard.errors import BackendUnavailable
+from modelyard.placement.devices import Placement
 from modelyard.store.kinds import gguf_kind
+
+# Every layer on the devices: llama.cpp clamps the count to the model's, and older builds that a
+# user points `llama_server_path` at do not know the word "all".
+ALL_LAYERS = "999"
+
+# The spellings of each flag the placement renders (short, long, aliases): a user's `extra_args`
+# that name one of them win, and ours is left out (llama.cpp would take the last, silently).
+_FLAGS: dict[str, tuple[str, ...]] = {
+    "--n-gpu-layers": ("-ngl", "--gpu-layers", "--n-gpu-layers"),
+    "--split-mode": ("-sm", "--split-mode"),
+    "--tensor-split": ("-ts", "--tensor-split"),
+    "--main-gpu": ("-mg", "--main-gpu"),
+    "--fit": ("-fit", "--fit"),
+}
 
 # Fixed slots, each with its own KV cache of the full context (as Ollama's num_parallel does):
 # llama-server's default (automatic slots sharing one unified cache) kept discarding cached prompts
@@ -29,8 +45,52 @@ DEFAULT_ARGV = [
 ]
 
 
-def llama_server_argv(spec: LlamaCppModel, settings: Settings) -> tuple[list[str], dict[str, str]]:
-    """The argv template and the values it needs (apart from `$port`, chosen at start)."""
+def placement_values(placement: Placement | None) -> dict[str, str]:
+    """`$n_gpu_layers $split_mode $tensor_split` for a placement (what a user's argv template
+    gets). No placement (a CPU engine): no layer on a GPU, no split."""
+    if placement is None or not placement.devices:
+        return {"n_gpu_layers": "0", "split_mode": "none", "tensor_split": ""}
+    layers = placement.gpu_layers
+    split = len(placement.devices) > 1
+    # Proportions by layers when the plan split by layers, else by bytes (llama.cpp normalizes).
+    shares = placement.layers if len(placement.layers) == len(placement.devices) else tuple(
+        b for _, b in placement.device_bytes)
+    return {
+        "n_gpu_layers": str(layers) if layers is not None else ALL_LAYERS,
+        "split_mode": "layer" if split else "none",
+        "tensor_split": ",".join(str(n) for n in shares) if split else "",
+    }
+
+
+def placement_args(placement: Placement | None, user_args: Sequence[str] = ()) -> list[str]:
+    """The flags that put a placement's load where the ledger planned it.
+
+    The child sees only the placement's devices (CUDA_VISIBLE_DEVICES), numbered 0..k-1, so the
+    main GPU is always 0. `--fit off`: llama-server would otherwise move layers and shrink the
+    context to fit what it finds free, behind the ledger's back. A flag the user passed in
+    `user_args` (any spelling) is theirs: ours is skipped."""
+    if placement is None or not placement.devices:
+        return []
+    values = placement_values(placement)
+    ours = [("--n-gpu-layers", values["n_gpu_layers"]), ("--split-mode", values["split_mode"])]
+    if values["tensor_split"]:
+        ours.append(("--tensor-split", values["tensor_split"]))
+    ours += [("--main-gpu", "0"), ("--fit", "off")]
+    given = {a.split("=", 1)[0] for a in user_args}
+    out: list[str] = []
+    for flag, value in ours:
+        if not given.intersection(_FLAGS[flag]):
+            out += [flag, value]
+    return out
+
+
+def llama_server_argv(
+    spec: LlamaCppModel, settings: Settings, placement: Placement | None = None
+) -> tuple[list[str], dict[str, str]]:
+    """The argv template and the values it needs (apart from `$port`, chosen at start).
+
+    `placement` (the engine's, told before start) adds the device flags to the default command
+    line; a user's `argv` template gets them only as `$n_gpu_layers $split_mode $tensor_split`."""
     binary = settings.resolve_llama_server()
     uses_binary = spec.argv is None or any("$llama_server" in a for a in spec.argv)
     if binary is None and uses_binary:
@@ -55,6 +115,7 @@ def llama_server_argv(spec: LlamaCppModel, settings: Settings) -> tuple[list[str
             argv += ["--embeddings"]
         elif kind == "rerank":
             argv += ["--reranking"]
+        argv += placement_args(placement, spec.extra_args)
     ctx = spec.ctx_size or settings.default_ctx_size
     values = {
         "llama_server": str(binary or ""),
@@ -66,6 +127,7 @@ def llama_server_argv(spec: LlamaCppModel, settings: Settings) -> tuple[list[str
         "ctx": str(ctx),
         "parallel": str(settings.llama_server_parallel),
         "ctx_total": str(ctx * settings.llama_server_parallel),
+        **placement_values(placement),
     }
     return argv + spec.extra_args, values
 
