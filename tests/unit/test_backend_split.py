@@ -12,7 +12,7 @@ import pytest
 
 from modelyard.config import LlamaCppModel, OpenAIServerModel, Settings, TransformersModel
 from modelyard.engine.backends.base import vllm_spec
-from modelyard.engine.backends.llamacpp import llama_server_argv, placement_args
+from modelyard.engine.backends.llamacpp import knows_fit, llama_server_argv, placement_args
 from modelyard.engine.backends.openai_server import ChildServer, render_argv
 from modelyard.engine.backends.transformers.device_map import device_map_kwargs, visible_indexes
 from modelyard.engine.backends.vllm import SleepingServer, tensor_parallel_args
@@ -217,3 +217,14 @@ def test_visible_indexes() -> None:
     assert visible_indexes(None, 2) == [0, 1]
     assert visible_indexes("GPU-abc,GPU-def", 2) == [0, 1]
     assert visible_indexes("", 0) == []
+
+
+def test_an_older_build_without_fit_is_not_given_it(tmp_path: Path) -> None:
+    """llama.cpp builds before `--fit` refuse unknown flags: ours is left out for them."""
+    old = tmp_path / "old-llama-server"
+    old.write_text("#!/bin/sh\necho '-ngl, --gpu-layers, --n-gpu-layers N   layers'\n")
+    old.chmod(0o755)
+    spec = LlamaCppModel(id="m", path=tmp_path / "m.gguf")
+    template, _ = llama_server_argv(spec, Settings(home=tmp_path, llama_server_path=old), ONE)
+    assert "--fit" not in template and "--n-gpu-layers" in template
+    assert knows_fit(Settings().resolve_llama_server()) or Settings().resolve_llama_server() is None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -62,7 +64,33 @@ def placement_values(placement: Placement | None) -> dict[str, str]:
     }
 
 
-def placement_args(placement: Placement | None, user_args: Sequence[str] = ()) -> list[str]:
+@functools.cache
+def _knows_fit(binary: Path, mtime_ns: int) -> bool:
+    """Whether this build has `--fit` (llama.cpp added it in late 2025; an older build that
+    `llama_server_path` names would refuse to start with it). Unknown: assume it has."""
+    try:
+        done = subprocess.run([str(binary), "--help"], capture_output=True, text=True,
+                              timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return True
+    text = done.stdout + done.stderr
+    if "--n-gpu-layers" not in text:  # not llama-server's help: nothing to judge by
+        return True
+    return "--fit" in text
+
+
+def knows_fit(binary: Path | None) -> bool:
+    if binary is None:
+        return True
+    try:
+        return _knows_fit(binary, binary.stat().st_mtime_ns)
+    except OSError:
+        return True
+
+
+def placement_args(
+    placement: Placement | None, user_args: Sequence[str] = (), *, fit_flag: bool = True
+) -> list[str]:
     """The flags that put a placement's load where the ledger planned it.
 
     The child sees only the placement's devices (CUDA_VISIBLE_DEVICES), numbered 0..k-1, so the
@@ -75,7 +103,9 @@ def placement_args(placement: Placement | None, user_args: Sequence[str] = ()) -
     ours = [("--n-gpu-layers", values["n_gpu_layers"]), ("--split-mode", values["split_mode"])]
     if values["tensor_split"]:
         ours.append(("--tensor-split", values["tensor_split"]))
-    ours += [("--main-gpu", "0"), ("--fit", "off")]
+    ours.append(("--main-gpu", "0"))
+    if fit_flag:  # an older build has no automatic fitting to turn off
+        ours.append(("--fit", "off"))
     given = {a.split("=", 1)[0] for a in user_args}
     out: list[str] = []
     for flag, value in ours:
@@ -115,7 +145,9 @@ def llama_server_argv(
             argv += ["--embeddings"]
         elif kind == "rerank":
             argv += ["--reranking"]
-        argv += placement_args(placement, spec.extra_args)
+        # Asked here even without a placement: the engine builds a backend in a worker
+        # thread, and place() (on its event loop) then finds the answer cached.
+        argv += placement_args(placement, spec.extra_args, fit_flag=knows_fit(binary))
     ctx = spec.ctx_size or settings.default_ctx_size
     values = {
         "llama_server": str(binary or ""),
@@ -134,8 +166,6 @@ def llama_server_argv(
 
 def binary_version(binary: Path) -> str | None:
     """`llama-server --version` output's first line (for /diag)."""
-    import subprocess
-
     try:
         done = subprocess.run(
             [str(binary), "--version"], capture_output=True, text=True, timeout=10, check=False
