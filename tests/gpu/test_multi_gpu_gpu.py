@@ -143,3 +143,37 @@ async def test_n_gpu_layers_leaves_layers_in_host_ram(nvml: NvmlProbe,
         finally:
             await server.stop()
     assert used["offload"] < used["full"], used
+
+
+async def test_transformers_offload_goes_through_device_map(tmp_path: Path) -> None:
+    """An offload placement loads the demo safetensors model with some layers on GPU 0 and the
+    rest in host RAM (accelerate's device_map), and it still answers."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch here has no CUDA")
+    given = os.environ.get("MODELYARD_DEMO_SAFETENSORS")
+    repo = Path(given) if given else cache_dir() / "models" / "smollm2-135m-instruct-safetensors"
+    if not (repo / "config.json").is_file():
+        pytest.skip("no demo safetensors repo (make demo-safetensors)")
+    import httpx
+
+    from modelyard.config import TransformersModel
+    from modelyard.engine.backends.transformers.backend import TransformersBackend
+
+    backend = TransformersBackend(
+        TransformersModel(id="t", path=repo, quantize="fp16", runtime="transformers"),
+        Settings(home=tmp_path))
+    backend.place(Placement(device_bytes=((0, 60 * MIB),), host_bytes=400 * MIB,
+                            layers=(8,), total_layers=30), {})
+    await backend.start()
+    try:
+        model = backend._loaded.model
+        where = {str(v) for v in model.hf_device_map.values()}
+        assert "cpu" in where and where & {"0", "cuda:0"}, where
+        async with httpx.AsyncClient(base_url=backend.url, timeout=120) as http:
+            r = await http.post("/v1/chat/completions", json={
+                "model": "t", "max_tokens": 4, "temperature": 0,
+                "messages": [{"role": "user", "content": "Hi"}]})
+        assert r.status_code == 200, r.text
+    finally:
+        await backend.stop()
