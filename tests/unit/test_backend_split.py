@@ -228,3 +228,14 @@ def test_an_older_build_without_fit_is_not_given_it(tmp_path: Path) -> None:
     template, _ = llama_server_argv(spec, Settings(home=tmp_path, llama_server_path=old), ONE)
     assert "--fit" not in template and "--n-gpu-layers" in template
     assert knows_fit(Settings().resolve_llama_server()) or Settings().resolve_llama_server() is None
+
+
+@pytest.mark.parametrize(("row", "placement"), [
+    ("one GPU", ONE),
+    ("two GPUs, 38 + 42 layers", TWO),
+    ("partial offload: 10 of 30 layers on GPU 0", OFFLOAD),
+])
+def test_docs_show_the_flags_each_placement_gets(row: str, placement: Placement) -> None:
+    doc = (Path(__file__).parents[2] / "docs" / "multi-gpu.md").read_text(encoding="utf-8")
+    flags = " ".join(placement_args(placement))
+    assert f"| {row} | `{flags}` |" in doc
