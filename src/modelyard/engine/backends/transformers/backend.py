@@ -175,7 +175,8 @@ class TransformersBackend:
             vision_completion_prompt,
         )
 
-        loaded = await asyncio.to_thread(load_image_text, self.spec, self.precision)
+        loaded = await asyncio.to_thread(load_image_text, self.spec, self.precision,
+                                         self._placed())
         self._loaded = loaded
         self._log.append(f"image-text-to-text model loaded on {loaded.device} "
                          f"({loaded.precision.why})")
