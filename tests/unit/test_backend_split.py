@@ -154,9 +154,12 @@ def test_vllm_tensor_parallel_over_the_placements_devices() -> None:
 def test_vllm_memory_share_is_the_largest_share_of_a_device() -> None:
     totals = {0: 80 * GIB, 1: 40 * GIB}
     args = tensor_parallel_args(TWO, [], totals)
-    assert _after(args, "--gpu-memory-utilization") == "0.55"  # 22/40 = 0.55, not 20/80
+    # (22 + 2 GiB of vLLM's own runtime) / 40 = 0.60, the larger of it and (20 + 2) / 80
+    assert _after(args, "--gpu-memory-utilization") == "0.60"
     assert _after(tensor_parallel_args(ONE, [], {0: 100 * GIB}),
-                  "--gpu-memory-utilization") == "0.03"
+                  "--gpu-memory-utilization") == "0.05"
+    assert _after(tensor_parallel_args(Placement.whole(0, 39 * GIB), [], {0: 40 * GIB}),
+                  "--gpu-memory-utilization") == "0.98"  # capped
     assert "--gpu-memory-utilization" not in tensor_parallel_args(TWO, [], {0: 80 * GIB})
     assert tensor_parallel_args(ONE, ["--gpu-memory-utilization", "0.5"], {0: GIB}) == []
 

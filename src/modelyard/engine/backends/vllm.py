@@ -37,13 +37,21 @@ DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
 SWITCH_TIMEOUT_S = 60.0
 
 
+# What vLLM holds on each device beyond the weights and KV cache an estimate counts: the CUDA
+# context, the activations of its profiling run (max_num_batched_tokens at once) and CUDA
+# graphs. vLLM's budget (--gpu-memory-utilization x total) includes them, and sizes its KV
+# cache to what is left: without this margin a small model's share leaves it no KV block.
+VLLM_RUNTIME_BYTES = 2 * 2**30
+
+
 def tensor_parallel_args(
     placement: Placement | None, argv: Sequence[str], totals: Mapping[int, int] | None = None
 ) -> list[str]:
     """vLLM's flags for a placement: `--tensor-parallel-size k` over its k devices, with the
     multiprocessing executor (one worker process per GPU, no Ray needed), and
-    `--gpu-memory-utilization` = the largest share of a device the ledger gave it (`totals`:
-    device index → total bytes; left to vLLM, which takes 90% of each device, when unknown).
+    `--gpu-memory-utilization` = the largest share of a device the ledger gave it, plus
+    VLLM_RUNTIME_BYTES (`totals`: device index → total bytes; left to vLLM, which takes 90% of
+    each device and refuses to start beside another model, when unknown).
     A flag already in `argv` (the user's `vllm_args`) is theirs: ours is skipped."""
     if placement is None or not placement.devices:
         return []
@@ -55,10 +63,11 @@ def tensor_parallel_args(
         if "--distributed-executor-backend" not in given:
             out += ["--distributed-executor-backend", "mp"]
     # In hundredths, rounded up (integers: 0.55 must not become 0.56 through a float).
-    hundredths = [-(-b * 100 // totals[d]) for d, b in placement.device_bytes
+    hundredths = [-(-(b + VLLM_RUNTIME_BYTES) * 100 // totals[d])
+                  for d, b in placement.device_bytes
                   if totals and totals.get(d) and b > 0]
     if hundredths and len(hundredths) == k and "--gpu-memory-utilization" not in given:
-        # Never above what leaves the CUDA context room (vLLM counts it in the same total).
+        # Never all of it: the driver keeps a little of every device for itself.
         share = min(max(hundredths), 98)
         out += ["--gpu-memory-utilization", f"0.{share:02d}"]
     return out
