@@ -1,4 +1,5 @@
-"""End to end: the real llama-server started by the ChildServer for a partial-offload placement.
+"""End to end: the real llama-server started by the ChildServer for a partial-offload placement
+(and for a split over two GPUs).
 
 On a CPU-only build llama-server accepts `--n-gpu-layers` and the split flags and keeps every
 layer in host RAM; what this proves is that the command line modelyard renders for an offload is
@@ -26,18 +27,25 @@ OFFLOAD = Placement(device_bytes=((0, 40 * MIB),), host_bytes=60 * MIB, layers=(
                     total_layers=30)
 # The flags docs/multi-gpu.md shows for that placement ("What each backend is told").
 DOCUMENTED = "--n-gpu-layers 10 --split-mode none --main-gpu 0 --fit off"
+# Over two GPUs by layers: on a CPU-only build the flags must still be accepted.
+SPLIT = Placement(device_bytes=((0, 50 * MIB), (1, 50 * MIB)), layers=(14, 16), total_layers=30)
+SPLIT_FLAGS = "--n-gpu-layers 999 --split-mode layer --tensor-split 14,16 --main-gpu 0 --fit off"
 
 
-async def test_an_offload_placement_starts_and_answers(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("placement", "flags"), [(OFFLOAD, DOCUMENTED), (SPLIT, SPLIT_FLAGS)],
+                         ids=["offload", "split"])
+async def test_a_placement_starts_and_answers(tmp_path: Path, placement: Placement,
+                                              flags: str) -> None:
     binary = require_e2e_artifact(Settings().resolve_llama_server(), "llama-server")
     gguf = require_e2e_artifact(cache_dir() / "models" / DEMO_MODEL_FILE, "the demo model")
     settings = Settings(home=tmp_path, llama_server_path=binary, default_ctx_size=512,
                         llama_server_parallel=1)
     server = ChildServer(LlamaCppModel(id="demo", path=gguf), settings)
-    server.place(OFFLOAD, {"CUDA_VISIBLE_DEVICES": "0"})
+    visible = ",".join(str(d) for d in placement.devices)
+    server.place(placement, {"CUDA_VISIBLE_DEVICES": visible})
     argv = server.process.argv
-    assert DOCUMENTED in " ".join(argv)
-    assert argv.count("--n-gpu-layers") == 1 and "--tensor-split" not in argv
+    assert flags in " ".join(argv)
+    assert argv.count("--n-gpu-layers") == 1 and argv.count("--fit") == 1
     try:
         await server.start()
         async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
