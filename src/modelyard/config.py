@@ -134,7 +134,9 @@ class LlamaCppModel(_ModelBase):
         None,
         description="Replaces the default llama-server command line; `$path $port $host $id "
         "$ctx $ctx_total $parallel $mmproj $chat_template $slot_dir $llama_server` are "
-        "substituted.",
+        "substituted, and the engine's placement as `$n_gpu_layers` (999: all, N: a partial "
+        "offload, 0: a CPU engine), `$split_mode` (none / layer) and `$tensor_split` (layers "
+        "per GPU, e.g. 38,42; empty on one GPU). A template gets no device flags of its own.",
     )
 
     @field_validator("flash_attn", mode="before")
@@ -162,7 +164,9 @@ class OpenAIServerModel(_ModelBase):
 
     backend: Literal["openai"] = "openai"
     argv: list[str] = Field(
-        description="Command line; `$path $port $host $id $ctx $slot_dir` are substituted.",
+        description="Command line; `$path $port $host $id $ctx $slot_dir` are substituted, and "
+        "the engine's placement as `$tensor_parallel_size` (its GPU count), `$n_gpu_layers`, "
+        "`$split_mode` and `$tensor_split` (as for llamacpp's argv).",
         min_length=1,
     )
     path: UserPath | None = Field(None, description="Optional weights path substituted as `$path`.")

@@ -34,9 +34,9 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     seen: list[str] = []
     real = tf_backend.load_causal_lm
 
-    def counting(spec: TransformersModel, precision: Any) -> Any:
+    def counting(spec: TransformersModel, precision: Any, placed: Any = None) -> Any:
         seen.append(spec.id)
-        return real(spec, precision)
+        return real(spec, precision, placed)
 
     monkeypatch.setattr(tf_backend, "load_causal_lm", counting)
     yield seen
@@ -94,3 +94,22 @@ async def test_without_a_warm_tier_an_unloaded_model_is_read_again(
         assert reads == ["t", "t"]
     finally:
         await engine.shutdown()
+
+
+def test_a_model_spread_over_devices_is_not_suspended(repo: Path, tmp_path: Path) -> None:
+    """A split or offloaded load (accelerate's hooks pin each layer to its device) cannot be
+    moved to host RAM and back by `.to()`: the warm tier leaves it out."""
+    from types import SimpleNamespace
+
+    from modelyard.engine.backends.transformers.loader import Loaded
+    from modelyard.engine.backends.transformers.precision import Precision
+
+    backend = tf_backend.TransformersBackend(TransformersModel(id="t", path=repo),
+                                             Settings(home=tmp_path))
+    precision = Precision(load_in_4bit=False, dtype="float32", why="test")
+    spread = SimpleNamespace(hf_device_map={"model.layers.0": 0, "model.layers.1": "cpu"})
+    backend._loaded = Loaded(spread, None, precision, "cuda:0")
+    assert backend._movable() is None
+    whole = SimpleNamespace(hf_device_map={"": 0})
+    backend._loaded = Loaded(whole, None, precision, "cuda:0")
+    assert backend._movable() is not None

@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
+import functools
+import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 from modelyard.config import LlamaCppModel, Settings
 from modelyard.errors import BackendUnavailable
+from modelyard.placement.devices import Placement
 from modelyard.store.kinds import gguf_kind
 from modelyard.store.llama_options import field_args
+
+# Every layer on the devices: llama.cpp clamps the count to the model's, and older builds that a
+# user points `llama_server_path` at do not know the word "all".
+ALL_LAYERS = "999"
+
+# The spellings of each flag the placement renders (short, long, aliases): a user's `extra_args`
+# that name one of them win, and ours is left out (llama.cpp would take the last, silently).
+_FLAGS: dict[str, tuple[str, ...]] = {
+    "--n-gpu-layers": ("-ngl", "--gpu-layers", "--n-gpu-layers"),
+    "--split-mode": ("-sm", "--split-mode"),
+    "--tensor-split": ("-ts", "--tensor-split"),
+    "--main-gpu": ("-mg", "--main-gpu"),
+    "--fit": ("-fit", "--fit"),
+}
 
 # Fixed slots, each with its own KV cache of the full context (as Ollama's num_parallel does):
 # llama-server's default (automatic slots sharing one unified cache) kept discarding cached prompts
@@ -30,8 +48,80 @@ DEFAULT_ARGV = [
 ]
 
 
-def llama_server_argv(spec: LlamaCppModel, settings: Settings) -> tuple[list[str], dict[str, str]]:
-    """The argv template and the values it needs (apart from `$port`, chosen at start)."""
+def placement_values(placement: Placement | None) -> dict[str, str]:
+    """`$n_gpu_layers $split_mode $tensor_split` for a placement (what a user's argv template
+    gets). No placement (a CPU engine): no layer on a GPU, no split."""
+    if placement is None or not placement.devices:
+        return {"n_gpu_layers": "0", "split_mode": "none", "tensor_split": ""}
+    layers = placement.gpu_layers
+    split = len(placement.devices) > 1
+    # Proportions by layers when the plan split by layers, else by bytes (llama.cpp normalizes).
+    shares = placement.layers if len(placement.layers) == len(placement.devices) else tuple(
+        b for _, b in placement.device_bytes)
+    return {
+        "n_gpu_layers": str(layers) if layers is not None else ALL_LAYERS,
+        "split_mode": "layer" if split else "none",
+        "tensor_split": ",".join(str(n) for n in shares) if split else "",
+    }
+
+
+@functools.cache
+def _knows_fit(binary: Path, mtime_ns: int) -> bool:
+    """Whether this build has `--fit` (llama.cpp added it in late 2025; an older build that
+    `llama_server_path` names would refuse to start with it). Unknown: assume it has."""
+    try:
+        done = subprocess.run([str(binary), "--help"], capture_output=True, text=True,
+                              timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return True
+    text = done.stdout + done.stderr
+    if "--n-gpu-layers" not in text:  # not llama-server's help: nothing to judge by
+        return True
+    return "--fit" in text
+
+
+def knows_fit(binary: Path | None) -> bool:
+    if binary is None:
+        return True
+    try:
+        return _knows_fit(binary, binary.stat().st_mtime_ns)
+    except OSError:
+        return True
+
+
+def placement_args(
+    placement: Placement | None, user_args: Sequence[str] = (), *, fit_flag: bool = True
+) -> list[str]:
+    """The flags that put a placement's load where the ledger planned it.
+
+    The child sees only the placement's devices (CUDA_VISIBLE_DEVICES), numbered 0..k-1, so the
+    main GPU is always 0. `--fit off`: llama-server would otherwise move layers and shrink the
+    context to fit what it finds free, behind the ledger's back. A flag the user passed in
+    `user_args` (any spelling) is theirs: ours is skipped."""
+    if placement is None or not placement.devices:
+        return []
+    values = placement_values(placement)
+    ours = [("--n-gpu-layers", values["n_gpu_layers"]), ("--split-mode", values["split_mode"])]
+    if values["tensor_split"]:
+        ours.append(("--tensor-split", values["tensor_split"]))
+    ours.append(("--main-gpu", "0"))
+    if fit_flag:  # an older build has no automatic fitting to turn off
+        ours.append(("--fit", "off"))
+    given = {a.split("=", 1)[0] for a in user_args}
+    out: list[str] = []
+    for flag, value in ours:
+        if not given.intersection(_FLAGS[flag]):
+            out += [flag, value]
+    return out
+
+
+def llama_server_argv(
+    spec: LlamaCppModel, settings: Settings, placement: Placement | None = None
+) -> tuple[list[str], dict[str, str]]:
+    """The argv template and the values it needs (apart from `$port`, chosen at start).
+
+    `placement` (the engine's, told before start) adds the device flags to the default command
+    line; a user's `argv` template gets them only as `$n_gpu_layers $split_mode $tensor_split`."""
     binary = settings.resolve_llama_server()
     uses_binary = spec.argv is None or any("$llama_server" in a for a in spec.argv)
     if binary is None and uses_binary:
@@ -59,6 +149,9 @@ def llama_server_argv(spec: LlamaCppModel, settings: Settings) -> tuple[list[str
             argv += ["--embeddings"]
         elif kind == "rerank":
             argv += ["--reranking"]
+        # Asked here even without a placement: the engine builds a backend in a worker
+        # thread, and place() (on its event loop) then finds the answer cached.
+        argv += placement_args(placement, spec.extra_args, fit_flag=knows_fit(binary))
     ctx = spec.ctx_size or settings.default_ctx_size
     values = {
         "llama_server": str(binary or ""),
@@ -70,14 +163,13 @@ def llama_server_argv(spec: LlamaCppModel, settings: Settings) -> tuple[list[str
         "ctx": str(ctx),
         "parallel": str(settings.llama_server_parallel),
         "ctx_total": str(ctx * settings.llama_server_parallel),
+        **placement_values(placement),
     }
     return argv + spec.extra_args, values
 
 
 def binary_version(binary: Path) -> str | None:
     """`llama-server --version` output's first line (for /diag)."""
-    import subprocess
-
     try:
         done = subprocess.run(
             [str(binary), "--version"], capture_output=True, text=True, timeout=10, check=False

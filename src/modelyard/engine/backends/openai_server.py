@@ -6,6 +6,7 @@ front straight to the child; this class only owns the child's lifecycle.
 
 from __future__ import annotations
 
+import os
 import string
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -13,14 +14,20 @@ from pathlib import Path
 import aiohttp
 
 from modelyard.config import LlamaCppModel, OpenAIServerModel, Settings
-from modelyard.engine.backends.llamacpp import llama_server_argv
+from modelyard.engine.backends.llamacpp import llama_server_argv, placement_values
 from modelyard.errors import ModelLoadFailed
 from modelyard.placement.devices import Placement
 from modelyard.proc.ports import LOOPBACK, free_port
 from modelyard.proc.process import ChildProcess
 from modelyard.proc.readiness import NotReady, wait_ready
 
-__all__ = ["LOOPBACK", "ChildServer", "free_port", "log_path", "render_argv"]
+__all__ = ["LOOPBACK", "ChildServer", "free_port", "log_path", "on_gpus", "render_argv"]
+
+
+def on_gpus(env: Mapping[str, str]) -> bool:
+    """Whether a child with `env` runs on GPUs: the engine names them in CUDA_VISIBLE_DEVICES;
+    a CPU engine (and a simulated device) hides every GPU with "" (or "-1")."""
+    return env.get("CUDA_VISIBLE_DEVICES", "").strip() not in ("", "-1")
 
 
 def render_argv(template: list[str], values: Mapping[str, str]) -> list[str]:
@@ -38,18 +45,13 @@ class ChildServer:
         self.spec = spec
         self.settings = settings
         self.placement: Placement | None = None  # told by the engine before start()
-        if isinstance(spec, LlamaCppModel):
-            template, values = llama_server_argv(spec, settings)
-        else:
-            template = spec.argv + spec.extra_args
-            ctx = spec.ctx_size or settings.default_ctx_size
-            values = {"path": str(spec.path or ""), "id": spec.id, "ctx": str(ctx),
-                      "slot_dir": str(settings.session_kv_dir)}
-        if any("$slot_dir" in arg for arg in template):
-            settings.session_kv_dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.url = f"http://{LOOPBACK}:{self.port}"
-        argv = render_argv(template, {**values, "host": LOOPBACK, "port": str(self.port)})
+        # Rendered now without a placement, so a model that cannot run here (no llama-server
+        # binary) fails before anything is evicted for it; again in place().
+        argv = self._render(None)
+        if any("$slot_dir" in arg for arg in self._template):
+            settings.session_kv_dir.mkdir(parents=True, exist_ok=True)
         self.process = ChildProcess(
             argv,
             name=spec.id,
@@ -59,13 +61,39 @@ class ChildServer:
             log_backups=settings.log_file_backups,
         )
 
+    def _render(self, placement: Placement | None) -> list[str]:
+        """The child's command line for `placement` (None: the engine's CPU, or not told)."""
+        spec, settings = self.spec, self.settings
+        if isinstance(spec, LlamaCppModel):
+            template, values = llama_server_argv(spec, settings, placement)
+        else:
+            template = spec.argv + spec.extra_args
+            ctx = spec.ctx_size or settings.default_ctx_size
+            values = {"path": str(spec.path or ""), "id": spec.id, "ctx": str(ctx),
+                      "slot_dir": str(settings.session_kv_dir), **placement_values(placement),
+                      "tensor_parallel_size": str(len(placement.devices) if placement else 1)}
+            template = template + self.placement_args(placement, template)
+        self._template = template
+        return render_argv(template, {**values, "host": LOOPBACK, "port": str(self.port)})
+
+    def placement_args(self, placement: Placement | None, argv: list[str]) -> list[str]:
+        """Flags a kind of OpenAI server needs for a placement (vLLM: tensor parallel); none
+        for an arbitrary server, which gets `$n_gpu_layers`… in its template instead."""
+        return []
+
     @property
     def pid(self) -> int | None:
         return self.process.pid
 
     def place(self, placement: Placement, env: Mapping[str, str]) -> None:
+        """Merge `env` into the child's (the inherited environment stays: PATH, HOME…) and
+        render its command line for `placement` when the child gets GPUs."""
+        if env:
+            base = self.process.env if self.process.env is not None else os.environ
+            self.process.env = {**base, **env}
         self.placement = placement
-        self.process.env = {**(self.process.env or {}), **env} if env else self.process.env
+        child_env = self.process.env if self.process.env is not None else os.environ
+        self.process.argv = self._render(placement if on_gpus(child_env) else None)
 
     @property
     def alive(self) -> bool:

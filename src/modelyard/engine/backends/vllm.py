@@ -19,7 +19,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import aiohttp
@@ -27,6 +27,7 @@ import aiohttp
 from modelyard.config import OpenAIServerModel, Settings
 from modelyard.engine.backends.openai_server import ChildServer
 from modelyard.errors import ModelLoadFailed
+from modelyard.placement.devices import Placement
 
 log = logging.getLogger("modelyard.engine.vllm")
 
@@ -34,6 +35,54 @@ DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
 # How long a sleep or a wake-up may take to show on /is_sleeping: moving a large model's
 # weights over PCIe takes seconds, not minutes.
 SWITCH_TIMEOUT_S = 60.0
+
+
+# What vLLM holds on each device beyond the weights and KV cache an estimate counts: the CUDA
+# context, the activations of its profiling run (max_num_batched_tokens at once) and CUDA
+# graphs. vLLM's budget (--gpu-memory-utilization x total) includes them, and sizes its KV
+# cache to what is left: without this margin a small model's share leaves it no KV block.
+VLLM_RUNTIME_BYTES = 2 * 2**30
+
+
+def tensor_parallel_args(
+    placement: Placement | None, argv: Sequence[str], totals: Mapping[int, int] | None = None
+) -> list[str]:
+    """vLLM's flags for a placement: `--tensor-parallel-size k` over its k devices, with the
+    multiprocessing executor (one worker process per GPU, no Ray needed), and
+    `--gpu-memory-utilization` = the largest share of a device the ledger gave it, plus
+    VLLM_RUNTIME_BYTES (`totals`: device index → total bytes; left to vLLM, which takes 90% of
+    each device and refuses to start beside another model, when unknown).
+    A flag already in `argv` (the user's `vllm_args`) is theirs: ours is skipped."""
+    if placement is None or not placement.devices:
+        return []
+    given = {a.split("=", 1)[0] for a in argv}
+    out: list[str] = []
+    k = len(placement.devices)
+    if k > 1 and not given & {"--tensor-parallel-size", "-tp"}:
+        out += ["--tensor-parallel-size", str(k)]
+        if "--distributed-executor-backend" not in given:
+            out += ["--distributed-executor-backend", "mp"]
+    # In hundredths, rounded up (integers: 0.55 must not become 0.56 through a float).
+    hundredths = [-(-(b + VLLM_RUNTIME_BYTES) * 100 // totals[d])
+                  for d, b in placement.device_bytes
+                  if totals and totals.get(d) and b > 0]
+    if hundredths and len(hundredths) == k and "--gpu-memory-utilization" not in given:
+        # Never all of it: the driver keeps a little of every device for itself.
+        share = min(max(hundredths), 98)
+        out += ["--gpu-memory-utilization", f"0.{share:02d}"]
+    return out
+
+
+def device_totals(visible: str | None) -> dict[int, int]:
+    """Total bytes of each GPU `visible` (a CUDA_VISIBLE_DEVICES value) names, by NVML index;
+    {} when NVML cannot say."""
+    from modelyard.hw.nvml import NvmlProbe
+
+    probe = NvmlProbe()
+    try:
+        return {d.index: d.total_bytes for d in probe.devices(visible)}
+    finally:
+        probe.shutdown()
 
 
 def weights_bytes(path: Path | None) -> int:
@@ -57,6 +106,13 @@ class SleepingServer(ChildServer):
 
     def warm_bytes(self) -> int:
         return self._weights
+
+    def placement_args(self, placement: Placement | None, argv: list[str]) -> list[str]:
+        if placement is None:
+            return []
+        env = self.process.env if self.process.env is not None else os.environ
+        return tensor_parallel_args(placement, argv,
+                                    device_totals(env.get("CUDA_VISIBLE_DEVICES")))
 
     async def suspend(self) -> bool:
         if not self.alive:

@@ -18,6 +18,7 @@ import contextlib
 import gc
 import importlib
 import logging
+import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -26,6 +27,10 @@ from starlette.applications import Starlette
 
 from modelyard.config import Settings, TransformersModel
 from modelyard.engine.backends.openai_server import LOOPBACK, free_port
+from modelyard.engine.backends.transformers.device_map import (
+    device_map_kwargs,
+    visible_indexes,
+)
 from modelyard.engine.backends.transformers.loader import (
     Loaded,
     chat_prompt_ids,
@@ -63,13 +68,23 @@ class TransformersBackend:
         self._log: list[str] = []
         self._suspending = False  # its HTTP server ends for a suspension, not an exit
         self._exited = asyncio.Event()  # stopped, or its server died: what wait_exit awaits
+        self.placement: Placement | None = None  # told by the engine before start()
 
     @property
     def pid(self) -> int | None:
         return None  # in-process: the engine's own memory
 
     def place(self, placement: Placement, env: Mapping[str, str]) -> None:
-        self.placement: Placement | None = placement
+        self.placement = placement
+
+    def _placed(self) -> dict[str, Any]:
+        """The placement as `from_pretrained` keywords over this process's GPUs (in-process:
+        the engine's CUDA_VISIBLE_DEVICES, its whole group)."""
+        import torch
+
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        visible = visible_indexes(os.environ.get("CUDA_VISIBLE_DEVICES"), count)
+        return device_map_kwargs(self.placement, visible)
 
     @property
     def alive(self) -> bool:
@@ -144,7 +159,8 @@ class TransformersBackend:
                              embed=embeddings_handler(embedder.embed, self.spec.id))
         if self.spec.gguf_file is None and is_image_text_repo(self.spec.path):
             return await self._load_vision()
-        loaded = await asyncio.to_thread(load_causal_lm, self.spec, self.precision)
+        loaded = await asyncio.to_thread(load_causal_lm, self.spec, self.precision,
+                                         self._placed())
         self._loaded = loaded
         self._log.append(f"loaded on {loaded.device} ({loaded.precision.why})")
         return self._app(loaded)
@@ -159,7 +175,8 @@ class TransformersBackend:
             vision_completion_prompt,
         )
 
-        loaded = await asyncio.to_thread(load_image_text, self.spec, self.precision)
+        loaded = await asyncio.to_thread(load_image_text, self.spec, self.precision,
+                                         self._placed())
         self._loaded = loaded
         self._log.append(f"image-text-to-text model loaded on {loaded.device} "
                          f"({loaded.precision.why})")
@@ -228,7 +245,8 @@ class TransformersBackend:
         loaded = self._loaded
         if not isinstance(loaded, Loaded) or loaded.precision.load_in_4bit:
             return None
-        return loaded if self.spec.device_map is None else None
+        spread = len(set((getattr(loaded.model, "hf_device_map", None) or {}).values())) > 1
+        return loaded if self.spec.device_map is None and not spread else None
 
     def warm_bytes(self) -> int:
         loaded = self._movable()

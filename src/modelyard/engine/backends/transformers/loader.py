@@ -49,7 +49,11 @@ def decide_precision(spec: TransformersModel) -> Precision:
     )
 
 
-def load_causal_lm(spec: TransformersModel, precision: Precision) -> Loaded:
+def load_causal_lm(
+    spec: TransformersModel, precision: Precision, placed: dict[str, Any] | None = None
+) -> Loaded:
+    """`placed`: the engine's placement as `from_pretrained` keywords (device_map.py); a user's
+    own `device_map` in the spec wins over it."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -70,6 +74,8 @@ def load_causal_lm(spec: TransformersModel, precision: Precision) -> Loaded:
             kwargs["max_memory"] = spec.max_memory
         if spec.offload_folder:
             kwargs["offload_folder"] = str(spec.offload_folder)
+    elif cuda and placed:
+        kwargs.update(placed)
     elif cuda:
         kwargs["device_map"] = {"": 0}  # the engine's one GPU (CUDA_VISIBLE_DEVICES)
     tok_kwargs: dict[str, Any] = {"trust_remote_code": spec.trust_remote_code}

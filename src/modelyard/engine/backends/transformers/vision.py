@@ -60,8 +60,11 @@ class LoadedVision:
     device: str
 
 
-def load_image_text(spec: TransformersModel, precision: Precision) -> LoadedVision:
-    """The model and its processor (in a worker thread: seconds to minutes)."""
+def load_image_text(
+    spec: TransformersModel, precision: Precision, placed: dict[str, Any] | None = None
+) -> LoadedVision:
+    """The model and its processor (in a worker thread: seconds to minutes). `placed`: the
+    engine's placement as `from_pretrained` keywords (device_map.py), as for a causal LM."""
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     if spec.trust_remote_code:
@@ -70,6 +73,8 @@ def load_image_text(spec: TransformersModel, precision: Precision) -> LoadedVisi
                               "trust_remote_code": spec.trust_remote_code}
     if spec.device_map is not None:
         kwargs["device_map"] = spec.device_map
+    elif torch.cuda.is_available() and placed:
+        kwargs.update(placed)
     elif torch.cuda.is_available():
         kwargs["device_map"] = {"": 0}
     log.info("loading %s (image-text-to-text) from %s (%s)", spec.id, spec.path, precision.why)
