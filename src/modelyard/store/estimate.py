@@ -10,16 +10,19 @@ from __future__ import annotations
 import json
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from modelyard.config import (
+    DEMO_MODEL_FILE,
+    DEMO_MODEL_ID,
     LlamaCppModel,
     ModelSpec,
     ServiceModel,
     Settings,
     TransformersModel,
+    draft_is_path,
 )
 from modelyard.store.gguf import GgufError, GgufInfo, MetadataValue, read_gguf_info
 
@@ -42,10 +45,12 @@ class MemoryEstimate:
     kv_cache_bytes: int
     compute_bytes: int
     mmproj_bytes: int
+    draft_bytes: int = 0  # a speculative-decoding draft served in the same process
 
     @property
     def total_bytes(self) -> int:
-        return self.weights_bytes + self.kv_cache_bytes + self.compute_bytes + self.mmproj_bytes
+        return (self.weights_bytes + self.kv_cache_bytes + self.compute_bytes + self.mmproj_bytes
+                + self.draft_bytes)
 
     def to_json(self) -> dict[str, int]:
         return {
@@ -53,6 +58,7 @@ class MemoryEstimate:
             "kv_cache_bytes": self.kv_cache_bytes,
             "compute_bytes": self.compute_bytes,
             "mmproj_bytes": self.mmproj_bytes,
+            **({"draft_bytes": self.draft_bytes} if self.draft_bytes else {}),
             "total_bytes": self.total_bytes,
         }
 
@@ -239,12 +245,13 @@ def estimate_model(spec: ModelSpec, settings: Settings) -> MemoryEstimate | None
     """What serving `spec` should take, from its files' headers; None when it cannot be told."""
     try:
         if isinstance(spec, LlamaCppModel):
-            return estimate_gguf(
+            found = estimate_gguf(
                 read_gguf_info(spec.path),
                 ctx_size=spec.ctx_size or settings.default_ctx_size,
                 parallel=settings.llama_server_parallel,
                 mmproj_path=spec.mmproj,
             )
+            return replace(found, draft_bytes=draft_bytes(spec, settings))
         if isinstance(spec, TransformersModel) and spec.path.is_dir():
             # Worst case in the batching loop: every slot at the full context, plus what the
             # prefix cache and the sessions' pinned KV may hold.
@@ -261,3 +268,25 @@ def estimate_model(spec: ModelSpec, settings: Settings) -> MemoryEstimate | None
     except (GgufError, ValueError, OSError, KeyError, TypeError) as exc:
         log.warning("no memory estimate for %s: %s", spec.id, exc)
     return None
+
+
+def draft_bytes(spec: LlamaCppModel, settings: Settings) -> int:
+    """What `spec`'s speculative-decoding draft adds to its server: the draft's weights, its KV
+    cache at the same context and slots as the target's (llama-server gives every slot a draft
+    context of the slot's size) and its compute buffers. The engine passes a resolved path
+    (store/draft.py); a catalog id is looked up among the declared models and the demo, else
+    the draft is not counted here (the measure after its load still is)."""
+    name = spec.draft_model
+    if name is None:
+        return 0
+    path: Path | None = Path(name).expanduser() if draft_is_path(name) else None
+    if path is None:
+        declared = next((m for m in settings.models if isinstance(m, LlamaCppModel)
+                         and name in (m.id, *m.aliases)), None)
+        demo = settings.models_dir / DEMO_MODEL_FILE
+        path = declared.path if declared else demo if name == DEMO_MODEL_ID else None
+    if path is None or not path.is_file():
+        return 0
+    found = estimate_gguf(read_gguf_info(path), ctx_size=spec.ctx_size or settings.default_ctx_size,
+                          parallel=settings.llama_server_parallel)
+    return found.weights_bytes + found.kv_cache_bytes + found.compute_bytes
