@@ -30,6 +30,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     home = tmp_path_factory.mktemp("spec-home")
     (home / "models").mkdir()
     (home / "models" / DEMO_MODEL_FILE).symlink_to(gguf)
+    (home / "st-draft").mkdir()  # a safetensors model's place: never loaded here
     models = [
         # The draft named by catalog id: the demo model, found by itself as `smollm2`.
         {"id": MODEL, "backend": "llamacpp", "path": str(gguf), "draft_model": "smollm2",
@@ -37,7 +38,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         {"id": "spec-missing", "backend": "llamacpp", "path": str(gguf),
          "draft_model": "no-such-draft"},
         {"id": "spec-wrong-family", "backend": "llamacpp", "path": str(gguf),
-         "draft_model": "all-minilm"},
+         "draft_model": "st-draft"},
+        {"id": "st-draft", "backend": "transformers", "path": str(home / "st-draft")},
     ]
     srv = Server(home, {"scan_hf_cache": False, "default_ctx_size": 1024,
                         "llama_server_parallel": 1, "models": models})
@@ -88,8 +90,8 @@ def test_metrics_count_drafted_and_accepted(server: Server) -> None:
         text = httpx.get(server.url + "/metrics", headers=server.admin_headers, timeout=10).text
         found = {}
         for line in text.splitlines():
-            if line.startswith(("modelyard_draft_tokens_total{", "modelyard_draft_accepted_total{")) \
-                    and f'model="{MODEL}"' in line:
+            names = ("modelyard_draft_tokens_total{", "modelyard_draft_accepted_total{")
+            if line.startswith(names) and f'model="{MODEL}"' in line:
                 found[line.split("{")[0]] = float(line.rsplit(" ", 1)[1])
         return found if len(found) == 2 else {}
 

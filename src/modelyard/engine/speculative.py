@@ -108,12 +108,14 @@ class DraftCounts:
 
         async def reading() -> None:
             while True:
-                self._again = False
                 found = await read(url)
                 if found is not None:
                     self.observe(*found)
-                if not self._again:
+                if not self._again:  # a poke after this read began: its request is not in it
                     return
+                self._again = False
+
+        self._again = False
 
         task = spawn(reading(), f"draft-counts:{self.model}")
         self._reading = task if isinstance(task, asyncio.Task) else None
