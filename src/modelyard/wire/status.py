@@ -244,7 +244,8 @@ class ModelStatus:
             "coexist_with": list(self.coexist_with),
             "waiters": self.waiters,
             "warm": self.warm,
-            "speculative": self.speculative.to_json() if self.speculative else None,
+            # Only for a model with a draft: the keys every engine has served stay as they were.
+            **({"speculative": self.speculative.to_json()} if self.speculative else {}),
         }
 
     @classmethod
