@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: run install llama-server demo-model demo-safetensors chromium test test-unit test-integration test-e2e check soak fuzz bench-proxy bench-sched bench-batch bench-session bench-swap bench-load clean
+.PHONY: run install llama-server demo-model demo-safetensors chromium test test-unit test-integration test-e2e check soak fuzz bench-proxy bench-sched bench-batch bench-session bench-swap bench-load bench-spec clean
 
 install: $(STAMP)
 
@@ -86,3 +86,7 @@ bench-swap: install llama-server demo-model demo-safetensors
 # The front at scale: 1,000 idle keep-alive clients, 64 streams, 10,000 models (fake backend).
 bench-load: install
 	$(BIN)/python bench/load.py
+
+# Tokens/s with and without a speculative-decoding draft (the demo model drafting for itself).
+bench-spec: install llama-server demo-model
+	$(BIN)/python bench/spec.py

@@ -133,11 +133,38 @@ class LlamaCppModel(_ModelBase):
     argv: list[str] | None = Field(
         None,
         description="Replaces the default llama-server command line; `$path $port $host $id "
-        "$ctx $ctx_total $parallel $mmproj $chat_template $slot_dir $llama_server` are "
+        "$ctx $ctx_total $parallel $mmproj $chat_template $slot_dir $llama_server $draft` are "
         "substituted, and the engine's placement as `$n_gpu_layers` (999: all, N: a partial "
         "offload, 0: a CPU engine), `$split_mode` (none / layer) and `$tensor_split` (layers "
         "per GPU, e.g. 38,42; empty on one GPU). A template gets no device flags of its own.",
     )
+    # Speculative decoding (docs/multi-gpu.md "Speculative decoding"): one llama-server runs
+    # both models, so the pair loads, counts and evicts as one.
+    draft_model: str | None = Field(
+        None, description="A small GGUF model that drafts tokens for this one (llama-server "
+        "`--model-draft`): the id of another GGUF model of the catalog, or a path to a .gguf. "
+        "It must share the tokenizer's vocabulary; its memory counts with this model's.",
+    )
+    draft_max: int | None = Field(
+        None, gt=0, description="Tokens drafted per step (`--spec-draft-n-max`); null: "
+        "llama-server's default (3).",
+    )
+    draft_min: int | None = Field(
+        None, ge=0, description="Fewest drafted tokens worth verifying (`--spec-draft-n-min`); "
+        "null: llama-server's default.",
+    )
+    draft_p_min: float | None = Field(
+        None, ge=0.0, le=1.0, description="Least draft probability to keep drafting "
+        "(`--spec-draft-p-min`, greedy); null: llama-server's default (0).",
+    )
+
+    @field_validator("draft_model", mode="after")
+    @classmethod
+    def _check_draft(cls, v: str | None) -> str | None:
+        if v is not None and draft_is_path(v) and not v.lower().endswith(".gguf"):
+            raise ValueError(f"draft_model {v!r}: a llama.cpp model's draft is a .gguf file")
+        return v
+
 
     @field_validator("flash_attn", mode="before")
     @classmethod
@@ -157,6 +184,11 @@ class LlamaCppModel(_ModelBase):
                 "set flash_attn to on or auto"
             )
         return self
+
+
+def draft_is_path(name: str) -> bool:
+    """A draft named by file rather than by catalog id."""
+    return name.startswith(("/", "~", ".")) or name.lower().endswith(".gguf")
 
 
 class OpenAIServerModel(_ModelBase):
@@ -211,6 +243,12 @@ class TransformersModel(_ModelBase):
         None, description='Per-device limits for device_map, e.g. {"0": "20GiB", "cpu": "64GiB"}.'
     )
     offload_folder: UserPath | None = Field(None, description="Where disk offload goes.")
+    draft_model: str | None = Field(
+        None, description="A draft model for assisted generation. Accepted for configs shared "
+        "with vLLM/llama.cpp, but the in-process engine decodes in continuous batches, where "
+        "transformers' assisted generation cannot run: requests run without it and the model's "
+        "status says so (`speculative.off_reason`).",
+    )
     max_batch_size: int = Field(8, gt=0, description="Sequences decoded together.")
     max_batch_tokens: int = Field(4096, gt=0, description="Tokens in flight per step.")
     prefix_cache_tokens: int = Field(

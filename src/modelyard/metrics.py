@@ -98,6 +98,12 @@ SPECS: tuple[Spec, ...] = (
          ("model", "engine"), LOAD_BUCKETS),
     Spec("modelyard_model_crashes_total", "counter",
          "Backends that exited on their own while loaded.", ("model", "engine")),
+    Spec("modelyard_draft_tokens_total", "counter",
+         "Speculative decoding: tokens the model's draft proposed (llama-server's count, read "
+         "after requests).", ("model",)),
+    Spec("modelyard_draft_accepted_total", "counter",
+         "Speculative decoding: drafted tokens the model accepted (over "
+         "modelyard_draft_tokens_total: the acceptance rate).", ("model",)),
     # ---- readings, computed at scrape time by the front ---------------------------------
     Spec("modelyard_engine_up", "gauge", "1 while the engine answers, else 0.", ("engine",),
          recorded=False),
@@ -323,6 +329,13 @@ def model_evicted(model: str, engine: int, reason: str, for_model: str | None) -
 
 def model_crashed(model: str, engine: int) -> None:
     _child("modelyard_model_crashes_total", model, engine_name(engine)).inc()
+
+
+def draft_counted(model: str, drafted: int, accepted: int) -> None:
+    if drafted > 0:
+        _child("modelyard_draft_tokens_total", model).inc(drafted)
+    if accepted > 0:
+        _child("modelyard_draft_accepted_total", model).inc(accepted)
 
 
 # ---- front records ----------------------------------------------------------------------------

@@ -80,6 +80,13 @@ BENCHES = [
          r"^\| gguf \| \d+ ms \| \d+ ms \| \*\*[\d.]+\*\* \|"),
         needs=("llama-server", "demo-model", "demo-safetensors"),
     ),
+    Bench(
+        "bench-spec", ("--quick",),
+        (r"^\| without draft \| \d+ \| [\d.]+ \| 1\.00x \| [\d.]+ \| - \| - \| - \|$",
+         r"^\| with draft \(same model\) \| \d+ \| [\d.]+ \| [\d.]+x \| [\d.]+ \| \d+ \| \d+ \| "
+         r"[\d.]+% \|$"),
+        needs=("llama-server", "demo-model"),
+    ),
 ]
 
 

@@ -35,10 +35,11 @@ from enum import StrEnum
 from typing import Any
 
 from modelyard import metrics
-from modelyard.config import LlamaCppModel, ModelSpec, ServiceModel, Settings
+from modelyard.config import LlamaCppModel, ModelSpec, ServiceModel, Settings, TransformersModel
 from modelyard.engine.backends.base import Backend, make_backend
 from modelyard.engine.ledger import Device, HostDevice, host_memory, make_device, wait_for_recovery
 from modelyard.engine.read_ahead import Fadvise, read_ahead
+from modelyard.engine.speculative import TRANSFORMERS_OFF, DraftCounts
 from modelyard.engine.warm_tier import Warmable, WarmEntry, WarmTier, fingerprint
 from modelyard.errors import (
     EngineCooling,
@@ -53,6 +54,7 @@ from modelyard.placement import policy as scheduler
 from modelyard.placement import view as placement
 from modelyard.placement.ledger import Loading, plannable_free
 from modelyard.store.config_diff import diff_specs, keep_running, spec_views
+from modelyard.store.draft import with_draft_path
 from modelyard.store.estimate import MemoryEstimate, estimate_model, serving_bytes
 from modelyard.store.registry import Entry, ModelRegistry
 from modelyard.types import Lease
@@ -151,6 +153,7 @@ class Engine:
         self.swaps: collections.deque[Swap] = collections.deque(maxlen=RECENT_SWAPS)
         self.started_at = time.time()
         self._reaper: asyncio.Task[None] | None = None
+        self._drafts: dict[str, DraftCounts] = {}  # speculative decoding, by model id
 
     # ---- leases ---------------------------------------------------------------------------
 
@@ -272,6 +275,9 @@ class Engine:
         expires = rt.last_used + keep_alive if keep_alive is not None else math.inf
         if self._waiters or expires < self._reaper_wakes_at:
             self._notify()
+        counts = self._drafts.get(model_id)
+        if counts is not None and rt.server is not None and counts.off_reason is None:
+            counts.poke(rt.server.url, self._spawn)  # after the answer: off the request path
 
     async def _wait_for(self, changed: asyncio.Event, timeout: float | None) -> None:
         """Wait for a change, counted, so releases know someone needs waking."""
@@ -660,11 +666,13 @@ class Engine:
 
     async def _load(self, rt: _Runtime) -> None:
         started = self.clock()
-        if rt.entry.id not in self._estimates:
-            found = await asyncio.to_thread(estimate_model, rt.spec, self.settings)
-            self._estimates.setdefault(rt.entry.id, found)
         try:
-            spec = rt.spec
+            # A draft is resolved (and a wrong one refused) before anything is evicted for it;
+            # its memory then counts with this model's (store/draft.py, store/estimate.py).
+            spec = self._paired(rt)
+            if rt.entry.id not in self._estimates or spec is not rt.spec:
+                found = await asyncio.to_thread(estimate_model, spec, self.settings)
+                self._estimates[rt.entry.id] = found
             warm = await self._warm_copy(rt)
             # Before placing: a model that cannot run here must not evict anything. In a thread:
             # a transformers model imports torch here (seconds), and the loop must keep
@@ -724,6 +732,8 @@ class Engine:
         self._say(rt, f"{spec.id} ready in {rt.load_duration_s:.1f} s")
         if not resumed:  # a warm backend's watcher has watched it all along
             self._spawn(self._watch_exit(rt, server), f"watch:{spec.id}")
+        if rt.entry.id in self._drafts:
+            self._drafts[rt.entry.id].new_server()
 
     def _spawned(self, rt: _Runtime, pid: int) -> None:
         rt.pid = pid
@@ -978,7 +988,24 @@ class Engine:
             cooldown_s=max(0.0, rt.cooldown_until - now) or None,
             coexist_with=tuple(rt.spec.can_coexist_with),
             waiters=rt.waiters,
+            speculative=(self._drafts[rt.entry.id].status()
+                         if rt.entry.id in self._drafts else None),
         )
+
+    def _paired(self, rt: _Runtime) -> ModelSpec:
+        """`rt`'s spec with its speculative-decoding draft resolved to a file, and its draft
+        counts kept from now on (a transformers model's say why it runs without its draft)."""
+        spec = rt.spec
+        draft = getattr(spec, "draft_model", None)
+        if draft is None:
+            self._drafts.pop(rt.entry.id, None)
+            return spec
+        off = TRANSFORMERS_OFF if isinstance(spec, TransformersModel) else None
+        resolved = with_draft_path(spec, self.registry, self.settings)
+        counts = self._drafts.get(rt.entry.id)
+        if counts is None or counts.draft_model != draft:
+            self._drafts[rt.entry.id] = DraftCounts(rt.entry.id, draft, off)
+        return resolved
 
 
 def _backend_stats(server: Backend | None) -> dict[str, Any] | None:

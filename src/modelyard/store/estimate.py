@@ -11,18 +11,21 @@ import json
 import logging
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from modelyard.config import (
+    DEMO_MODEL_FILE,
+    DEMO_MODEL_ID,
     LlamaCppModel,
     ModelSpec,
     ServiceModel,
     Settings,
     TransformersModel,
+    draft_is_path,
 )
 from modelyard.placement.devices import LayerProfile
 from modelyard.store.gguf import GgufError, GgufInfo, MetadataValue, read_gguf_info
@@ -56,10 +59,12 @@ class MemoryEstimate:
     flash_attn: str | None = field(default=None, compare=False)
     ctx_per_slot: int | None = field(default=None, compare=False)
     slots: int | None = field(default=None, compare=False)
+    draft_bytes: int = 0  # a speculative-decoding draft served in the same process
 
     @property
     def total_bytes(self) -> int:
-        return self.weights_bytes + self.kv_cache_bytes + self.compute_bytes + self.mmproj_bytes
+        return (self.weights_bytes + self.kv_cache_bytes + self.compute_bytes + self.mmproj_bytes
+                + self.draft_bytes)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -67,6 +72,7 @@ class MemoryEstimate:
             "kv_cache_bytes": self.kv_cache_bytes,
             "compute_bytes": self.compute_bytes,
             "mmproj_bytes": self.mmproj_bytes,
+            **({"draft_bytes": self.draft_bytes} if self.draft_bytes else {}),
             "total_bytes": self.total_bytes,
         }
         extra = {"kv_cache_type": self.kv_cache_type, "flash_attn": self.flash_attn,
@@ -345,7 +351,7 @@ def estimate_model(spec: ModelSpec, settings: Settings) -> MemoryEstimate | None
     try:
         if isinstance(spec, LlamaCppModel):
             opts = memory_options(spec, settings)
-            return estimate_gguf(
+            found = estimate_gguf(
                 read_gguf_info(spec.path),
                 ctx_size=opts.ctx_per_slot,
                 parallel=opts.slots,
@@ -355,6 +361,15 @@ def estimate_model(spec: ModelSpec, settings: Settings) -> MemoryEstimate | None
                 flash_attn=opts.flash_attn,
                 ubatch=opts.ubatch,
             )
+            extra = draft_bytes(spec, settings)
+            if not extra:
+                return found
+            # The draft lives in the same server, on its first device: "other" bytes of the
+            # profile, so the profile still sums to the estimate.
+            profile = found.profile
+            if profile is not None:
+                profile = replace(profile, other_bytes=profile.other_bytes + extra)
+            return replace(found, draft_bytes=extra, profile=profile)
         if isinstance(spec, TransformersModel) and spec.path.is_dir():
             # Worst case in the batching loop: every slot at the full context, plus what the
             # prefix cache and the sessions' pinned KV may hold.
@@ -383,3 +398,25 @@ def estimate_profile(spec: ModelSpec, settings: Settings) -> LayerProfile | None
     """
     estimate = estimate_model(spec, settings)
     return estimate.profile if estimate is not None else None
+
+
+def draft_bytes(spec: LlamaCppModel, settings: Settings) -> int:
+    """What `spec`'s speculative-decoding draft adds to its server: the draft's weights, its KV
+    cache at the same context and slots as the target's (llama-server gives every slot a draft
+    context of the slot's size) and its compute buffers. The engine passes a resolved path
+    (store/draft.py); a catalog id is looked up among the declared models and the demo, else
+    the draft is not counted here (the measure after its load still is)."""
+    name = spec.draft_model
+    if name is None:
+        return 0
+    path: Path | None = Path(name).expanduser() if draft_is_path(name) else None
+    if path is None:
+        declared = next((m for m in settings.models if isinstance(m, LlamaCppModel)
+                         and name in (m.id, *m.aliases)), None)
+        demo = settings.models_dir / DEMO_MODEL_FILE
+        path = declared.path if declared else demo if name == DEMO_MODEL_ID else None
+    if path is None or not path.is_file():
+        return 0
+    found = estimate_gguf(read_gguf_info(path), ctx_size=spec.ctx_size or settings.default_ctx_size,
+                          parallel=settings.llama_server_parallel)
+    return found.weights_bytes + found.kv_cache_bytes + found.compute_bytes

@@ -20,6 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from modelyard.wire.speculative import SpeculativeStatus
+
 __all__ = [
     "SCHEDULER_COUNTERS",
     "DeviceStatus",
@@ -209,6 +211,7 @@ class ModelStatus:
     # Stopped but kept ready in the warm tier: "host" (weights in host memory) or "asleep"
     # (a vLLM server in sleep mode); its `memory.host_bytes` is what it holds there.
     warm: str | None = None
+    speculative: SpeculativeStatus | None = None  # a model with a draft_model
 
     @property
     def resident(self) -> bool:
@@ -241,6 +244,8 @@ class ModelStatus:
             "coexist_with": list(self.coexist_with),
             "waiters": self.waiters,
             "warm": self.warm,
+            # Only for a model with a draft: the keys every engine has served stay as they were.
+            **({"speculative": self.speculative.to_json()} if self.speculative else {}),
         }
 
     @classmethod
@@ -271,6 +276,7 @@ class ModelStatus:
             coexist_with=tuple(str(m) for m in d.get("coexist_with") or ()),
             waiters=int(d.get("waiters") or 0),
             warm=_str(d.get("warm")),
+            speculative=SpeculativeStatus.from_json(d.get("speculative")),
         )
 
 

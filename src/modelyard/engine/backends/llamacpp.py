@@ -152,6 +152,7 @@ def llama_server_argv(
         # Asked here even without a placement: the engine builds a backend in a worker
         # thread, and place() (on its event loop) then finds the answer cached.
         argv += placement_args(placement, spec.extra_args, fit_flag=knows_fit(binary))
+        argv += draft_args(spec)
     ctx = spec.ctx_size or settings.default_ctx_size
     values = {
         "llama_server": str(binary or ""),
@@ -164,8 +165,25 @@ def llama_server_argv(
         "parallel": str(settings.llama_server_parallel),
         "ctx_total": str(ctx * settings.llama_server_parallel),
         **placement_values(placement),
+        "draft": str(spec.draft_model or ""),
     }
     return argv + spec.extra_args, values
+
+
+def draft_args(spec: LlamaCppModel) -> list[str]:
+    """Speculative decoding with `spec.draft_model` (a path by now: the engine resolves a catalog
+    id before it builds the backend, store/draft.py). The pinned llama-server loads a draft with
+    `--model-draft` but drafts nothing until `--spec-type draft-simple` asks it to; `--metrics`
+    exposes its draft counters, which the engine reads after requests (engine/speculative.py)."""
+    if spec.draft_model is None:
+        return []
+    args = ["--model-draft", "$draft", "--spec-type", "draft-simple", "--metrics"]
+    for flag, value in (("--spec-draft-n-max", spec.draft_max),
+                        ("--spec-draft-n-min", spec.draft_min),
+                        ("--spec-draft-p-min", spec.draft_p_min)):
+        if value is not None:
+            args += [flag, str(value)]
+    return args
 
 
 def binary_version(binary: Path) -> str | None:
