@@ -3,10 +3,12 @@ in; the decision and where it loads out. Most rows are on 2x24 GiB devices."""
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 
 import pytest
 
+from modelyard.placement import policy
 from modelyard.placement.devices import DeviceRoom, LayerProfile, Placement, split_evenly
 from modelyard.placement.policy import (
     Decision,
@@ -223,3 +225,67 @@ def test_offload_waits_behind_earlier_loads() -> None:
     got = plan(W("m", 60, profile=BIG, offload=True), [], gib(48), gib(48),
                devices=rooms(24, 24), host=HOST, ahead=("x",))
     assert isinstance(got, Wait) and got.blocked_by == ("x",)
+
+
+def test_offload_within_max_loaded_models_only() -> None:
+    """When the cap, not memory, is why it cannot load, offloading says the cap's reason."""
+    want = W("m", 60, profile=BIG, offload=True)
+    got = plan(want, [R("p", 1, on(0, 1), pinned=True)], gib(47), gib(48),
+               devices=rooms(23, 24), host=HOST, max_loaded_models=1)
+    assert isinstance(got, NoFit) and "offloading" not in got.reason
+
+
+def _random_case(rng: random.Random) -> tuple[Want, list[Resident], tuple[DeviceRoom, ...]]:
+    n = rng.randint(1, 5)
+    total = [rng.choice((16, 24, 48)) for _ in range(n)]
+    held = [0] * n
+    residents = []
+    for i in range(rng.randint(0, 6)):
+        size = rng.randint(1, 30)
+        devs = rng.sample(range(n), rng.randint(1, n))
+        p = split_evenly(gib(size), devs)
+        if any(held[d] + p.on(d) > gib(total[d]) for d in devs):
+            continue
+        for d in devs:
+            held[d] += p.on(d)
+        residents.append(R(f"r{i}", size, p, last_used=rng.random(), leases=rng.random() < 0.2,
+                           priority=rng.randint(0, 2)))
+    devices = tuple(DeviceRoom(d, gib(total[d]) - held[d], gib(total[d])) for d in range(n))
+    want = W("w", rng.randint(1, 80), avoid_devices=frozenset(rng.sample(range(n), 1)),
+             profile=PROFILE if rng.random() < 0.3 else None)
+    return want, residents, devices
+
+
+def test_the_pruned_search_finds_what_the_full_one_does() -> None:
+    """`by_size` only skips sets that cannot rank better: the same best option, 300 cases."""
+    rng = random.Random(19)
+    compared = 0
+    for _ in range(300):
+        want, residents, devices = _random_case(rng)
+        sets = policy._candidate_sets(want, devices)
+        idle = sorted((r for r in residents if not r.busy), key=policy._order)
+        args = (want, sets, [], idle, len(residents), None,
+                policy._holdings(residents, devices[0].index))
+        full = policy._best(policy._options(*args, by_size=False))
+        pruned = policy._best(policy._options(*args, by_size=True))
+        assert (full is None) == (pruned is None)
+        if full is not None and pruned is not None:
+            assert (full.rank, full.victims, full.placement) == (
+                pruned.rank, pruned.victims, pruned.placement)
+            compared += 1
+    assert compared > 100
+
+
+def test_eight_devices_plan() -> None:
+    devices = rooms(*([10] * 8), total=24)
+    residents = [R(f"r{d}", 14, on(d, 14), last_used=d) for d in range(8)]
+    got = plan(W("m", 70), residents, gib(80), gib(192), devices=devices)
+    assert got == Load("m") and got.placement is not None
+    assert len(got.placement.devices) == 7  # the fewest devices with room: 7 x 10 GiB
+    # 90 layers of 1 GiB: 8 devices after evicting r0 hold 94 GiB; 4 devices would need 4
+    # victims, 7 devices 2: the fewest victims win over the fewest devices
+    want = W("m", 90, profile=LayerProfile((GiB,) * 90, 0, 0, 0))
+    got = plan(want, residents, gib(80), gib(192), devices=devices)
+    assert isinstance(got, Evict) and got.victims == ("r0",)
+    assert got.placement is not None and got.placement.devices == tuple(range(8))
+    assert sum(got.placement.layers) == 90 and got.placement.on(0) <= gib(24)

@@ -38,16 +38,18 @@ Several devices:
   ``want.split_sizes`` when given: vLLM's tensor parallel size must divide the attention
   heads; only single devices when ``want.splittable`` is False).
 * The sets are ranked: one device without eviction > a split without eviction (fewest devices
-  first) > one device with evictions > a split with evictions (fewest devices first). A model
-  that fits one device is never split when that device has room; it is split rather than
-  evicting another model, because an eviction costs a certain reload (seconds to minutes,
-  someone's request waits for it) while a layer split costs a little per token (llama.cpp
-  passes one activation per token across the boundary); evictions are the last resort, as on
-  one device.
-* Among sets of the same rank: those touching fewer of ``want.avoid_devices`` (a replica goes
-  where its siblings are not), then the fewest and least valuable victims (their positions in
-  the victim order), then the best fit (the least room left on the set: big holes stay for big
-  models), then the lower device indexes (a stable answer).
+  first) > one device with evictions > a split with evictions. A model that fits one device is
+  never split when that device has room; it is split rather than evicting another model,
+  because an eviction costs a certain reload (seconds to minutes, someone's request waits for
+  it) while a layer split costs a little per token (llama.cpp passes one activation per token
+  across the boundary); evictions are the last resort, as on one device, and for the same
+  reason a split that evicts fewer models beats one over fewer devices.
+* Then, among sets of the same rank: those touching fewer of ``want.avoid_devices`` (a replica
+  goes where its siblings are not), then the fewest and least valuable victims (their positions
+  in the victim order, the most valuable first), then the fewest devices, then the best fit
+  (the least room left on the set: big holes stay for big models), then the lower device
+  indexes (a stable answer). When only busy victims can make room, the set that waits for the
+  fewest busy models wins.
 * Bytes per device: one device holds ``want.bytes``; a split with ``want.profile`` gets whole
   layers in proportion to each device's room (placement/split.py: the main device also holds
   the weights outside the blocks, each device its compute buffer); without a profile the bytes
@@ -68,7 +70,7 @@ Several devices:
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from modelyard.placement.devices import DeviceRoom, LayerProfile, Placement, split_evenly
@@ -194,11 +196,19 @@ def _order(r: Resident) -> tuple[int, float, float]:
     return (r.priority, r.last_used, r.reload_cost_s)
 
 
-def _held(r: Resident, device: int, first: int) -> int:
-    """What `r` holds on `device` (a resident without placement sits on the first device)."""
-    if r.placement is None:
-        return r.bytes if device == first else 0
-    return r.placement.on(device)
+# What each resident holds on each device, by model: computed once per plan.
+Holds = Mapping[str, Mapping[int, int]]
+
+
+def _holdings(residents: Sequence[Resident], first: int) -> Holds:
+    """What each resident holds on each device (one without placement: all of it on `first`,
+    the group's first device)."""
+    holds: dict[str, dict[int, int]] = {}
+    for r in residents:
+        on = holds.setdefault(r.model, {})
+        for d, b in r.placement.device_bytes if r.placement is not None else ((first, r.bytes),):
+            on[d] = on.get(d, 0) + b
+    return holds
 
 
 def _candidate_sets(want: Want, rooms: Sequence[DeviceRoom]) -> list[tuple[DeviceRoom, ...]]:
@@ -222,11 +232,11 @@ def _shape(want: Want, rooms: Sequence[DeviceRoom]) -> Placement | None:
 
 
 def _after(
-    rooms: Sequence[DeviceRoom], victims: Sequence[Resident], first: int
+    rooms: Sequence[DeviceRoom], victims: Sequence[Resident], holds: Holds
 ) -> tuple[DeviceRoom, ...]:
     """`rooms` once `victims` are gone: each frees what it holds on each of them."""
     return tuple(
-        DeviceRoom(r.index, r.free_bytes + sum(_held(v, r.index, first) for v in victims),
+        DeviceRoom(r.index, r.free_bytes + sum(holds[v.model].get(r.index, 0) for v in victims),
                    r.total_bytes)
         for r in rooms
     )
@@ -255,9 +265,10 @@ def _choose(
     return chosen, placement
 
 
-# (busy victims, evicts at all, devices, avoided devices, victims, their positions in the victim
-# order worst first, room left on the set, device indexes): compared as a tuple, lower first.
-Rank = tuple[int, bool, int, int, int, tuple[int, ...], int, tuple[int, ...]]
+# (busy victims, evicts at all, is a split, devices when it evicts nothing, avoided devices,
+# victims, their positions in the victim order worst first, devices, room left on the set,
+# device indexes): compared as a tuple, lower first.
+Rank = tuple[int, bool, bool, int, int, int, tuple[int, ...], int, int, tuple[int, ...]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,6 +280,30 @@ class _Option:
     placement: Placement
 
 
+def _rank(
+    want: Want,
+    rooms: tuple[DeviceRoom, ...],
+    victims: Sequence[Resident],
+    placement: Placement,
+    position: dict[str, int],
+    holds: Holds,
+) -> Rank:
+    left = sum(r.free_bytes for r in _after(rooms, victims, holds)) - placement.bytes
+    k = len(rooms)
+    return (
+        sum(v.busy for v in victims),
+        bool(victims),
+        k > 1,
+        0 if victims else k,
+        sum(r.index in want.avoid_devices for r in rooms),
+        len(victims),
+        tuple(sorted((position.get(v.model, -1) for v in victims), reverse=True)),
+        k,
+        left,
+        tuple(r.index for r in rooms),
+    )
+
+
 def _options(
     want: Want,
     sets: Sequence[tuple[DeviceRoom, ...]],
@@ -276,33 +311,45 @@ def _options(
     ordered: list[Resident],
     n_residents: int,
     cap: int | None,
-    first: int,
+    holds: Holds,
+    *,
+    by_size: bool,
 ) -> list[_Option]:
+    """Sets (in size order) that can take `want`, with their victims: forced ones and a spared
+    prefix of `ordered`. `by_size` (no busy victims among `ordered`, so the rank starts with
+    "evicts at all", "is a split", then the size of a victimless set) skips what cannot rank
+    better: the sets larger than the first that takes it without victims, and when some set
+    takes it without victims every eviction; when one device with victims does, every split
+    with victims (an 8-GPU group has 255 sets, each costs a fit per victim tried)."""
     position = {r.model: i for i, r in enumerate(ordered)}
-    options = []
+    candidates = forced + ordered
+    options: list[_Option] = []
+    if by_size and not forced and (cap is None or n_residents + 1 <= cap):
+        for rooms in sets:
+            if options and len(rooms) > len(options[0].placement.devices):
+                break
+            placement = _shape(want, rooms)
+            if placement is not None:
+                options.append(_Option(_rank(want, rooms, [], placement, position, holds), (),
+                                       placement))
+        if options:
+            return options
     for rooms in sets:
+        if by_size and options and len(rooms) > 1 and not options[0].rank[2]:
+            break  # one device with victims beats every split with victims
 
         def fits(victims: list[Resident], on: tuple[DeviceRoom, ...] = rooms) -> Placement | None:
             if cap is not None and n_residents - len(victims) + 1 > cap:
                 return None
-            return _shape(want, _after(on, victims, first))
+            return _shape(want, _after(on, victims, holds))
 
-        found = _choose(fits, forced, ordered)
-        if found is None:
+        if fits(candidates) is None:  # not even with every candidate gone
             continue
-        victims, placement = found
-        left = sum(r.free_bytes for r in _after(rooms, victims, first)) - placement.bytes
-        rank: Rank = (
-            sum(v.busy for v in victims),
-            bool(victims),
-            len(rooms),
-            sum(r.index in want.avoid_devices for r in rooms),
-            len(victims),
-            tuple(sorted((position.get(v.model, -1) for v in victims), reverse=True)),
-            left,
-            tuple(r.index for r in rooms),
-        )
-        options.append(_Option(rank, tuple(victims), placement))
+        found = _choose(fits, forced, ordered)
+        if found is not None:
+            victims, placement = found
+            options.append(_Option(_rank(want, rooms, victims, placement, position, holds),
+                                   tuple(victims), placement))
     return options
 
 
@@ -395,15 +442,17 @@ def _plan(
         return NoFit(
             f"{want.model} (group {want.group}) may not share the device with pinned {names}"
         )
-    first = rooms[0].index
+    holds = _holdings(residents, rooms[0].index)
     idle = sorted((r for r in evictable if not r.busy and r not in forced), key=_order)
     busy = sorted((r for r in evictable if r.busy and r not in forced), key=_order)
     n = len(residents)
     if not any(r.busy for r in forced):
-        best = _best(_options(want, sets, forced, idle, n, max_loaded_models, first))
+        best = _best(_options(want, sets, forced, idle, n, max_loaded_models, holds,
+                                    by_size=True))
         if best is not None:
             return _go(want, best)
-    best = _best(_options(want, sets, forced, idle + busy, n, max_loaded_models, first))
+    best = _best(_options(want, sets, forced, idle + busy, n, max_loaded_models, holds,
+                                by_size=False))
     if best is not None:
         blocked = tuple(v.model for v in best.victims if v.busy)
         return Wait(
@@ -462,25 +511,27 @@ def _offload(
     if forced_busy:
         return Wait(f"{want.model} waits for busy {', '.join(forced_busy)} of another group "
                     "to finish their requests", blocked_by=forced_busy)
-    first = rooms[0].index
+    holds = _holdings(residents, rooms[0].index)
     idle = sorted((r for r in evictable if not r.busy and r not in forced), key=_order)
     best: tuple[tuple[int, int, int, int, int, tuple[int, ...]], list[Resident], Placement] | None
     best = None
+    tried = False  # a set was within max_loaded_models
     for s in sets:
         indexes = {r.index for r in s}
-        touching = [r for r in idle if any(_held(r, d, first) for d in indexes)]
+        touching = [r for r in idle if any(holds[r.model].get(d, 0) for d in indexes)]
         others = [r for r in idle if r not in touching]
         victims = forced + touching
         while cap is not None and len(residents) - len(victims) + 1 > cap and others:
             victims.append(others.pop(0))
         if cap is not None and len(residents) - len(victims) + 1 > cap:
             continue
-        placement = _offloaded(want, _after(s, victims, first), host)
+        tried = True
+        placement = _offloaded(want, _after(s, victims, holds), host)
         if placement is None:
             continue
         for r in reversed(touching):  # spare a victim whose room adds nothing
             rest = [v for v in victims if v is not r]
-            smaller = _offloaded(want, _after(s, rest, first), host)
+            smaller = _offloaded(want, _after(s, rest, holds), host)
             if smaller is not None and _on_devices(smaller) >= _on_devices(placement):
                 victims, placement = rest, smaller
         on = _on_devices(placement)
@@ -488,9 +539,11 @@ def _offload(
                 len(victims), tuple(r.index for r in s))
         if best is None or rank < best[0]:
             best = (rank, victims, placement)
+    if best is None and not tried:
+        return nofit
     if best is None:
-        return NoFit(f"{nofit.reason}; and the rest cannot be kept in host RAM "
-                     f"({_gib(host.free_bytes)} free there)")
+        return NoFit(f"{nofit.reason}; offloading does not help: the devices cannot hold its "
+                     f"fixed part or host RAM ({_gib(host.free_bytes)} free) the rest")
     _, victims, placement = best
     if not victims:
         return Load(want.model, placement)

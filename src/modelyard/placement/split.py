@@ -14,6 +14,9 @@ instead (for contiguous runs that finds a fit whenever one exists).
 
 from __future__ import annotations
 
+import bisect
+import functools
+import itertools
 from collections.abc import Sequence
 
 from modelyard.placement.devices import DeviceRoom, LayerProfile, Placement
@@ -33,68 +36,66 @@ def _budgets(profile: LayerProfile, rooms: Sequence[DeviceRoom]) -> list[int] | 
     return budgets
 
 
-def _layer_costs(profile: LayerProfile) -> list[int]:
-    return [b + profile.kv_bytes_per_layer for b in profile.layer_bytes]
+@functools.lru_cache(maxsize=32)  # a plan tries the same profile on every device set
+def _cumulative(profile: LayerProfile) -> list[int]:
+    """`cum[i]`: the bytes of layers 0..i-1, each with its KV cache (`cum[-1]`: all of them)."""
+    return [0, *itertools.accumulate(b + profile.kv_bytes_per_layer for b in profile.layer_bytes)]
 
 
-def _proportional(costs: Sequence[int], budgets: Sequence[int]) -> list[int]:
+def _proportional(cum: Sequence[int], budgets: Sequence[int]) -> list[int]:
     """Layer counts per device: the boundary after device d at the layer where the running
-    total comes nearest to d's proportional share of all layers' bytes."""
-    total, room = sum(costs), sum(budgets)
+    total comes nearest to d's proportional share of all layers' bytes (the lower on a tie)."""
+    layers, total, room = len(cum) - 1, cum[-1], sum(budgets)
     counts: list[int] = []
-    start, running, share = 0, 0, 0
-    for d, budget in enumerate(budgets):
-        if d == len(budgets) - 1:
-            counts.append(len(costs) - start)
-            break
+    start, share = 0, 0
+    for budget in budgets[:-1]:
         share += budget
         target = total * share / room if room else 0
-        end = start
-        while end < len(costs) and abs(running + costs[end] - target) < abs(running - target):
-            running += costs[end]
-            end += 1
+        end = min(bisect.bisect_left(cum, target, lo=start), layers)
+        if end > start and abs(cum[end - 1] - target) <= abs(cum[end] - target):
+            end -= 1
+        end = bisect.bisect_left(cum, cum[end], lo=start)  # the lowest of equal totals
         counts.append(end - start)
         start = end
+    counts.append(layers - start)
     return counts
 
 
-def _fill(costs: Sequence[int], budgets: Sequence[int]) -> list[int] | None:
-    """Layer counts per device, each device taking layers while they fit; None if some do not."""
+def _fill(cum: Sequence[int], first: int, budgets: Sequence[int]) -> list[int] | None:
+    """Layer counts per device for layers `first`.., each device taking layers while they fit;
+    None if some do not."""
     counts: list[int] = []
-    i = 0
+    i = first
     for budget in budgets:
-        used, n = 0, 0
-        while i < len(costs) and used + costs[i] <= budget:
-            used += costs[i]
-            i += 1
-            n += 1
-        counts.append(n)
-    return counts if i == len(costs) else None
+        end = min(bisect.bisect_right(cum, cum[i] + budget) - 1, len(cum) - 1)
+        counts.append(end - i)
+        i = end
+    return counts if i == len(cum) - 1 else None
 
 
-def _fits(costs: Sequence[int], budgets: Sequence[int], counts: Sequence[int]) -> bool:
+def _fits(cum: Sequence[int], budgets: Sequence[int], counts: Sequence[int]) -> bool:
     start = 0
     for budget, n in zip(budgets, counts, strict=True):
-        if sum(costs[start : start + n]) > budget:
+        if cum[start + n] - cum[start] > budget:
             return False
         start += n
-    return start == len(costs)
+    return start == len(cum) - 1
 
 
 def _placement(
     profile: LayerProfile,
     rooms: Sequence[DeviceRoom],
+    cum: Sequence[int],
     counts: Sequence[int],
     host_bytes: int = 0,
     first: int = 0,
 ) -> Placement:
     """Layers `first`.. on `rooms`, `counts[d]` of them on device d, in order."""
-    costs = _layer_costs(profile)
     device_bytes = []
     start = first
     for i, (room, n) in enumerate(zip(rooms, counts, strict=True)):
         fixed = profile.compute_bytes_per_device + (profile.other_bytes if i == 0 else 0)
-        device_bytes.append((room.index, fixed + sum(costs[start : start + n])))
+        device_bytes.append((room.index, fixed + cum[start + n] - cum[start]))
         start += n
     return Placement(device_bytes=tuple(device_bytes), host_bytes=host_bytes,
                      layers=tuple(counts), total_layers=profile.layers)
@@ -108,13 +109,15 @@ def split_layers(profile: LayerProfile, rooms: Sequence[DeviceRoom]) -> Placemen
     budgets = _budgets(profile, rooms)
     if budgets is None:
         return None
-    costs = _layer_costs(profile)
-    counts: list[int] | None = _proportional(costs, budgets)
-    if counts is None or not _fits(costs, budgets, counts):
-        counts = _fill(costs, budgets)
+    cum = _cumulative(profile)
+    if sum(budgets) < cum[-1]:  # the usual answer while a plan tries victims: say it cheaply
+        return None
+    counts: list[int] | None = _proportional(cum, budgets)
+    if counts is None or not _fits(cum, budgets, counts):
+        counts = _fill(cum, 0, budgets)
     if counts is None:
         return None
-    return _placement(profile, rooms, counts)
+    return _placement(profile, rooms, cum, counts)
 
 
 def offload_layers(
@@ -132,17 +135,24 @@ def offload_layers(
     budgets = _budgets(profile, rooms)
     if budgets is None:
         return None
-    costs = _layer_costs(profile)
     whole = split_layers(profile, rooms)
     if whole is not None:
         return whole
-    for on_devices in range(len(costs) - 1, -1, -1):
-        first = len(costs) - on_devices
-        counts = _fill(costs[first:], budgets)
-        if counts is None:
-            continue
-        host = sum(costs[:first])
-        if host > host_free:
-            return None
-        return _placement(profile, rooms, counts, host, first)
-    return None
+    # The most layers whose tail fits: if the last n fit, so do the last n-1 (filling in order
+    # only gets easier), so a binary search finds n in log(layers) fills.
+    cum = _cumulative(profile)
+    layers = profile.layers
+    lo, hi = 0, layers - 1  # the last `lo` layers fit; all of them do not (no whole split)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if _fill(cum, layers - mid, budgets) is not None:
+            lo = mid
+        else:
+            hi = mid - 1
+    first = layers - lo
+    counts = _fill(cum, first, budgets)
+    assert counts is not None
+    host = cum[first]
+    if host > host_free:
+        return None
+    return _placement(profile, rooms, cum, counts, host, first)
