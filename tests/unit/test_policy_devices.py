@@ -111,8 +111,9 @@ ROWS = [
         rooms(16, 16, 16, total=16), Load("m"), where=((0, gib(15)), (1, gib(15)))),
     Row("any-size-takes-3", W("m", 40), (), rooms(16, 16, 16, total=16), Load("m"),
         where=((0, gib(40) // 3 + 1), (1, gib(40) // 3), (2, gib(40) // 3))),
-    Row("avoid-prefers-the-other-device", W("r", 10, avoid_devices=frozenset({0})),
-        (R("x", 10, on(1, 10)),), rooms(24, 14), Load("r"), where=((1, gib(10)),)),
+    # device 1 would be the best fit, but a sibling replica sits there
+    Row("avoid-prefers-the-other-device", W("r", 10, avoid_devices=frozenset({1})),
+        (R("x", 10, on(1, 10)),), rooms(24, 14), Load("r"), where=((0, gib(10)),)),
     Row("avoid-is-only-a-preference", W("r", 20, avoid_devices=frozenset({0})),
         (R("x", 10, on(1, 10)),), rooms(24, 14), Load("r"), where=((0, gib(20)),)),
     Row("another-group-goes-from-any-device", W("g", 4, group="a"),
