@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 
 from modelyard.placement.devices import DeviceRoom, LayerProfile
-from modelyard.placement.split import offload_layers, split_layers
+from modelyard.placement.split import (
+    device_sets,
+    fit,
+    fit_offloaded,
+    offload_layers,
+    split_layers,
+)
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(10)]
 
@@ -64,3 +70,27 @@ def test_offload_over_two_devices_and_whole_when_it_fits() -> None:
 def test_offload_needs_host_room() -> None:
     assert offload_layers(PROFILE, rooms(10), host_free=13 * GiB) is None
     assert offload_layers(PROFILE, rooms(3), host_free=64 * GiB) is None
+
+
+def test_device_sets_one_device_first_and_only_allowed_sizes() -> None:
+    four = rooms(1, 1, 1, 1)
+    got = device_sets(four, sizes=frozenset({2, 4}))
+    assert [len(s) for s in got] == [1] * 4 + [2] * 6 + [4]
+    assert device_sets(four, splittable=False) == [(r,) for r in four]
+    assert len(device_sets(rooms(*[1] * 8))) == 255
+
+
+def test_fit_whole_evenly_or_by_layers() -> None:
+    assert fit(5 * GiB, None, rooms(5)) is not None
+    assert fit(5 * GiB, None, rooms(4.9)) is None
+    even = fit(10 * GiB, None, rooms(5, 6))
+    assert even is not None and even.device_bytes == ((0, 5 * GiB), (1, 5 * GiB))
+    assert fit(10 * GiB, None, rooms(4, 20)) is None  # an even split overfills device 0
+    assert fit(0, PROFILE, rooms(20, 17)) == split_layers(PROFILE, rooms(20, 17))
+
+
+def test_fit_offloaded_without_a_profile_fills_in_order() -> None:
+    p = fit_offloaded(30 * GiB, None, rooms(10, 12), host_free=8 * GiB)
+    assert p is not None and p.device_bytes == ((0, 10 * GiB), (1, 12 * GiB))
+    assert p.host_bytes == 8 * GiB and p.layers == ()
+    assert fit_offloaded(30 * GiB, None, rooms(10, 12), host_free=7 * GiB) is None

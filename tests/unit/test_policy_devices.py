@@ -21,6 +21,7 @@ from modelyard.placement.policy import (
     Want,
     plan,
 )
+from modelyard.placement.split import device_sets
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(10)]
 
@@ -263,7 +264,7 @@ def test_the_pruned_search_finds_what_the_full_one_does() -> None:
     compared = 0
     for _ in range(300):
         want, residents, devices = _random_case(rng)
-        sets = policy._candidate_sets(want, devices)
+        sets = device_sets(devices, splittable=want.splittable, sizes=want.split_sizes)
         idle = sorted((r for r in residents if not r.busy), key=policy._order)
         args = (want, sets, [], idle, len(residents), None,
                 policy._holdings(residents, devices[0].index))

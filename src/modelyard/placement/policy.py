@@ -69,12 +69,11 @@ Several devices:
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from modelyard.placement.devices import DeviceRoom, LayerProfile, Placement, split_evenly
-from modelyard.placement.split import offload_layers, split_layers
+from modelyard.placement.devices import DeviceRoom, LayerProfile, Placement
+from modelyard.placement.split import device_sets, fit, fit_offloaded
 
 __all__ = [
     "Decision",
@@ -211,26 +210,6 @@ def _holdings(residents: Sequence[Resident], first: int) -> Holds:
     return holds
 
 
-def _candidate_sets(want: Want, rooms: Sequence[DeviceRoom]) -> list[tuple[DeviceRoom, ...]]:
-    """Single devices, then larger sets (the sizes the want allows), in index order."""
-    # One device is always allowed: it is no split (and 1 divides any head count).
-    sizes = range(1, (len(rooms) if want.splittable else 1) + 1)
-    allowed = [k for k in sizes if k == 1 or want.split_sizes is None or k in want.split_sizes]
-    ordered = sorted(rooms, key=lambda r: r.index)
-    return [s for k in allowed for s in itertools.combinations(ordered, k)]
-
-
-def _shape(want: Want, rooms: Sequence[DeviceRoom]) -> Placement | None:
-    """`want` on exactly `rooms` (their free bytes), or None when it does not fit there."""
-    if len(rooms) == 1:
-        room = rooms[0]
-        return Placement.whole(room.index, want.bytes) if want.bytes <= room.free_bytes else None
-    if want.profile is not None:
-        return split_layers(want.profile, rooms)
-    even = split_evenly(want.bytes, [r.index for r in rooms])
-    return even if all(even.on(r.index) <= r.free_bytes for r in rooms) else None
-
-
 def _after(
     rooms: Sequence[DeviceRoom], victims: Sequence[Resident], holds: Holds
 ) -> tuple[DeviceRoom, ...]:
@@ -328,7 +307,7 @@ def _options(
         for rooms in sets:
             if options and len(rooms) > len(options[0].placement.devices):
                 break
-            placement = _shape(want, rooms)
+            placement = fit(want.bytes, want.profile, rooms)
             if placement is not None:
                 options.append(_Option(_rank(want, rooms, [], placement, position, holds), (),
                                        placement))
@@ -341,7 +320,7 @@ def _options(
         def fits(victims: list[Resident], on: tuple[DeviceRoom, ...] = rooms) -> Placement | None:
             if cap is not None and n_residents - len(victims) + 1 > cap:
                 return None
-            return _shape(want, _after(on, victims, holds))
+            return fit(want.bytes, want.profile, _after(on, victims, holds))
 
         if fits(candidates) is None:  # not even with every candidate gone
             continue
@@ -382,7 +361,7 @@ def plan(
     if any(r.model == want.model for r in residents):
         return Ready(want.model)
     rooms = tuple(devices) if devices else (DeviceRoom(0, free_bytes, total_bytes),)
-    sets = _candidate_sets(want, rooms)
+    sets = device_sets(rooms, splittable=want.splittable, sizes=want.split_sizes)
     never = _never_fits(want, rooms, sets)
     decision = never if never is not None else _plan(want, residents, rooms, sets,
                                                      max_loaded_models)
@@ -401,7 +380,7 @@ def _never_fits(
 ) -> NoFit | None:
     """NoFit when no set could hold `want` even with nothing else loaded."""
     empty = [tuple(DeviceRoom(r.index, r.total_bytes, r.total_bytes) for r in s) for s in sets]
-    if any(_shape(want, s) is not None for s in empty):
+    if any(fit(want.bytes, want.profile, s) is not None for s in empty):
         return None
     if len(rooms) == 1:
         return NoFit(
@@ -474,20 +453,6 @@ def _plan(
     )
 
 
-def _offloaded(want: Want, rooms: Sequence[DeviceRoom], host: DeviceRoom) -> Placement | None:
-    """Part of `want` on `rooms`, the rest in host RAM (None: the rest does not fit there)."""
-    if want.profile is not None:
-        return offload_layers(want.profile, rooms, host.free_bytes)
-    left, parts = want.bytes, []
-    for r in rooms:
-        take = max(0, min(left, r.free_bytes))
-        parts.append((r.index, take))
-        left -= take
-    if left > host.free_bytes:
-        return None
-    return Placement(device_bytes=tuple(parts), host_bytes=left)
-
-
 def _on_devices(p: Placement) -> tuple[int, int]:
     """How much of a model an offload keeps on the devices: layers first, then bytes."""
     return (sum(p.layers), p.bytes)
@@ -517,6 +482,11 @@ def _offload(
     best = None
     tried = False  # a set was within max_loaded_models
     for s in sets:
+
+        def offloaded(victims: list[Resident], on: tuple[DeviceRoom, ...] = s) -> Placement | None:
+            return fit_offloaded(want.bytes, want.profile, _after(on, victims, holds),
+                                 host.free_bytes)
+
         indexes = {r.index for r in s}
         touching = [r for r in idle if any(holds[r.model].get(d, 0) for d in indexes)]
         others = [r for r in idle if r not in touching]
@@ -526,12 +496,12 @@ def _offload(
         if cap is not None and len(residents) - len(victims) + 1 > cap:
             continue
         tried = True
-        placement = _offloaded(want, _after(s, victims, holds), host)
+        placement = offloaded(victims)
         if placement is None:
             continue
         for r in reversed(touching):  # spare a victim whose room adds nothing
             rest = [v for v in victims if v is not r]
-            smaller = _offloaded(want, _after(s, rest, holds), host)
+            smaller = offloaded(rest)
             if smaller is not None and _on_devices(smaller) >= _on_devices(placement):
                 victims, placement = rest, smaller
         on = _on_devices(placement)

@@ -1,5 +1,6 @@
-"""Splitting one model over devices by whole layers, and keeping some layers in host RAM: pure
-arithmetic on a `LayerProfile` and the rooms the policy found (placement/policy.py).
+"""How a model's bytes go onto a set of devices (placement/policy.py chooses the set): the sets
+a model may take, its bytes on one set, split by whole layers or evenly, and the layers kept in
+host RAM when the devices cannot hold them all. Pure arithmetic on a `LayerProfile` and rooms.
 
 The split follows llama.cpp's `--split-mode layer`: each device holds a *contiguous* run of the
 repeating layers (device order = the order of `rooms`), the KV cache of a layer goes with the
@@ -19,9 +20,9 @@ import functools
 import itertools
 from collections.abc import Sequence
 
-from modelyard.placement.devices import DeviceRoom, LayerProfile, Placement
+from modelyard.placement.devices import DeviceRoom, LayerProfile, Placement, split_evenly
 
-__all__ = ["offload_layers", "split_layers"]
+__all__ = ["device_sets", "fit", "fit_offloaded", "offload_layers", "split_layers"]
 
 
 def _budgets(profile: LayerProfile, rooms: Sequence[DeviceRoom]) -> list[int] | None:
@@ -156,3 +157,46 @@ def offload_layers(
     if host > host_free:
         return None
     return _placement(profile, rooms, cum, counts, host, first)
+
+
+def device_sets(
+    rooms: Sequence[DeviceRoom], *, splittable: bool = True, sizes: frozenset[int] | None = None
+) -> list[tuple[DeviceRoom, ...]]:
+    """Single devices, then larger sets (only `sizes` when given; none when not `splittable`),
+    each in index order. One device is always allowed: it is no split (1 divides any number of
+    attention heads)."""
+    largest = len(rooms) if splittable else 1
+    allowed = [k for k in range(1, largest + 1) if k == 1 or sizes is None or k in sizes]
+    ordered = sorted(rooms, key=lambda r: r.index)
+    return [s for k in allowed for s in itertools.combinations(ordered, k)]
+
+
+def fit(
+    nbytes: int, profile: LayerProfile | None, rooms: Sequence[DeviceRoom]
+) -> Placement | None:
+    """A model of `nbytes` on exactly `rooms` (their free bytes), or None when it does not fit:
+    whole on one device; split by layers with a profile, evenly without one."""
+    if len(rooms) == 1:
+        room = rooms[0]
+        return Placement.whole(room.index, nbytes) if nbytes <= room.free_bytes else None
+    if profile is not None:
+        return split_layers(profile, rooms)
+    even = split_evenly(nbytes, [r.index for r in rooms])
+    return even if all(even.on(r.index) <= r.free_bytes for r in rooms) else None
+
+
+def fit_offloaded(
+    nbytes: int, profile: LayerProfile | None, rooms: Sequence[DeviceRoom], host_free: int
+) -> Placement | None:
+    """Part of a model on `rooms`, the rest in host RAM (None: the rest does not fit there).
+    Without a profile the devices are filled in order, by bytes (no layer counts)."""
+    if profile is not None:
+        return offload_layers(profile, rooms, host_free)
+    left, parts = nbytes, []
+    for r in rooms:
+        take = max(0, min(left, r.free_bytes))
+        parts.append((r.index, take))
+        left -= take
+    if left > host_free:
+        return None
+    return Placement(device_bytes=tuple(parts), host_bytes=left)
