@@ -575,7 +575,7 @@ def render_gpu_table(trace: GpuTrace, results: Mapping[str, GpuResult]) -> Table
         f"{trace.requests[-1].arrival_s / 3600:.1f} h on {_gpus_label(trace.device_bytes)}",
         caption=f"models (GiB): {sizes}", title_justify="left", caption_justify="left",
     )
-    for col in ("policy", "requests", "served at once", "refused that fit", "failed", "loads",
+    for col in ("policy", "requests", "served without waiting", "refused that fit", "failed", "loads",
                 "spanning loads", "GiB loaded", "p50 wait s", "p95 wait s",
                 "GiB/ollama-like"):
         table.add_column(col, justify="left" if col == "policy" else "right")
