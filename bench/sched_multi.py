@@ -573,12 +573,14 @@ def render_gpu_table(trace: GpuTrace, results: Mapping[str, GpuResult]) -> Table
     table = Table(
         title=f"{trace.name}: {len(trace.requests)} requests over "
         f"{trace.requests[-1].arrival_s / 3600:.1f} h on {_gpus_label(trace.device_bytes)}",
-        caption=f"models (GiB): {sizes}", title_justify="left", caption_justify="left",
+        caption=f"models (GiB): {sizes}\nno wait: served on arrival; refused, fit: refused though "
+        "the model fits the node's total; spans: loads over more than one device",
+        title_justify="left", caption_justify="left",
     )
-    for col in ("policy", "requests", "served without waiting", "refused that fit", "failed", "loads",
-                "spanning loads", "GiB loaded", "p50 wait s", "p95 wait s",
-                "GiB/ollama-like"):
-        table.add_column(col, justify="left" if col == "policy" else "right")
+    table.add_column("policy", no_wrap=True)
+    for col in ("requests", "no wait", "refused, fit", "failed", "loads", "spans", "GiB loaded",
+                "p50 wait s", "p95 wait s", "GiB/ollama"):
+        table.add_column(col, justify="right")
     base = results["ollama-like"].bytes_loaded
     for r in results.values():
         table.add_row(
