@@ -1,6 +1,7 @@
-"""The multi-GPU scheduling simulator (bench/sched_multi.py) keeps the engine's rules per device
-under every policy: no busy or loading model is evicted, no device is overfilled, nothing is
-placed in host RAM, every request is served or failed; and its baselines place as documented."""
+"""The multi-GPU scheduling simulator (bench/sched_multi.py, its policies in
+bench/sched_multi_policies.py) keeps the engine's rules per device under every policy: no busy
+or loading model is evicted, no device is overfilled, nothing is placed in host RAM, every
+request is served or failed; and its baselines place as documented."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from collections.abc import Sequence
 
 import pytest
 from bench import sched, sched_multi
+from bench import sched_multi_policies as pol
 from bench.sched import Request, SimulationError
-from bench.sched_multi import GpuPolicy, GpuResult, GpuTrace, Loaded, Place
+from bench.sched_multi import GpuResult, GpuTrace
+from bench.sched_multi_policies import GpuPolicy, Loaded, Place
 
 from modelyard.placement import policy as scheduler
 from modelyard.placement.devices import DeviceRoom, Placement
@@ -104,53 +107,53 @@ def test_big_models_span_and_llama_swap_always_spans(
 
 def test_modelyard_policy_is_the_real_plan_over_devices() -> None:
     rooms = [DeviceRoom(0, 24 * GiB, 24 * GiB), DeviceRoom(1, 24 * GiB, 24 * GiB)]
-    big = sched_multi.modelyard_plan(Want("big", 40 * GiB), [], rooms, 0.0)
+    big = pol.modelyard_plan(Want("big", 40 * GiB), [], rooms, 0.0)
     assert isinstance(big, Place) and big.placement.devices in ((0, 1), (1, 0))
     assert big.placement.bytes >= 40 * GiB
-    small = sched_multi.modelyard_plan(Want("small", 10 * GiB), [], rooms, 0.0)
+    small = pol.modelyard_plan(Want("small", 10 * GiB), [], rooms, 0.0)
     assert isinstance(small, Place) and len(small.placement.devices) == 1
-    assert _gpu_policy("modelyard").plan is sched_multi.modelyard_plan
+    assert _gpu_policy("modelyard").plan is pol.modelyard_plan
     loaded = [Loaded("a", Placement.whole(0, 4 * GiB), 0, False, 0.0, 300.0, 3.0)]
-    assert sched_multi.modelyard_expired(loaded, 400.0) == scheduler.expired(
-        sched_multi._residents(loaded), 400.0) == ("a",)
+    assert pol.modelyard_expired(loaded, 400.0) == scheduler.expired(
+        pol._residents(loaded), 400.0) == ("a",)
 
 
 def _gpu_policy(name: str) -> GpuPolicy:
-    return {p.name: p for p in sched_multi.gpu_policies()}[name]
+    return {p.name: p for p in pol.gpu_policies()}[name]
 
 
 def test_ollama_fit_takes_the_emptiest_gpu_else_spreads_by_free_memory() -> None:
     free = [(0, 8 * GiB), (1, 16 * GiB)]
     # Device 0 would hold it exactly (best fit); Ollama takes the emptiest, device 1.
-    assert sched_multi.ollama_fit(8 * GiB, free) == Placement.whole(1, 8 * GiB)
-    spread = sched_multi.ollama_fit(18 * GiB, free)
+    assert pol.ollama_fit(8 * GiB, free) == Placement.whole(1, 8 * GiB)
+    spread = pol.ollama_fit(18 * GiB, free)
     assert spread is not None and spread.bytes == 18 * GiB
     assert spread.on(1) == 12 * GiB and spread.on(0) == 6 * GiB  # 16:8 of 18 GiB
-    assert sched_multi.ollama_fit(25 * GiB, free) is None
+    assert pol.ollama_fit(25 * GiB, free) is None
 
 
 def test_split_by_free_is_exact_and_within_each_device() -> None:
     free = [(0, 7), (1, 11), (2, 13)]
     for n in range(32):
-        p = sched_multi.split_by_free(n, free)
+        p = pol.split_by_free(n, free)
         assert p is not None and p.bytes == n
         assert all(p.on(d) <= f for d, f in free)
-    assert sched_multi.split_by_free(32, free) is None
+    assert pol.split_by_free(32, free) is None
 
 
 def test_ollama_like_waits_while_the_only_room_is_on_a_loading_gpu() -> None:
     loading = Loaded("a", Placement.whole(0, 4 * GiB), 1, True, 0.0, 300.0, 3.0)
     rooms = [DeviceRoom(0, 20 * GiB, 24 * GiB), DeviceRoom(1, 0, 24 * GiB)]
-    assert isinstance(sched_multi.ollama_plan(Want("b", 8 * GiB), [loading], rooms, 0.0), Wait)
+    assert isinstance(pol.ollama_plan(Want("b", 8 * GiB), [loading], rooms, 0.0), Wait)
 
 
 def test_ollama_like_evicts_idle_in_expiry_order_until_it_fits() -> None:
     old = Loaded("old", Placement.whole(0, 20 * GiB), 0, False, 10.0, 300.0, 11.0)
     new = Loaded("new", Placement.whole(1, 20 * GiB), 0, False, 50.0, 300.0, 11.0)
     rooms = [DeviceRoom(0, 4 * GiB, 24 * GiB), DeviceRoom(1, 4 * GiB, 24 * GiB)]
-    d = sched_multi.ollama_plan(Want("c", 16 * GiB), [old, new], rooms, 60.0)
+    d = pol.ollama_plan(Want("c", 16 * GiB), [old, new], rooms, 60.0)
     assert d == Place("c", ("old",), Placement.whole(0, 16 * GiB))
-    d = sched_multi.ollama_plan(Want("c", 40 * GiB), [old, new], rooms, 60.0)
+    d = pol.ollama_plan(Want("c", 40 * GiB), [old, new], rooms, 60.0)
     assert isinstance(d, Place) and d.victims == ("old", "new") and d.placement.bytes == 40 * GiB
 
 
@@ -165,7 +168,7 @@ def _rogue(placement: Placement, evict: bool = False) -> GpuPolicy:
         victims = tuple(r.model for r in loaded) if evict else ()
         return Place(want.model, victims, placement)
 
-    return GpuPolicy("rogue", rogue_plan, sched_multi.ttl_expired, None, head_of_line=False)
+    return GpuPolicy("rogue", rogue_plan, pol.ttl_expired, None, head_of_line=False)
 
 
 def test_evicting_a_busy_model_raises() -> None:
@@ -212,3 +215,23 @@ def test_goals_compare_modelyard_with_ollama_like(
         results["modelyard"].refused_fit == 0,
         results["modelyard"].bytes_loaded < results["ollama-like"].bytes_loaded,
     ]
+
+
+def test_layer_profile_cuts_whole_layers_that_add_up() -> None:
+    p = sched_multi.layer_profile(20 * GiB)
+    assert p.layers == 40 and set(p.layer_bytes) == {sched_multi.LAYER_BYTES}
+    assert p.bytes_on_one_device() == 20 * GiB
+    odd = sched_multi.layer_profile(GiB + 1)
+    assert odd.layer_bytes == (GiB // 2, GiB // 2, 1) and odd.bytes_on_one_device() == GiB + 1
+
+
+def test_a_model_split_by_layers_uses_uneven_room_without_evicting() -> None:
+    # a (10) and b (16) take one device each, leaving 14 + 8 GiB: c (20) fits across both only
+    # in proportion to the room (by whole layers, from the profile), not split evenly (10 + 10).
+    trace = _trace([24, 24], {"a": 10, "b": 16, "c": 20},
+                   [(0, "a", 100), (1, "b", 100), (30, "c", 1)])
+    results = sched_multi.run_gpu_trace(trace)
+    for name in ("modelyard", "ollama-like"):
+        r = results[name]
+        assert (r.loads, r.evictions, r.spans, r.failed) == (3, 0, 1, 0), name
+        assert r.delays[2] == pytest.approx(1 + 10), name  # c loads at once: 1 s + 20 GiB / 2
