@@ -670,6 +670,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="300 requests per trace")
     p.add_argument("--agents", type=int, default=2, help="agents at once in the agent trace")
     p.add_argument("--out", type=Path, help="JSON results (default bench/results/sched-<ts>.json)")
+    p.add_argument("--gpus", default="2x24GiB",
+                   help="the node of the multi-GPU traces (bench/sched_multi.py): COUNTxSIZEGiB, "
+                   "groups joined by commas (default 2x24GiB)")
     return p.parse_args(argv)
 
 
@@ -698,6 +701,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         verdict = "PASS" if t["pass"] else "MISS"
         console.print(f"agent: {t['target']}: {t['modelyard']} <= {t['bound']:.1f}  {verdict}",
                       highlight=False)
+    console.print()
+    _run_gpu_traces(args, n, console, report)
     report["elapsed_s"] = time.perf_counter() - t0
     out = args.out or RESULTS_DIR / f"sched-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -706,5 +711,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0  # a benchmark: misses are reported, not failures
 
 
+def _run_gpu_traces(
+    args: argparse.Namespace, n: int, console: Console, report: dict[str, Any]
+) -> None:
+    """The multi-GPU traces (bench/sched_multi.py), after the single-device ones."""
+    from bench import sched_multi as multi  # it imports this module: import it late
+
+    devices = multi.parse_gpus(args.gpus)
+    report["gpu_traces"], report["gpu_goals"] = {}, []
+    for trace in multi.build_gpu_traces(args.seed, n, devices):
+        results = multi.run_gpu_trace(trace)
+        console.print(multi.render_gpu_table(trace, results))
+        console.print()
+        report["gpu_traces"][trace.name] = {
+            "device_gib": [b / GiB for b in trace.device_bytes],
+            "model_gib": {m: b / GiB for m, b in trace.model_bytes.items()},
+            "params": dict(trace.params),
+            "results": [r.summary() for r in results.values()],
+        }
+        report["gpu_goals"] += multi.gpu_goals(trace, results)
+    for g in report["gpu_goals"]:
+        verdict = "PASS" if g["pass"] else "MISS"
+        console.print(f"{g['trace']}: {g['target']}: {g['modelyard']:g} vs {g['bound']:g}  "
+                      f"{verdict}", highlight=False)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run as bench.sched, the module bench/sched_multi.py imports, not as a second __main__ copy.
+    sys.path.insert(0, str(ROOT))
+    from bench.sched import main as _main
+
+    sys.exit(_main())

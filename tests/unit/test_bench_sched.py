@@ -170,3 +170,11 @@ def test_cli_writes_results_and_exits_zero(tmp_path: Path) -> None:
     assert set(report["traces"]) == {"agent", "bursty", "zipf"}
     assert all(len(t["results"]) == 4 for t in report["traces"].values())
     assert [t["pass"] in (True, False) for t in report["targets"]] == [True, True]
+    # The multi-GPU traces (bench/sched_multi.py) run in quick mode too, on 2 x 24 GiB.
+    assert set(report["gpu_traces"]) == {"big-mix", "hot-burst"}
+    for t in report["gpu_traces"].values():
+        assert t["device_gib"] == [24, 24]
+        assert [r["policy"] for r in t["results"]] == ["modelyard", "ollama-like",
+                                                       "llama-swap-like"]
+        assert all(r["completed"] + r["failed"] == 300 for r in t["results"])
+    assert len(report["gpu_goals"]) == 4
