@@ -7,6 +7,7 @@ from pathlib import Path
 from modelyard.config import LlamaCppModel, Settings
 from modelyard.errors import BackendUnavailable
 from modelyard.store.kinds import gguf_kind
+from modelyard.store.registry import served_name
 
 # Fixed slots, each with its own KV cache of the full context (as Ollama's num_parallel does):
 # llama-server's default (automatic slots sharing one unified cache) kept discarding cached prompts
@@ -62,7 +63,7 @@ def llama_server_argv(spec: LlamaCppModel, settings: Settings) -> tuple[list[str
         "mmproj": str(spec.mmproj or ""),
         "chat_template": str(spec.chat_template_file or ""),
         "slot_dir": str(settings.session_kv_dir),
-        "id": spec.id,
+        "id": served_name(spec.id),
         "ctx": str(ctx),
         "parallel": str(settings.llama_server_parallel),
         "ctx_total": str(ctx * settings.llama_server_parallel),

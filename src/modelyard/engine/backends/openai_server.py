@@ -19,6 +19,7 @@ from modelyard.placement.devices import Placement
 from modelyard.proc.ports import LOOPBACK, free_port
 from modelyard.proc.process import ChildProcess
 from modelyard.proc.readiness import NotReady, wait_ready
+from modelyard.store.registry import served_name
 
 __all__ = ["LOOPBACK", "ChildServer", "free_port", "log_path", "render_argv"]
 
@@ -43,7 +44,7 @@ class ChildServer:
         else:
             template = spec.argv + spec.extra_args
             ctx = spec.ctx_size or settings.default_ctx_size
-            values = {"path": str(spec.path or ""), "id": spec.id, "ctx": str(ctx),
+            values = {"path": str(spec.path or ""), "id": served_name(spec.id), "ctx": str(ctx),
                       "slot_dir": str(settings.session_kv_dir)}
         if any("$slot_dir" in arg for arg in template):
             settings.session_kv_dir.mkdir(parents=True, exist_ok=True)
