@@ -1,0 +1,101 @@
+"""Replicas (front/dispatch/replicas.py, store/registry.py): the copy a request goes to, when a
+copy is added, and what a copy is in the registry. Pure functions, tested as tables."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from modelyard.config import Settings
+from modelyard.front.dispatch.replicas import Replicas, next_copy, pick_copy
+from modelyard.store.registry import ModelRegistry, served_name, split_replica_name
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(10)]
+
+COPIES = ["m", "m#2", "m#3"]
+
+
+@pytest.mark.parametrize(
+    ("work", "prefer", "expected"),
+    [
+        ({}, None, "m"),  # all idle: the first
+        ({"m": 2, "m#2": 1, "m#3": 1}, None, "m#2"),  # least work, the first on a tie
+        ({"m": 0, "m#2": 5}, "m#2", "m#2"),  # a session stays on its copy, busy or not
+        ({"m": 3, "m#2": 0}, "m#9", "m#2"),  # its copy is gone: it moves to the least busy
+    ],
+)
+def test_pick_copy(work: dict[str, int], prefer: str | None, expected: str) -> None:
+    assert pick_copy(COPIES, work, prefer) == expected
+
+
+@pytest.mark.parametrize(
+    ("members", "copies", "loading", "expected"),
+    [
+        (["m"], 2, False, "m#2"),
+        (["m", "m#2"], 2, False, None),  # at max_replicas
+        (["m"], 3, True, None),  # one load at a time
+        (["m", "m#3"], 3, False, "m#2"),  # the lowest k that is not a member
+        (["m"], 1, False, None),  # no replicas
+    ],
+)
+def test_next_copy(members: list[str], copies: int, loading: bool, expected: str | None) -> None:
+    assert next_copy("m", members, copies, loading) == expected
+
+
+def _registry(tmp_path: Path, **fields: object) -> tuple[Settings, ModelRegistry]:
+    settings = Settings(home=tmp_path, scan_hf_cache=False, embedding_demo=False, models=[
+        {"id": "m", "backend": "openai", "argv": ["x", "$id"], "aliases": ["mm"], **fields}])
+    return settings, ModelRegistry.build(settings)
+
+
+def test_a_copy_is_a_model_of_its_own_never_listed(tmp_path: Path) -> None:
+    _, registry = _registry(tmp_path, replicas=2, max_replicas=3)
+    base, pinned, extra = (registry.get(n) for n in ("m", "m#2", "m#3"))
+    assert base is not None and pinned is not None and extra is not None
+    assert base.spec.pinned and pinned.spec.pinned and not extra.spec.pinned
+    assert (pinned.id, pinned.spec.aliases, pinned.spec.replicas) == ("m#2", [], 1)
+    assert registry.get("mm#2") is pinned  # through an alias too
+    for beyond in ("m#4", "m#1", "m#02", "m#", "m#2#2"):
+        assert registry.get(beyond) is None, beyond
+    assert [n for n, _ in registry.names()] == ["m", "mm"]
+    assert split_replica_name("a#b#3") == ("a#b", 3)
+    assert served_name("m#2") == served_name("m") == "m"
+
+
+def test_no_copies_without_replicas(tmp_path: Path) -> None:
+    _, registry = _registry(tmp_path)
+    entry = registry.get("m")
+    assert entry is not None and not entry.spec.pinned
+    assert registry.get("m#2") is None
+
+
+def test_replica_options_are_checked() -> None:
+    with pytest.raises(ValidationError, match="max_replicas"):
+        Settings(models=[{"id": "m", "backend": "openai", "argv": ["x"], "replicas": 3,
+                          "max_replicas": 2}])
+    with pytest.raises(ValidationError, match="replicas"):
+        Settings(models=[{"id": "s", "backend": "service", "url": "http://x", "replicas": 2}])
+
+
+def test_balance_counts_requests_chosen_but_not_queued_yet(tmp_path: Path) -> None:
+    """A burst chooses its copies before any of it is queued: each choice counts at once, and
+    a request over gives its count back (once, however often it is told)."""
+    settings, registry = _registry(tmp_path, replicas=2)
+    replicas = Replicas(lambda: settings, lambda: registry)
+    entry = registry.resolve("m")
+
+    async def burst() -> None:
+        chosen = [replicas.choose(entry) for _ in range(4)]
+        assert [e.id for e, _ in chosen] == ["m", "m#2", "m", "m#2"]
+        for _, over in chosen[:2]:
+            assert over is not None
+            over()
+            over()
+        assert replicas.choose(entry)[0].id == "m"
+        assert [c["work"] for c in replicas.stats()["m"]["copies"]] == [2, 1]
+        await replicas.close()
+
+    asyncio.run(burst())
