@@ -99,3 +99,19 @@ def test_balance_counts_requests_chosen_but_not_queued_yet(tmp_path: Path) -> No
         await replicas.close()
 
     asyncio.run(burst())
+
+
+def test_a_copy_asks_the_engine_to_avoid_its_siblings_devices() -> None:
+    """An engine over several devices places a copy away from the other copies (Want's
+    `avoid_devices`): the devices of the model's other copies, nobody else's."""
+    from modelyard.engine.loop import sibling_devices
+    from modelyard.placement.devices import Placement
+    from modelyard.wire.status import ModelStatus
+
+    def on(model: str, *devices: int) -> ModelStatus:
+        return ModelStatus(model, "ready", placement=Placement(tuple((d, 1) for d in devices)))
+
+    placed = [on("m", 0), on("m#3", 2, 3), on("other", 1), ModelStatus("m#4", "loading")]
+    assert sibling_devices("m#2", placed) == {0, 2, 3}
+    assert sibling_devices("m", placed) == {2, 3}
+    assert sibling_devices("other", placed) == frozenset()
