@@ -115,3 +115,29 @@ def test_a_copy_asks_the_engine_to_avoid_its_siblings_devices() -> None:
     assert sibling_devices("m#2", placed) == {0, 2, 3}
     assert sibling_devices("m", placed) == {2, 3}
     assert sibling_devices("other", placed) == frozenset()
+
+
+def test_a_reload_that_lowers_max_replicas_stops_routing_to_copies_beyond_it(
+    tmp_path: Path,
+) -> None:
+    """A copy beyond the new `max_replicas` no longer resolves: routing to it would fail."""
+    settings, registry = _registry(tmp_path, max_replicas=3)
+    current = {"registry": registry}
+    replicas = Replicas(lambda: settings, lambda: current["registry"])
+
+    async def run() -> None:
+        entry = registry.resolve("m")
+        held = [replicas.choose(entry) for _ in range(2)]  # both on `m`: one copy only yet
+        members = replicas._copies(entry)
+        assert members is not None
+        members.members += ["m#2", "m#3"]  # as two scale-ups leave them
+        _, current["registry"] = _registry(tmp_path / "reloaded", max_replicas=2)
+        lowered = current["registry"].resolve("m")
+        chosen = {replicas.choose(lowered)[0].id for _ in range(4)}
+        assert chosen == {"m", "m#2"}
+        for _, over in held:
+            assert over is not None
+            over()
+        await replicas.close()
+
+    asyncio.run(run())

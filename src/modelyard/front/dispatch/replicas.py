@@ -62,11 +62,17 @@ def next_copy(base: str, members: Sequence[str], copies: int, loading: bool) -> 
     return None
 
 
+def _k(copy: str) -> int:
+    parsed = split_replica_name(copy)
+    return 1 if parsed is None else parsed[1]
+
+
 @dataclass
 class _Copies:
     base: str
     members: list[str]  # in k order; the pinned ones first
     pinned: int  # how many of them are pinned (k ≤ replicas)
+    most: int  # max_copies() when the members were set
     loading: str | None = None
     engines: dict[str, str] = field(default_factory=dict)  # copy → engine last seen on
     idle: dict[str, asyncio.TimerHandle] = field(default_factory=dict)
@@ -104,11 +110,16 @@ class Replicas:
         if max_copies(spec) < 2 or split_replica_name(entry.id) is not None:
             return None
         copies = self._models.get(entry.id)
-        if copies is None or copies.pinned != spec.replicas:
+        most = max_copies(spec)
+        if copies is None or (copies.pinned, copies.most) != (spec.replicas, most):
+            # New, or a reload changed its counts: copies beyond the new maximum leave (their
+            # keep-alive unloads them), pinned ones beyond `replicas` become extra ones.
             members = [replica_name(entry.id, k) for k in range(1, spec.replicas + 1)]
-            extra = [] if copies is None else [m for m in copies.members if m not in members]
+            extra = [] if copies is None else [
+                m for m in copies.members if m not in members and _k(m) <= most]
             old = copies
-            copies = self._models[entry.id] = _Copies(entry.id, members + extra, spec.replicas)
+            copies = self._models[entry.id] = _Copies(
+                entry.id, members + extra, spec.replicas, most)
             if old is not None:
                 copies.engines, copies.idle, copies.loading = old.engines, old.idle, old.loading
         return copies
