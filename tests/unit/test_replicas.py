@@ -141,3 +141,31 @@ def test_a_reload_that_lowers_max_replicas_stops_routing_to_copies_beyond_it(
         await replicas.close()
 
     asyncio.run(run())
+
+
+def test_a_waiting_request_moves_to_a_copy_that_joins_and_leaves_its_queue() -> None:
+    from modelyard.front.dispatch.queueing import Limits, ModelQueues
+    from modelyard.front.dispatch.replicas import MovedToCopy, unless_moved
+
+    async def run() -> None:
+        queues = ModelQueues()
+        limits = Limits(1, 8)
+        held = await queues.acquire("m", limits)
+        moved: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        waiting = asyncio.ensure_future(unless_moved(queues.acquire("m", limits), moved))
+        while queues.queued("m") == 0:  # yield to the loop until it has queued
+            await asyncio.sleep(0)
+        moved.set_result("m#2")
+        with pytest.raises(MovedToCopy) as info:
+            await waiting
+        assert info.value.copy == "m#2" and queues.queued("m") == 0
+        # not moved: the slot comes when the holder releases it
+        stays = asyncio.ensure_future(unless_moved(
+            queues.acquire("m", limits), asyncio.get_running_loop().create_future()))
+        while queues.queued("m") == 0:
+            await asyncio.sleep(0)
+        held.release()
+        (await stays).release()
+        assert queues.running("m") == 0
+
+    asyncio.run(run())

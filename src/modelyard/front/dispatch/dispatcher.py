@@ -26,7 +26,7 @@ from modelyard.front.chat.presets import apply_preset_bytes
 from modelyard.front.chat.sessions.kv import SessionKv, SlotKv
 from modelyard.front.dispatch.queueing import Limits, ModelQueues
 from modelyard.front.dispatch.relay import Relay, send_upstream
-from modelyard.front.dispatch.replicas import Replicas
+from modelyard.front.dispatch.replicas import MovedToCopy, Replicas, unless_moved
 from modelyard.front.dispatch.routing import EngineView, pick_engine, view_from_status
 from modelyard.front.engines.client import EngineClient
 from modelyard.placement import policy as scheduler
@@ -240,18 +240,23 @@ class Dispatcher:
         served, over = self.replicas.choose(entry, affinity)
         if over is None:
             return await self._open(entry, call, client)
-        # A copy of a replicated model: an extra copy's keep-alive is the replicas' (its own
-        # timer unloads it sooner), and a session's slots are the copy's.
-        call = replace(call, keep_alive_s=self.replicas.keep_alive_s(served.id, keep_alive_s))
-        if session_kv is not None:
-            session_kv.model = served.id
-        try:
-            relay = await self._open(served, call, client)
-        except BaseException:
-            over()
-            raise
-        relay.on_close = _then(relay.on_close, over)
-        return relay
+        while True:
+            # A copy of a replicated model: an extra copy's keep-alive is the replicas' (its
+            # own timer unloads it sooner), and a session's slots are the copy's.
+            call = replace(call, keep_alive_s=self.replicas.keep_alive_s(served.id, keep_alive_s))
+            if session_kv is not None:
+                session_kv.model = served.id
+            try:
+                relay = await self._open(served, call, client)
+            except MovedToCopy as moved:  # it waited; a new copy has room sooner
+                over()
+                served, over = self.replicas.take(entry, moved.copy, affinity)
+                continue
+            except BaseException:
+                over()
+                raise
+            relay.on_close = _then(relay.on_close, over)
+            return relay
 
     async def _open(self, entry: Entry, call: Call, client: Request | None) -> Relay:
         engine = await self.route(entry)
@@ -286,11 +291,12 @@ class Dispatcher:
     ) -> Relay:
         will_wait = self.queues.running(entry.id) >= limits.max_concurrency or (
             self.queues.queued(entry.id) > 0)
-        with self.replicas.waiting(entry.id, will_wait):  # a long wait adds a copy
-            slot = await self.queues.acquire(
+        with self.replicas.waiting(entry.id, will_wait) as moved:  # a long wait adds a copy
+            acquiring = self.queues.acquire(
                 entry.id, limits, priority=call.priority,
                 timeout_s=self.catalog.settings.queue_timeout_s,
             )
+            slot = await (acquiring if moved is None else unless_moved(acquiring, moved))
         self.inflight[engine.name] = self.inflight.get(engine.name, 0) + 1
 
         def done() -> None:

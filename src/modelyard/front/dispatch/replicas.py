@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from modelyard.errors import ModelyardError
+from modelyard.front.dispatch.queueing import Slot
 from modelyard.store.registry import (
     Entry,
     ModelRegistry,
@@ -77,6 +78,42 @@ class _Copies:
     engines: dict[str, str] = field(default_factory=dict)  # copy → engine last seen on
     idle: dict[str, asyncio.TimerHandle] = field(default_factory=dict)
     failed_at: float | None = None  # the last scale-up that failed (loop time)
+    waiting: list[_Waiter] = field(default_factory=list)  # requests in the copies' queues
+
+
+@dataclass(eq=False)
+class _Waiter:
+    copy: str
+    moved: asyncio.Future[str]  # the copy it should move to
+
+
+class MovedToCopy(Exception):
+    """A waiting request leaves its copy's queue for a copy that joined (`Replicas.waiting`)."""
+
+    def __init__(self, copy: str) -> None:
+        super().__init__(copy)
+        self.copy = copy
+
+
+async def unless_moved(acquiring: Awaitable[Slot], moved: asyncio.Future[str]) -> Slot:
+    """A queue slot, unless the request is moved to another copy first (MovedToCopy): then it
+    leaves the queue (the queue passes on a slot it was handed meanwhile)."""
+    task = asyncio.ensure_future(acquiring)
+    either: set[asyncio.Future[Any]] = {task, moved}
+    try:
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # the request was cancelled (its client left)
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            (await task).release()  # granted just before the cancellation took
+        raise
+    if task.done():
+        return task.result()  # a slot (or the queue's refusal): it stays here
+    task.cancel()
+    try:
+        return await task  # granted before the cancellation took: it stays here
+    except asyncio.CancelledError:
+        raise MovedToCopy(moved.result()) from None
 
 
 # (copy entry, keep-alive) → the engine that loaded it.
@@ -143,6 +180,10 @@ class Replicas:
             self._affinity.move_to_end(session)
             while len(self._affinity) > MAX_AFFINITIES:
                 self._affinity.popitem(last=False)
+        return self._ticket(entry, chosen)
+
+    def _ticket(self, entry: Entry, chosen: str) -> tuple[Entry, Callable[[], None]]:
+        copies = self._models[entry.id]
         self._busy(copies, chosen)
         self._inflight[chosen] += 1
         over = False
@@ -203,20 +244,47 @@ class Replicas:
     # -- scale up ------------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def waiting(self, model: str, will_wait: bool) -> Iterator[None]:
+    def waiting(self, model: str, will_wait: bool) -> Iterator[asyncio.Future[str] | None]:
         """Around a request's wait in copy `model`'s queue: one that waits past
-        `replica_scale_up_wait_s` asks for one more copy."""
+        `replica_scale_up_wait_s` asks for one more copy. The future it gives names the copy
+        the request should move to, once a new copy has less work than this one (None: not a
+        copy, or it does not wait)."""
         found = self._of_copy(model) if will_wait else None
-        if found is None or len(found[0].members) >= self._max(found[0]):
-            yield
+        if found is None:
+            yield None
             return
+        copies = found[0]
         loop = asyncio.get_running_loop()
-        wait_s = float(self._settings().replica_scale_up_wait_s)
-        timer = loop.call_later(wait_s, self._scale_up, found[0])
+        waiter = _Waiter(model, loop.create_future())
+        copies.waiting.append(waiter)
+        timer = None
+        if len(copies.members) < self._max(copies):
+            wait_s = float(self._settings().replica_scale_up_wait_s)
+            timer = loop.call_later(wait_s, self._scale_up, copies)
         try:
-            yield
+            yield waiter.moved
         finally:
-            timer.cancel()
+            if timer is not None:
+                timer.cancel()
+            copies.waiting.remove(waiter)
+
+    def take(self, entry: Entry, copy: str, session: str | None = None) -> tuple[
+            Entry, Callable[[], None]]:
+        """A request that moved to `copy` (see `waiting`): that copy's entry and ticket."""
+        if session is not None and session in self._affinity:
+            self._affinity[session] = copy
+        return self._ticket(entry, copy)
+
+    def _rebalance(self, copies: _Copies, joined: str) -> None:
+        """A copy joined: requests waiting in the other copies' queues move to it while it has
+        less work than the copy they wait on (the first waiters first)."""
+        work = {m: self._work(m) for m in copies.members}
+        for waiter in copies.waiting:
+            if waiter.copy != joined and work[joined] + 1 < work.get(waiter.copy, 0) and (
+                    not waiter.moved.done()):
+                waiter.moved.set_result(joined)
+                work[joined] += 1
+                work[waiter.copy] -= 1
 
     def _max(self, copies: _Copies) -> int:
         entry = self._registry().get(copies.base)
@@ -253,6 +321,7 @@ class Replicas:
         if name not in copies.members:
             copies.members.append(name)
         self._idle(copies, name)  # unused, it goes again after the idle time
+        self._rebalance(copies, name)
 
     # -- scale down ----------------------------------------------------------------------------
 
