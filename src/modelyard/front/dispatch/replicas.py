@@ -12,7 +12,9 @@ ordinary per-model queue and nothing else changes on the way (lease, early send,
   scale-up; a copy joins once it is loaded, so no request waits for a copy's load.
 * Scale up: a request that waits `replica_scale_up_wait_s` in a copy's queue, while fewer than
   `max_replicas` copies exist and none is loading, loads the next copy in the background, on an
-  engine that holds no sibling where there is one.
+  engine that holds no sibling where there is one. Once it is loaded, requests still waiting in
+  the other copies' queues move to it (they leave their queue and queue again there) while it
+  has less work than the copy they wait on.
 * Scale down: an extra copy with nothing in flight for `replica_idle_s` leaves the members, then
   is unloaded. Its leases carry a keep-alive of twice that, so the engine drops it anyway if the
   front cannot (and never before the front stopped routing to it).
@@ -159,6 +161,7 @@ class Replicas:
                 entry.id, members + extra, spec.replicas, most)
             if old is not None:
                 copies.engines, copies.idle, copies.loading = old.engines, old.idle, old.loading
+                copies.waiting = old.waiting
         return copies
 
     def _work(self, model: str) -> int:
@@ -266,7 +269,8 @@ class Replicas:
         finally:
             if timer is not None:
                 timer.cancel()
-            copies.waiting.remove(waiter)
+            with contextlib.suppress(ValueError):
+                copies.waiting.remove(waiter)
 
     def take(self, entry: Entry, copy: str, session: str | None = None) -> tuple[
             Entry, Callable[[], None]]:
