@@ -289,14 +289,16 @@ class Dispatcher:
     async def _open_relay(
         self, entry: Entry, engine: EngineClient, limits: Limits, call: Call
     ) -> Relay:
-        will_wait = self.queues.running(entry.id) >= limits.max_concurrency or (
-            self.queues.queued(entry.id) > 0)
-        with self.replicas.waiting(entry.id, will_wait) as moved:  # a long wait adds a copy
-            acquiring = self.queues.acquire(
-                entry.id, limits, priority=call.priority,
-                timeout_s=self.catalog.settings.queue_timeout_s,
-            )
-            slot = await (acquiring if moved is None else unless_moved(acquiring, moved))
+        acquiring = self.queues.acquire(
+            entry.id, limits, priority=call.priority,
+            timeout_s=self.catalog.settings.queue_timeout_s,
+        )
+        if self.queues.running(entry.id) < limits.max_concurrency and (
+                self.queues.queued(entry.id) == 0):
+            slot = await acquiring  # admitted at once: no wait to watch
+        else:
+            with self.replicas.waiting(entry.id) as moved:  # a long wait adds a copy
+                slot = await (acquiring if moved is None else unless_moved(acquiring, moved))
         self.inflight[engine.name] = self.inflight.get(engine.name, 0) + 1
 
         def done() -> None:

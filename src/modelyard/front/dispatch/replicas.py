@@ -247,12 +247,12 @@ class Replicas:
     # -- scale up ------------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def waiting(self, model: str, will_wait: bool) -> Iterator[asyncio.Future[str] | None]:
+    def waiting(self, model: str) -> Iterator[asyncio.Future[str] | None]:
         """Around a request's wait in copy `model`'s queue: one that waits past
         `replica_scale_up_wait_s` asks for one more copy. The future it gives names the copy
         the request should move to, once a new copy has less work than this one (None: not a
-        copy, or it does not wait)."""
-        found = self._of_copy(model) if will_wait else None
+        copy)."""
+        found = self._of_copy(model)
         if found is None:
             yield None
             return
