@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from modelyard.config import Settings
 from modelyard.front.dispatch.replicas import Replicas, next_copy, pick_copy
-from modelyard.store.registry import ModelRegistry, served_name, split_replica_name
+from modelyard.store.registry import Entry, ModelRegistry, served_name, split_replica_name
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(10)]
 
@@ -167,5 +167,29 @@ def test_a_waiting_request_moves_to_a_copy_that_joins_and_leaves_its_queue() -> 
         held.release()
         (await stays).release()
         assert queues.running("m") == 0
+
+    asyncio.run(run())
+
+
+def test_a_pinned_copy_that_cannot_load_at_start_takes_no_requests(tmp_path: Path) -> None:
+    """Its pinned siblings never give the memory back: requests sent there would only wait."""
+    from modelyard.errors import InsufficientMemory
+
+    settings, registry = _registry(tmp_path, replicas=3)
+    replicas = Replicas(lambda: settings, lambda: registry)
+
+    async def load(entry: Entry, keep_alive_s: float | None) -> str:
+        if entry.id == "m#3":
+            raise InsufficientMemory("no room for m#3", model=entry.id)
+        return "engine-0" if entry.id == "m" else "engine-1"
+
+    async def run() -> None:
+        replicas.load = load
+        await replicas.load_pinned()
+        entry = registry.resolve("m")
+        assert {replicas.choose(entry)[0].id for _ in range(6)} == {"m", "m#2"}
+        assert [(c["model"], c["engine"]) for c in replicas.stats()["m"]["copies"]] == [
+            ("m", "engine-0"), ("m#2", "engine-1")]
+        await replicas.close()
 
     asyncio.run(run())

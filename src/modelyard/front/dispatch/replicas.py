@@ -230,17 +230,21 @@ class Replicas:
 
     async def load_pinned(self) -> None:
         """At start: every copy of each model with `replicas` > 1, one after the other so each
-        goes where its siblings are not. A failure is logged (a request loads it later)."""
+        goes where its siblings are not. A copy that cannot load (no room) is logged and takes
+        no requests (they would wait for memory its pinned siblings never give back); the
+        model itself always does (its errors are the client's answer)."""
         assert self.load is not None
         for entry in self._registry().entries():
             copies = self._copies(entry) if entry.preset is None else None
             if copies is None:
                 continue
-            for name in copies.members[:copies.pinned]:
+            for name in list(copies.members[:copies.pinned]):
                 try:
                     copies.engines[name] = await self.load(self._registry().resolve(name), None)
                 except ModelyardError as exc:
                     log.error("copy %s not loaded: %s", name, exc.full_message())
+                    if name != copies.base:
+                        copies.members.remove(name)
                 else:
                     log.info("copy %s loaded on %s", name, copies.engines[name])
 
@@ -349,7 +353,7 @@ class Replicas:
 
     def _drop(self, copies: _Copies, model: str) -> None:
         copies.idle.pop(model, None)
-        if self._work(model) > 0 or model not in copies.members[copies.pinned:]:
+        if self._work(model) > 0 or model not in copies.members or _k(model) <= copies.pinned:
             return
         copies.members.remove(model)
         engine = copies.engines.pop(model, None)
@@ -375,8 +379,8 @@ class Replicas:
             base: {
                 "max_copies": self._max(c),
                 "loading": c.loading,
-                "copies": [{"model": m, "engine": c.engines.get(m), "pinned": i < c.pinned,
-                            "work": self._work(m)} for i, m in enumerate(c.members)],
+                "copies": [{"model": m, "engine": c.engines.get(m), "pinned": _k(m) <= c.pinned,
+                            "work": self._work(m)} for m in c.members],
             }
             for base, c in self._models.items()
         }
