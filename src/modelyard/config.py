@@ -88,6 +88,16 @@ class _ModelBase(BaseModel):
         default_factory=list,
         description="Capabilities an engine must declare (engine_specs.capabilities) to run it.",
     )
+    replicas: int = Field(
+        1, ge=1, description="Copies loaded at start and pinned (each its own server, on "
+        "another device or engine where there is one); requests go to the copy with the "
+        "least work in flight.",
+    )
+    max_replicas: int | None = Field(
+        None, ge=1, description="Copies there may be under load: one more is loaded when a "
+        "request waited `replica_scale_up_wait_s` in the model's queue, and an extra copy "
+        "idle for `replica_idle_s` is unloaded; null: `replicas`.",
+    )
     tools: bool | None = Field(
         None, description="Whether this model can call tools (OpenAI `tools`, Ollama `tools`); "
         "null: decided from the backend (llama.cpp with --jinja, a transformers chat template "
@@ -98,6 +108,16 @@ class _ModelBase(BaseModel):
         "`images`); null: decided from the backend (llama.cpp with an `mmproj` projector, a "
         "transformers image-text-to-text repo, any OpenAI server; not services).",
     )
+
+    @model_validator(mode="after")
+    def _copies(self) -> _ModelBase:
+        if self.max_replicas is not None and self.max_replicas < self.replicas:
+            raise ValueError(f"max_replicas ({self.max_replicas}) is below replicas "
+                             f"({self.replicas})")
+        if getattr(self, "backend", None) == "service" and (
+                self.replicas > 1 or (self.max_replicas or 1) > 1):
+            raise ValueError("a service has one URL: it cannot have replicas")
+        return self
 
 
 # The KV cache types llama-server's --cache-type-k/v accept (its --help lists them).
@@ -594,6 +614,15 @@ class Settings(BaseSettings):
     )
     queue_timeout_s: float = Field(
         600.0, gt=0, description="How long a request may wait in a model's queue."
+    )
+    replica_scale_up_wait_s: float = Field(
+        2.0, gt=0, description="A model with `max_replicas` gets one more copy when a request "
+        "has waited this long in its queue.",
+    )
+    replica_idle_s: float = Field(
+        60.0, gt=0, description="An extra copy (beyond `replicas`) idle this long is unloaded "
+        "(its keep-alive: a surge's copy gives its device back sooner than a model's default "
+        "keep-alive would).",
     )
     default_engine: int | None = Field(
         None, ge=0, description="Engine tried first for a cold model; null: the one that needs "

@@ -41,3 +41,13 @@ def test_routing_order(
     engines: list[EngineView], pinned: str | None, default: str | None, expected: str | None
 ) -> None:
     assert pick_engine(engines, "m", pinned=pinned, default=default) == expected
+
+
+def test_a_cold_copy_avoids_the_engines_of_its_siblings() -> None:
+    """A replica's copy goes to an engine without a sibling (default included), unless that
+    costs evictions the sibling's engine does not need."""
+    two = [EngineView(E0), EngineView(E1, queued=3)]
+    assert pick_engine(two, "m#2", avoid=frozenset({E0})) == E1
+    assert pick_engine(two, "m#2", default=E0, avoid=frozenset({E0})) == E1
+    crowded = [EngineView(E0), EngineView(E1, evictions_needed=1)]
+    assert pick_engine(crowded, "m#2", avoid=frozenset({E0})) == E0

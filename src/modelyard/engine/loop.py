@@ -29,7 +29,7 @@ import math
 import os
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -56,7 +56,7 @@ from modelyard.placement.ledger import Loading, plannable_free
 from modelyard.store.config_diff import diff_specs, keep_running, spec_views
 from modelyard.store.draft import with_draft_path
 from modelyard.store.estimate import MemoryEstimate, estimate_model, serving_bytes
-from modelyard.store.registry import Entry, ModelRegistry
+from modelyard.store.registry import Entry, ModelRegistry, served_name
 from modelyard.types import Lease
 from modelyard.wire.status import (
     DeviceStatus,
@@ -392,6 +392,7 @@ class Engine:
             group=spec.group,
             coexist_with=frozenset(spec.can_coexist_with),
             priority=spec.priority,
+            avoid_devices=sibling_devices(rt.entry.id, self._placed(exclude=rt)),
         )
         # The engine's own view, in the shape it reports: the front plans on /status the same way.
         view = EngineStatus(
@@ -1011,3 +1012,14 @@ class Engine:
 def _backend_stats(server: Backend | None) -> dict[str, Any] | None:
     stats = getattr(server, "stats", None)
     return stats() if callable(stats) else None
+
+
+def sibling_devices(model: str, placed: Sequence[ModelStatus]) -> frozenset[int]:
+    """The devices holding other copies of `model` (`<model>#<k>`, front/dispatch/replicas.py):
+    a copy rather goes elsewhere, so that the copies of a hot model compute side by side."""
+    family = served_name(model)
+    return frozenset(
+        device for m in placed
+        if m.model != model and m.placement is not None and served_name(m.model) == family
+        for device in m.placement.devices
+    )

@@ -156,6 +156,8 @@ def create_app(
                 log.info("imported %d model(s) from %s", len(added), directory)
             stack.enter_context(reloader.on_sighup())
             await load_startup_models(state)
+            await dispatch.replicas.load_pinned()  # `replicas: N`: N copies at start
+            stack.push_async_callback(dispatch.replicas.close)
             yield
 
     app = Starlette(

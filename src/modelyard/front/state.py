@@ -80,6 +80,7 @@ class FrontState:
             "uptime_seconds": round(time.time() - self.started_at, 3),
             "engines": [report.to_json() for report in await self.dispatch.engine_statuses()],
             "queues": self.dispatch.queues.stats(),
+            "replicas": self.dispatch.replicas.stats(),
             "chat_sessions": self.chat.sessions.stats(),
         }
 

@@ -46,12 +46,13 @@ RELOADABLE: tuple[str, ...] = (
     "memory_recovery_timeout_s",
     "notify_model_swap", "max_concurrency", "max_queue", "queue_timeout_s", "default_engine",
     "engine_specs", "auto_pull", "archive_service_outputs", "default_max_tokens",
+    "replica_scale_up_wait_s", "replica_idle_s",  # read by the front at each scale decision
 )
 
 # Model fields a running server does not depend on: a change applies without a restart.
 IN_PLACE_FIELDS = frozenset({
     "aliases", "priority", "keep_alive_s", "pinned", "max_concurrency", "max_queue", "group",
-    "can_coexist_with", "vram_bytes",
+    "can_coexist_with", "vram_bytes", "replicas", "max_replicas",
 })
 
 # Server-wide settings that go into a backend's command line: a change restarts its models.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -131,6 +131,37 @@ def split_context_variant(name: str) -> tuple[str, int] | None:
     return base, int(digits)
 
 
+# `<model>#<k>` (k = 2, 3, …): the k-th copy of a model (`replicas`, `max_replicas`): a model
+# of its own to the engine (its own server, memory, keep-alive), never listed; the front routes
+# a request for `<model>` to one of its ready copies (front/dispatch/replicas.py). The first
+# copy is the model itself.
+REPLICA_MARK = "#"
+
+
+def replica_name(name: str, k: int) -> str:
+    return name if k == 1 else f"{name}{REPLICA_MARK}{k}"
+
+
+def split_replica_name(name: str) -> tuple[str, int] | None:
+    """(base name, k) for a `<model>#<k>` name with k ≥ 2, else None."""
+    base, mark, digits = name.rpartition(REPLICA_MARK)
+    if not mark or not base or not digits.isdigit() or digits.startswith("0") or digits == "1":
+        return None
+    return base, int(digits)
+
+
+def served_name(model_id: str) -> str:
+    """The name a backend serves a model under: a copy answers as its model (vLLM refuses a
+    request whose `model` is not its served name; clients see the name they asked for)."""
+    parsed = split_replica_name(model_id)
+    return model_id if parsed is None else parsed[0]
+
+
+def max_copies(spec: ModelSpec) -> int:
+    """How many copies of the model may run at once (1: no replicas)."""
+    return max(spec.replicas, spec.max_replicas or 1)
+
+
 def _key(name: str) -> str:
     name = name.strip().lower()
     return name.removesuffix(":latest")
@@ -150,7 +181,11 @@ class ModelRegistry:
         self._aliases: dict[str, list[str]] = {}  # entry name → other names, as written
         # Context variants asked for so far, by (base entry name, context): never listed.
         self._variants: dict[tuple[str, int], Entry] = {}
+        self._replicas: dict[tuple[str, int], Entry] = {}  # copies asked for: never listed
         for entry in entries:
+            if entry.spec.replicas > 1 and not entry.spec.pinned:
+                # `replicas: N` pins N copies, the model itself being the first.
+                entry = replace(entry, spec=entry.spec.model_copy(update={"pinned": True}))
             if entry.name in self._entries:
                 continue
             self._entries[entry.name] = entry
@@ -187,7 +222,24 @@ class ModelRegistry:
         model_id = self._names.get(_key(name))
         if model_id is not None:
             return self._entries[model_id]
-        return self._context_variant(name)
+        return self._context_variant(name) or self._replica(name)
+
+    def _replica(self, name: str) -> Entry | None:
+        """The entry `<model>#<k>` names: a copy of the model under its own id, for k up to
+        its `replicas`/`max_replicas` (pinned for k ≤ `replicas`, as the model itself is)."""
+        parsed = split_replica_name(name)
+        base = None if parsed is None else self.get(parsed[0])
+        if parsed is None or base is None or base.spec.backend == "service":
+            return None
+        if parsed[1] > max_copies(base.spec) or split_replica_name(base.id) is not None:
+            return None
+        key = (base.name, parsed[1])
+        if key not in self._replicas:
+            spec = base.spec.model_copy(update={
+                "id": replica_name(base.id, parsed[1]), "aliases": [], "replicas": 1,
+                "max_replicas": None, "pinned": parsed[1] <= base.spec.replicas})
+            self._replicas[key] = Entry(spec, base.source, base.preset)
+        return self._replicas[key]
 
     def _context_variant(self, name: str) -> Entry | None:
         """The entry `<model>@ctx<N>` names: its base model with `ctx_size` N, under its own id
@@ -200,7 +252,7 @@ class ModelRegistry:
         if key not in self._variants:
             spec = base.spec.model_copy(update={
                 "id": context_variant_name(base.id, parsed[1]), "ctx_size": parsed[1],
-                "aliases": []})
+                "aliases": [], "replicas": 1, "max_replicas": None})
             self._variants[key] = Entry(spec, base.source, base.preset)
         return self._variants[key]
 

@@ -12,6 +12,7 @@ from modelyard.errors import BackendUnavailable
 from modelyard.placement.devices import Placement
 from modelyard.store.kinds import gguf_kind
 from modelyard.store.llama_options import field_args
+from modelyard.store.registry import served_name
 
 # Every layer on the devices: llama.cpp clamps the count to the model's, and older builds that a
 # user points `llama_server_path` at do not know the word "all".
@@ -160,7 +161,7 @@ def llama_server_argv(
         "mmproj": str(spec.mmproj or ""),
         "chat_template": str(spec.chat_template_file or ""),
         "slot_dir": str(settings.session_kv_dir),
-        "id": spec.id,
+        "id": served_name(spec.id),
         "ctx": str(ctx),
         "parallel": str(settings.llama_server_parallel),
         "ctx_total": str(ctx * settings.llama_server_parallel),

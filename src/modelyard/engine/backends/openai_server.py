@@ -20,6 +20,7 @@ from modelyard.placement.devices import Placement
 from modelyard.proc.ports import LOOPBACK, free_port
 from modelyard.proc.process import ChildProcess
 from modelyard.proc.readiness import NotReady, wait_ready
+from modelyard.store.registry import served_name
 
 __all__ = ["LOOPBACK", "ChildServer", "free_port", "log_path", "on_gpus", "render_argv"]
 
@@ -69,7 +70,7 @@ class ChildServer:
         else:
             template = spec.argv + spec.extra_args
             ctx = spec.ctx_size or settings.default_ctx_size
-            values = {"path": str(spec.path or ""), "id": spec.id, "ctx": str(ctx),
+            values = {"path": str(spec.path or ""), "id": served_name(spec.id), "ctx": str(ctx),
                       "slot_dir": str(settings.session_kv_dir), **placement_values(placement),
                       "tensor_parallel_size": str(len(placement.devices) if placement else 1)}
             template = template + self.placement_args(placement, template)

@@ -89,7 +89,7 @@ async def answer(request: Request, call: ChatCall, render: Render) -> Response:
         return state.dispatch.open_relay(
             call.serve_as or call.model, call.path, body, keep_alive_s=call.keep_alive_s,
             priority=call.priority, client=None if watch else request, on_progress=say,
-            session_kv=None if turn is None else turn.kv,
+            session_kv=None if turn is None else turn.kv, affinity=sid,
         )
 
     def stream_body(relay: Relay) -> AsyncIterator[bytes]:

@@ -26,6 +26,7 @@ from modelyard.front.chat.presets import apply_preset_bytes
 from modelyard.front.chat.sessions.kv import SessionKv, SlotKv
 from modelyard.front.dispatch.queueing import Limits, ModelQueues
 from modelyard.front.dispatch.relay import Relay, send_upstream
+from modelyard.front.dispatch.replicas import MovedToCopy, Replicas, unless_moved
 from modelyard.front.dispatch.routing import EngineView, pick_engine, view_from_status
 from modelyard.front.engines.client import EngineClient
 from modelyard.placement import policy as scheduler
@@ -64,6 +65,23 @@ class Dispatcher:
         # Requests in flight per engine: "least queued work" when routing a cold model.
         self.inflight: dict[str, int] = {}
         self.estimates: dict[str, MemoryEstimate | None] = {}  # for routing
+        # Copies of replicated models: which one a request goes to, scale up and down.
+        self.replicas = Replicas(lambda: self.catalog.settings, lambda: self.catalog.registry)
+        self.replicas.load = self._load_copy
+        self.replicas.unload = self._unload_copy
+
+    async def _load_copy(self, entry: Entry, keep_alive_s: float | None) -> str:
+        """Load a copy of a replicated model (routing prefers an engine without a sibling);
+        the engine's name."""
+        engine = await self.route(entry)
+        await engine.load(entry.id, keep_alive_s)
+        return engine.name
+
+    async def _unload_copy(self, engine_name: str, model: str) -> None:
+        self.upstreams.pop((engine_name, model), None)  # not resident there any more
+        engine = self.provider.view.get(engine_name)
+        if engine is not None and engine.up:
+            await engine.unload(model)
 
     @property
     def engines(self) -> tuple[EngineClient, ...]:
@@ -109,6 +127,7 @@ class Dispatcher:
         name = pick_engine(
             views, entry.id, pinned=pinned,
             default=f"engine-{default}" if default is not None else None,
+            avoid=self.replicas.avoid(entry.id),
         )
         if name is None:
             why = f"its pinned {pinned} is down or cannot run it" if pinned else "none is up"
@@ -205,17 +224,41 @@ class Dispatcher:
         client: Request | None = None,
         on_progress: Callable[[str], None] | None = None,
         session_kv: SlotKv | None = None,
+        affinity: str | None = None,
     ) -> Relay:
         """Queue for `model`, lease it on an engine and send it the request (`payload`, of
         `content_type`); the caller owns `relay.close()`, which gives back the lease and the
         queue slot. With `client`, a client that disconnects while the request waits (in the
         queue, for a load) takes it out of the queue at once; `on_progress` hears what a load
         it waits for does (swap progress); `session_kv`: the slot a session turn restores
-        before it is sent and saves after (front/chat/sessions/kv.py)."""
+        before it is sent and saves after (front/chat/sessions/kv.py); `affinity`: a chat
+        session, kept on the copy of a replicated model it used (front/dispatch/replicas.py)."""
         call = Call(path, payload, content_type, keep_alive_s, priority, on_progress, session_kv)
         entry = await self.catalog.resolve(model)
         if entry.preset is not None and call.content_type == "application/json":
             call = replace(call, payload=apply_preset_bytes(entry.preset, call.payload))
+        served, over = self.replicas.choose(entry, affinity)
+        if over is None:
+            return await self._open(entry, call, client)
+        while True:
+            # A copy of a replicated model: an extra copy's keep-alive is the replicas' (its
+            # own timer unloads it sooner), and a session's slots are the copy's.
+            call = replace(call, keep_alive_s=self.replicas.keep_alive_s(served.id, keep_alive_s))
+            if session_kv is not None:
+                session_kv.model = served.id
+            try:
+                relay = await self._open(served, call, client)
+            except MovedToCopy as moved:  # it waited; a new copy has room sooner
+                over()
+                served, over = self.replicas.take(entry, moved.copy, affinity)
+                continue
+            except BaseException:
+                over()
+                raise
+            relay.on_close = _then(relay.on_close, over)
+            return relay
+
+    async def _open(self, entry: Entry, call: Call, client: Request | None) -> Relay:
         engine = await self.route(entry)
         limits = self.limits(entry, engine)
         # Waiting (a full queue, a cold model) watches the client, so one that leaves stops
@@ -246,10 +289,16 @@ class Dispatcher:
     async def _open_relay(
         self, entry: Entry, engine: EngineClient, limits: Limits, call: Call
     ) -> Relay:
-        slot = await self.queues.acquire(
+        acquiring = self.queues.acquire(
             entry.id, limits, priority=call.priority,
             timeout_s=self.catalog.settings.queue_timeout_s,
         )
+        if self.queues.running(entry.id) < limits.max_concurrency and (
+                self.queues.queued(entry.id) == 0):
+            slot = await acquiring  # admitted at once: no wait to watch
+        else:
+            with self.replicas.waiting(entry.id) as moved:  # a long wait adds a copy
+                slot = await (acquiring if moved is None else unless_moved(acquiring, moved))
         self.inflight[engine.name] = self.inflight.get(engine.name, 0) + 1
 
         def done() -> None:
@@ -265,6 +314,7 @@ class Dispatcher:
             done()
             raise
         relay.on_close = done
+        self.replicas.placed(entry.id, engine.name)
         return relay
 
     async def _lease_and_send(
@@ -357,6 +407,17 @@ class Call:
     priority: int
     on_progress: Callable[[str], None] | None
     kv: SlotKv | None = None
+
+
+def _then(first: Callable[[], None] | None, then: Callable[[], None]) -> Callable[[], None]:
+    def both() -> None:
+        try:
+            if first is not None:
+                first()
+        finally:
+            then()
+
+    return both
 
 
 def _drop(early: asyncio.Future[aiohttp.ClientResponse]) -> None:

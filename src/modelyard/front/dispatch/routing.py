@@ -1,7 +1,8 @@
 """Which engine serves a request (DESIGN.md §1): pure, so it is tested as a table.
 
 Order: the model's pinned engine; an engine where it is already resident (no reload); the
-default engine; the least-loaded compatible engine (fewest evictions needed, then least queued).
+default engine; the least-loaded compatible engine (fewest evictions needed, then one without a
+sibling copy of the model, then least queued).
 Engines that are down or cannot run the model's format are never chosen.
 """
 
@@ -34,7 +35,10 @@ def pick_engine(
     *,
     pinned: str | None = None,
     default: str | None = None,
+    avoid: frozenset[str] = frozenset(),
 ) -> str | None:
+    """`avoid`: engines that hold a sibling copy of `model` (front/dispatch/replicas.py): a cold
+    copy goes elsewhere when another engine needs no more evictions."""
     usable = [e for e in engines if e.up and e.compatible]
     if not usable:
         return None
@@ -45,9 +49,9 @@ def pick_engine(
     resident = [e for e in usable if model in e.resident]
     if resident:
         return min(resident, key=lambda e: e.queued).name
-    if default is not None and default in by_name:
+    if default is not None and default in by_name and default not in avoid:
         return default
-    return min(usable, key=lambda e: (e.evictions_needed, e.queued)).name
+    return min(usable, key=lambda e: (e.evictions_needed, e.name in avoid, e.queued)).name
 
 
 def view_from_status(
