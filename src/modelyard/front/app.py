@@ -60,6 +60,7 @@ from modelyard.front.engines.provider import ChildProcess, InProcessEngines, Loc
 from modelyard.front.identity import accounts, auth, tokens
 from modelyard.front.identity.cors import OllamaCors
 from modelyard.front.ops import metrics as front_metrics
+from modelyard.front.ops.draft_pulls import pull_drafts
 from modelyard.front.ops.jobs import PullJobs
 from modelyard.front.ops.logs import LogBuffer
 from modelyard.front.ops.reload import ConfigReloader
@@ -225,7 +226,12 @@ async def _open_catalog(
     `route` places a model a job pulled with `init` (the dispatcher's)."""
 
     async def on_pulled(job: dict[str, Any]) -> None:
+        # A declared model's hub draft comes with it (front/ops/draft_pulls.py); a load asked
+        # for with the pull waits for the draft, without which it would be refused.
+        drafts = await pull_drafts(catalog.jobs, catalog.registry, job)
         if job.get("init") and job.get("model_id"):
+            for draft in drafts:
+                await catalog.jobs.wait(draft["id"])
             entry = catalog.registry.resolve(job["model_id"])
             await (await route(entry)).load(entry.id)
 

@@ -14,6 +14,7 @@ from typing import TypeVar, cast
 from modelyard.config import Settings
 from modelyard.errors import ModelLoadFailed, ModelNotPulled
 from modelyard.front.ops.jobs import PullJobs
+from modelyard.store.draft import missing_hub_draft
 from modelyard.store.registry import Entry, ModelRegistry
 from modelyard.wire.engines import EngineProvider
 
@@ -49,20 +50,33 @@ class Catalog:
 
     async def resolve(self, name: str) -> Entry:
         """The catalog entry `name` reaches; with `auto_pull`, a hub reference not yet on disk
-        is pulled first (the request waits for the download)."""
+        is pulled first (the request waits for the download), and so is a speculative-decoding
+        draft that names one (front/ops/draft_pulls.py)."""
         try:
-            return self.registry.resolve(name)
+            entry = self.registry.resolve(name)
         except ModelNotPulled:
             if not self.settings.auto_pull:
                 raise
-        submitted, _ = await self.jobs.submit(name)
+            entry = self.registry.resolve(await self._pull(name, name) or name)
+        if self.settings.auto_pull and getattr(entry.spec, "draft_model", None) is not None:
+            draft = missing_hub_draft(entry.spec, self.registry)
+            if draft is not None:
+                await self._pull(draft, entry.name)
+                entry = self.registry.resolve(entry.name)
+        return entry
+
+    async def _pull(self, ref: str, model: str) -> str | None:
+        """Pull `ref` for a request to `model` and wait; the catalog is rescanned after. The
+        pulled model's catalog id."""
+        submitted, _ = await self.jobs.submit(ref)
         job = await self.jobs.wait(submitted["id"])
         if job["status"] != "succeeded":
             raise ModelLoadFailed(
-                f"auto_pull of '{name}' {job['status']}: {job.get('error')}", model=name
+                f"auto_pull of '{ref}' {job['status']}: {job.get('error')}", model=model
             )
         await self.rescan()
-        return self.registry.resolve(job.get("model_id") or name)
+        model_id: str | None = job.get("model_id")
+        return model_id
 
     async def rescan(self) -> None:
         """Rebuild the catalog (disk, database, config) here and in every engine."""

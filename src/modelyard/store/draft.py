@@ -43,7 +43,7 @@ def draft_path(spec: LlamaCppModel, registry: _Registry | None, settings: Settin
         if not path.is_file():
             raise _bad(spec, f"draft_model '{name}' of '{spec.id}' is not a file: fix its path")
         return path
-    entry = registry.get(name) if registry is not None else None
+    entry = draft_entry(name, registry)
     if entry is None:
         if name == DEMO_MODEL_ID and (settings.models_dir / DEMO_MODEL_FILE).is_file():
             return settings.models_dir / DEMO_MODEL_FILE
@@ -59,6 +59,29 @@ def draft_path(spec: LlamaCppModel, registry: _Registry | None, settings: Settin
         raise _bad(spec, f"draft_model '{name}' of '{spec.id}' has a draft of its own; a draft "
                          "is one model")
     return draft.path
+
+
+def draft_entry(name: str, registry: _Registry | None) -> _Entry | None:
+    """The catalog entry a draft's name reaches: its id or alias, or for a hub reference
+    (`hf.co/org/repo:Q4_K_M`) the id its pull gave it (`org/repo:q4_k_m`, store/refs.py)."""
+    if registry is None:
+        return None
+    entry = registry.get(name)
+    if entry is None and looks_like_hub_ref(name):
+        entry = registry.get(parse_ref(name).model_id)
+    return entry
+
+
+def missing_hub_draft(spec: ModelSpec, registry: _Registry | None) -> str | None:
+    """The hub reference `spec`'s draft names when it is not in the catalog yet: what a pull
+    of the pair, or `auto_pull` before a load, fetches (front/ops/draft_pulls.py). None: no
+    draft, a path, a local id, or a draft already pulled."""
+    if not isinstance(spec, LlamaCppModel) or spec.draft_model is None:
+        return None
+    name = spec.draft_model
+    if draft_is_path(name) or not looks_like_hub_ref(name):
+        return None
+    return name if draft_entry(name, registry) is None else None
 
 
 def _bad(spec: ModelSpec, message: str) -> InvalidRequest:

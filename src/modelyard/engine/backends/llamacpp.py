@@ -26,7 +26,14 @@ _FLAGS: dict[str, tuple[str, ...]] = {
     "--tensor-split": ("-ts", "--tensor-split"),
     "--main-gpu": ("-mg", "--main-gpu"),
     "--fit": ("-fit", "--fit"),
+    "--spec-draft-ngl": ("-ngld", "--spec-draft-ngl", "--gpu-layers-draft",
+                         "--n-gpu-layers-draft"),
+    "--spec-draft-device": ("-devd", "--spec-draft-device", "--device-draft"),
 }
+
+# The first device the child sees, by llama.cpp's name for it: the engine names a placement's
+# devices in CUDA_VISIBLE_DEVICES, so the target's main device (`--main-gpu 0`) is CUDA0.
+MAIN_DEVICE = "CUDA0"
 
 # Fixed slots, each with its own KV cache of the full context (as Ollama's num_parallel does):
 # llama-server's default (automatic slots sharing one unified cache) kept discarding cached prompts
@@ -153,7 +160,7 @@ def llama_server_argv(
         # Asked here even without a placement: the engine builds a backend in a worker
         # thread, and place() (on its event loop) then finds the answer cached.
         argv += placement_args(placement, spec.extra_args, fit_flag=knows_fit(binary))
-        argv += draft_args(spec)
+        argv += draft_args(spec, placement)
     ctx = spec.ctx_size or settings.default_ctx_size
     values = {
         "llama_server": str(binary or ""),
@@ -171,14 +178,30 @@ def llama_server_argv(
     return argv + spec.extra_args, values
 
 
-def draft_args(spec: LlamaCppModel) -> list[str]:
+def draft_args(spec: LlamaCppModel, placement: Placement | None = None) -> list[str]:
     """Speculative decoding with `spec.draft_model` (a path by now: the engine resolves a catalog
     id before it builds the backend, store/draft.py). The pinned llama-server loads a draft with
     `--model-draft` but drafts nothing until `--spec-type draft-simple` asks it to; `--metrics`
-    exposes its draft counters, which the engine reads after requests (engine/speculative.py)."""
+    exposes its draft counters, which the engine reads after requests (engine/speculative.py).
+
+    On GPUs (a placement: the child sees GPUs) the draft follows the target's main device:
+    all its layers there (`--spec-draft-ngl`; its default `auto` fits by what it finds free,
+    behind the ledger's back, and a partial offload of the target must not push the small draft
+    to the CPU, where it would cost more than it saves), and on a split only that device
+    (`--spec-draft-device`; by default the draft follows the target's devices and its
+    `--tensor-split`, a hop between GPUs per drafted token). The estimate counts the draft on
+    the placement's first device. A flag the user put in `extra_args` wins."""
     if spec.draft_model is None:
         return []
     args = ["--model-draft", "$draft", "--spec-type", "draft-simple", "--metrics"]
+    if placement is not None and placement.devices:
+        given = {a.split("=", 1)[0] for a in spec.extra_args}
+        ours = [("--spec-draft-ngl", ALL_LAYERS)]
+        if len(placement.devices) > 1:
+            ours.append(("--spec-draft-device", MAIN_DEVICE))
+        for flag, value in ours:
+            if not given.intersection(_FLAGS[flag]):
+                args += [flag, value]
     for flag, value in (("--spec-draft-n-max", spec.draft_max),
                         ("--spec-draft-n-min", spec.draft_min),
                         ("--spec-draft-p-min", spec.draft_p_min)):
