@@ -32,6 +32,15 @@ TRANSFORMERS_OFF = (
     "the transformers engine decodes in continuous batches; transformers' assisted generation "
     "runs one sequence at a time, so requests run without the draft"
 )
+# What every answer of such a model says, per request (its own HTTP server sets the header).
+SPECULATIVE_HEADER = "X-Modelyard-Speculative"
+TRANSFORMERS_OFF_SHORT = "continuous batching decodes without a draft"
+
+
+def off_header_value(reason: str) -> str:
+    """`off; reason="…"` (a quoted-string: its quotes and backslashes escaped)."""
+    quoted = reason.replace("\\", "\\\\").replace('"', '\\"')
+    return f'off; reason="{quoted}"'
 
 
 def parse_draft_counts(text: str) -> tuple[int, int] | None:

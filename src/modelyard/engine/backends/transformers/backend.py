@@ -185,6 +185,7 @@ class TransformersBackend:
             self.spec.id, generator,
             chat_ids=lambda body: vision_chat_prompt(loaded.processor, body),
             prompt_ids=lambda body: vision_completion_prompt(loaded.processor, body),
+            speculative_off=self._draft_off(),
         )
 
     def _app(self, loaded: Loaded) -> Starlette:
@@ -214,7 +215,15 @@ class TransformersBackend:
             prompt_ids=lambda body: completion_prompt_ids(loaded.tokenizer, body),
             tool_family=tool_family_of(loaded.tokenizer),
             constrain=compiler.for_request,
+            speculative_off=self._draft_off(),
         )
+
+    def _draft_off(self) -> str | None:
+        """Why this model's `draft_model` goes unused, said in every answer's header (None:
+        it has none). Its status says the long form (engine/speculative.py)."""
+        from modelyard.engine.speculative import TRANSFORMERS_OFF_SHORT
+
+        return TRANSFORMERS_OFF_SHORT if self.spec.draft_model is not None else None
 
     async def stop(self) -> None:
         await self._stop_serving()

@@ -30,9 +30,11 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from modelyard.engine.backends.transformers import grammars, tool_calls
 from modelyard.engine.backends.transformers.generator import BatchGenerator, TokenEvent
@@ -42,6 +44,7 @@ from modelyard.engine.backends.transformers.params import (
     SamplingParams,
 )
 from modelyard.engine.backends.transformers.session_pins import valid_session_key
+from modelyard.engine.speculative import SPECULATIVE_HEADER, off_header_value
 
 if TYPE_CHECKING:
     from modelyard.engine.backends.transformers.vision import VisionGenerator
@@ -262,11 +265,14 @@ def build_app(
     tool_family: tool_calls.Family | None = None,
     rerank: Callable[[dict[str, Any]], Any] | None = None,
     constrain: Constrain | None = None,
+    speculative_off: str | None = None,
 ) -> Starlette:
     """`chat_ids`/`prompt_ids` turn a request body into prompt token ids (raising ValueError
     with a message for a body they cannot use). `constrain(body, chat, family)` (blocking) gives
     the grammar matcher a request's `response_format` / forced `tool_choice` asks for, or None,
-    raising `grammars.InvalidGrammar`; without it such requests are refused."""
+    raising `grammars.InvalidGrammar`; without it such requests are refused. `speculative_off`:
+    the model has a `draft_model` this engine does not use, and every answer says why in
+    `X-Modelyard-Speculative: off; reason="…"` (set here, so the front relays it at no cost)."""
 
     async def health(_: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -350,4 +356,28 @@ def build_app(
         Route("/v1/embeddings", embeddings, methods=["POST"]),
         Route("/sessions/{key}", forget_session, methods=["DELETE"]),
     ]
-    return Starlette(routes=routes)
+    middleware = [] if speculative_off is None else [
+        Middleware(_AddHeader, name=SPECULATIVE_HEADER,
+                   value=off_header_value(speculative_off))]
+    return Starlette(routes=routes, middleware=middleware)
+
+
+class _AddHeader:
+    """Pure ASGI: one header on every HTTP response, streamed ones included (it is added to
+    the response's start message, before any body)."""
+
+    def __init__(self, app: ASGIApp, name: str, value: str) -> None:
+        self.app = app
+        self.header = (name.lower().encode("latin-1"), value.encode("latin-1"))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), self.header]}
+            await send(message)
+
+        await self.app(scope, receive, sending)
