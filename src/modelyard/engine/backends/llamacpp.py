@@ -199,9 +199,9 @@ def draft_args(spec: LlamaCppModel, placement: Placement | None = None) -> list[
         ours = [("--spec-draft-ngl", ALL_LAYERS)]
         if len(placement.devices) > 1:
             ours.append(("--spec-draft-device", MAIN_DEVICE))
-        for flag, value in ours:
+        for flag, device_value in ours:
             if not given.intersection(_FLAGS[flag]):
-                args += [flag, value]
+                args += [flag, device_value]
     for flag, value in (("--spec-draft-n-max", spec.draft_max),
                         ("--spec-draft-n-min", spec.draft_min),
                         ("--spec-draft-p-min", spec.draft_p_min)):
