@@ -226,11 +226,9 @@ async def _open_catalog(
     `route` places a model a job pulled with `init` (the dispatcher's)."""
 
     async def on_pulled(job: dict[str, Any]) -> None:
-        # A declared model's hub draft comes with it (front/ops/draft_pulls.py); a load asked
-        # for with the pull waits for the draft, without which it would be refused.
-        drafts = await pull_drafts(catalog.jobs, catalog.registry, job)
         if job.get("init") and job.get("model_id"):
-            for draft in drafts:
+            # Its hub draft's job (submitted by `pulled_with`) first: the load needs the file.
+            for draft in await pull_drafts(catalog.jobs, catalog.registry, job):
                 await catalog.jobs.wait(draft["id"])
             entry = catalog.registry.resolve(job["model_id"])
             await (await route(entry)).load(entry.id)
@@ -238,8 +236,12 @@ async def _open_catalog(
     async def catalog_changed() -> None:
         await catalog.rescan()
 
+    async def pulled_with(job: dict[str, Any]) -> None:
+        # A declared model's hub draft comes with it (front/ops/draft_pulls.py).
+        await pull_drafts(catalog.jobs, catalog.registry, job)
+
     jobs = PullJobs(settings, database, catalog_changed=catalog_changed, on_pulled=on_pulled,
-                    spawn=ChildProcess)
+                    spawn=ChildProcess, pulled_with=pulled_with)
     interrupted = await jobs.recover()
     if interrupted:
         log.warning("%d pull job(s) were interrupted by the last shutdown: POST "

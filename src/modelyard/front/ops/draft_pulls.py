@@ -28,21 +28,27 @@ class _Jobs(Protocol):
 
 
 def paired_with(registry: ModelRegistry, job: dict[str, Any]) -> list[Entry]:
-    """The catalog entries a succeeded pull `job` is: the one its catalog id reaches (a declared
-    model wins over the pulled row when one of its names is that id) and the declared models
-    whose file is the one pulled."""
-    found: list[Entry] = []
+    """The declared models a succeeded pull `job` is: those with its catalog id among their
+    names (a pulled row of that id is listed beside them, so the registry's lookup would give
+    that row, which has no draft), and those whose file is the one pulled."""
     model_id = job.get("model_id")
-    entry = registry.get(model_id) if model_id else None
-    if entry is not None:
-        found.append(entry)
     pulled = job.get("local_path")
-    if pulled:
-        target = Path(pulled).resolve()
-        found += [e for e in registry.entries()
-                  if e.source == "config" and e not in found and e.path is not None
-                  and e.path.resolve() == target]
+    target = Path(pulled).resolve() if pulled else None
+    found: list[Entry] = []
+    for entry in registry.entries():
+        if entry.source != "config":
+            continue
+        names = {_key(n) for n in (entry.name, *entry.spec.aliases)}
+        if (model_id and _key(model_id) in names) or (
+                target is not None and entry.path is not None
+                and entry.path.resolve() == target):
+            found.append(entry)
     return found
+
+
+def _key(name: str) -> str:
+    """A name as the registry compares it (store/registry.py)."""
+    return name.strip().lower().removesuffix(":latest")
 
 
 def drafts_to_pull(registry: ModelRegistry, job: dict[str, Any]) -> list[str]:

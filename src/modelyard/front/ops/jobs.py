@@ -75,8 +75,13 @@ class PullJobs:
         catalog_changed: CatalogChanged,
         on_pulled: OnPulled,
         spawn: SpawnChild,
+        pulled_with: OnPulled | None = None,
     ) -> None:
         self.settings = settings
+        # Before a job reads succeeded: what comes with its model (a speculative-decoding
+        # draft, front/ops/draft_pulls.py) is submitted, so a client that saw the success sees
+        # that job too.
+        self.pulled_with = pulled_with
         self._spawn = spawn
         self.db = engine
         self.catalog_changed = catalog_changed
@@ -306,6 +311,9 @@ class PullJobs:
         if done is not None and code == 0:
             await self._record_model(job, done)
             await self.catalog_changed()  # listed before the job reads succeeded
+            if self.pulled_with is not None:
+                await self.pulled_with({**job, "model_id": done.get("model_id") or job["model_id"],
+                                        "local_path": done["local_path"]})
             total = self._live[job_id].get("bytes_total") or 0
             return {"status": "succeeded", "local_path": done["local_path"],
                     "model_id": done.get("model_id"), "bytes_done": total,
