@@ -725,13 +725,29 @@ def build_app(fake: Fake) -> Any:
                Route("/tokenize", tokenize, methods=["POST"])]
     inner = Starlette(routes=routes, lifespan=lifespan)
 
+    # `--response-header Name:value`: headers a backend adds to every answer (e.g. the
+    # transformers engine's X-Modelyard-Speculative), for the front to pass on or not.
+    extra = [(n.strip().lower().encode(), v.strip().encode())
+             for n, _, v in (h.partition(":") for h in fake.opts.response_header)]
+
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if extra:
+            send = _adding_headers(send, extra)
         if scope["type"] == "http" and not fake.ready and scope["path"] != "/stats":
             await loading(scope, receive, send)  # llama-server's middleware_server_state
         else:
             await inner(scope, receive, send)
 
     return app
+
+
+def _adding_headers(send: Send, extra: list[tuple[bytes, bytes]]) -> Send:
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), *extra]}
+        await send(message)
+
+    return sending
 
 
 class _Server(uvicorn.Server):
@@ -757,6 +773,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--no-fim", action="store_true", help="/infill answers 501 (no FIM tokens)")
     p.add_argument("--ctx-size", type=int, default=None,
                    help="a prompt of more words is refused as llama-server does (also -c)")
+    p.add_argument("--response-header", action="append", default=[], metavar="NAME:VALUE",
+                   help="a header added to every response (repeatable)")
     p.add_argument("--crash-on-load", action="store_true")
     p.add_argument("--crash-after-tokens", type=int, default=None)
     p.add_argument("--silent-stall", action="store_true")

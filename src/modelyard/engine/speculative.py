@@ -32,8 +32,8 @@ TRANSFORMERS_OFF = (
     "the transformers engine decodes in continuous batches; transformers' assisted generation "
     "runs one sequence at a time, so requests run without the draft"
 )
-# What every answer of such a model says, per request (its own HTTP server sets the header).
-SPECULATIVE_HEADER = "X-Modelyard-Speculative"
+# What every answer of such a model says, per request (its own HTTP server sets the header
+# wire/speculative.py SPECULATIVE_HEADER, and the front passes it on).
 TRANSFORMERS_OFF_SHORT = "continuous batching decodes without a draft"
 
 

@@ -11,6 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+# A backend's word on speculative decoding for one answer (the transformers engine: why its
+# draft is not used); the front passes it on to the client unchanged.
+SPECULATIVE_HEADER = "X-Modelyard-Speculative"
+
 
 @dataclass(frozen=True, slots=True)
 class SpeculativeStatus:

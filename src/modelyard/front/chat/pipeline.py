@@ -50,6 +50,7 @@ from modelyard.front.dispatch.relay import (
 )
 from modelyard.front.dispatch.swap_progress import open_for_stream
 from modelyard.front.state import state_of
+from modelyard.wire.speculative import SPECULATIVE_HEADER
 
 
 async def answer(request: Request, call: ChatCall, render: Render) -> Response:
@@ -158,6 +159,11 @@ async def answer(request: Request, call: ChatCall, render: Render) -> Response:
         if capture is not None:
             capture.save_generation(gen)
         response = render.whole(call, gen)
+    # The engine's word on speculative decoding for this answer (a transformers model says why
+    # its draft is not used): one header lookup, passed on.
+    note = relay.header(SPECULATIVE_HEADER)
+    if note is not None:
+        response.headers[SPECULATIVE_HEADER] = note
     return tagged(response if capture is None else capture.attach(response), turn)
 
 

@@ -101,6 +101,10 @@ class Relay:
     def content_type(self) -> str:
         return self.response.headers.get("content-type", "application/json")
 
+    def header(self, name: str) -> str | None:
+        """One of the backend's response headers."""
+        return self.response.headers.get(name)
+
     async def read(self) -> bytes:
         """The whole body; closes the relay. Under a ClientWatch, a client that disconnects
         before the body is complete ends the wait: the upstream connection is closed (the

@@ -44,7 +44,8 @@ from modelyard.engine.backends.transformers.params import (
     SamplingParams,
 )
 from modelyard.engine.backends.transformers.session_pins import valid_session_key
-from modelyard.engine.speculative import SPECULATIVE_HEADER, off_header_value
+from modelyard.engine.speculative import off_header_value
+from modelyard.wire.speculative import SPECULATIVE_HEADER
 
 if TYPE_CHECKING:
     from modelyard.engine.backends.transformers.vision import VisionGenerator
