@@ -37,7 +37,8 @@ from typing import Any
 from modelyard import metrics
 from modelyard.config import LlamaCppModel, ModelSpec, ServiceModel, Settings
 from modelyard.engine.backends.base import Backend, make_backend
-from modelyard.engine.ledger import Device, HostDevice, host_memory, make_device, wait_for_recovery
+from modelyard.engine.device_group import DeviceGroup, make_device
+from modelyard.engine.ledger import Device, HostDevice, host_memory, wait_for_recovery
 from modelyard.engine.read_ahead import Fadvise, read_ahead
 from modelyard.engine.warm_tier import Warmable, WarmEntry, WarmTier, fingerprint
 from modelyard.errors import (
@@ -51,6 +52,7 @@ from modelyard.hw.devices import describe_devices
 from modelyard.hw.thermal import DEFAULT_THRESHOLDS, ThermalSensors, engine_paused
 from modelyard.placement import policy as scheduler
 from modelyard.placement import view as placement
+from modelyard.placement.devices import Placement
 from modelyard.placement.ledger import Loading, plannable_free
 from modelyard.store.config_diff import diff_specs, keep_running, spec_views
 from modelyard.store.estimate import MemoryEstimate, estimate_model, serving_bytes
@@ -96,6 +98,11 @@ class _Runtime:
     reserved_bytes: int = 0  # what the ledger promised it when it was placed
     pid: int | None = None  # the process holding its memory, from spawn to stop
     measured_bytes: int | None = None  # what the device shows that process holding now
+    # Where its memory goes (devices and bytes on each, host RAM of a partial offload), from
+    # the decision that placed it; once ready, the bytes measured on each device replace the
+    # estimate's (`known_by_device`).
+    placement: Placement | None = None
+    measured_by_device: dict[int, int] = field(default_factory=dict)
     known_bytes: int | None = None  # measured while ready: the next load's estimate
     keep_alive_s: float | None = None  # the last request's keep_alive; None: the configured one
     waiting_since: float | None = None  # a load waiting for busy models to make room
@@ -140,11 +147,14 @@ class Engine:
         self._cool = asyncio.Event()
         self._cool.set()
         self.paused_reason: str | None = None
-        self.device: Device = device or make_device(settings, index, self._child_pids)
+        # The devices it owns (config `engine_devices`): a group of one or several.
+        self.device = (DeviceGroup.of(device) if device is not None
+                       else make_device(settings, index, self._child_pids))
         self.warm = WarmTier(settings.warm_tier_bytes, clock)
         self._fadvise = fadvise  # the GGUF read-ahead's seam (None: os.posix_fadvise)
-        if isinstance(self.device, HostDevice):  # warm models hold the CPU engine's device
-            self.device.held_elsewhere = lambda: self.warm.device_bytes
+        host = self.device.first
+        if isinstance(host, HostDevice):  # warm models hold the CPU engine's device
+            host.held_elsewhere = lambda: self.warm.device_bytes
         self.env = {**(env if env is not None else os.environ), **self.device.child_env()}
         metrics.child_env(self.env)  # a backend keeps its own metrics out of ours
         self.stats: collections.Counter[str] = collections.Counter()
@@ -339,13 +349,16 @@ class Engine:
         return None if value < 0 else value
 
     def _measure(self) -> None:
-        """Refresh what each loading or loaded model holds on the device."""
+        """Refresh what each loading or loaded model holds on each device."""
         pids = {rt.pid: rt for rt in self._models.values() if rt.pid is not None}
-        used = self.device.used_by(pids)
+        by_device = self.device.used_by_device(pids)
         for pid, rt in pids.items():
-            rt.measured_bytes = used.get(pid)
+            rt.measured_by_device = {d: held[pid] for d, held in by_device.items() if pid in held}
+            rt.measured_bytes = sum(rt.measured_by_device.values()) if rt.measured_by_device \
+                else None
             if rt.state is ModelState.READY and rt.measured_bytes:
                 rt.known_bytes = rt.measured_bytes
+                rt.placement = measured_placement(rt.placement, rt.measured_by_device)
 
     @staticmethod
     def _pinned(rt: _Runtime) -> bool:
@@ -424,7 +437,9 @@ class Engine:
                     if isinstance(decision, scheduler.Load):
                         await self._reclaim_warm(rt)
                         rt.reserved_bytes = self._want_bytes(rt)
+                        rt.placement = self._placement_of(decision, rt.reserved_bytes)
                         rt.measured_bytes = None
+                        rt.measured_by_device = {}
                         rt.state = ModelState.LOADING
                         rt.waiting_since = None
                         return True
@@ -465,16 +480,17 @@ class Engine:
             assert not rt.leases, f"policy chose busy {rt.entry.id}"
             rt.state = ModelState.STOPPING
         self._measure()
-        info = self.device.info()
-        # Models loading meanwhile (loads run outside `_placing`) go on claiming what they were
-        # promised: counting it as free here would wait for memory that never comes back.
-        before = plannable_free(info.free_bytes or 0, [
-            Loading(r.reserved_bytes, r.measured_bytes or 0)
-            for r in self._models.values() if r.state is ModelState.LOADING
-        ])
+        # Per device: models loading meanwhile (loads run outside `_placing`) go on claiming
+        # what they were promised: counting it as free here would wait for memory that never
+        # comes back.
+        before = {r.index: r.free_bytes for r in self.device.rooms(self._loading_held())}
         # Only memory the device showed them holding can be waited for: a service's unload
-        # route is trusted once it answered.
-        freed = sum(rt.measured_bytes or 0 for rt in runtimes if rt.pid is not None)
+        # route is trusted once it answered. A victim spanning several devices frees each.
+        freed: dict[int, int] = {}
+        for rt in runtimes:
+            if rt.pid is not None:
+                for d, n in rt.measured_by_device.items():
+                    freed[d] = freed.get(d, 0) + n
         victim_pids = [rt.pid for rt in runtimes]
         pids = {pid for pid in victim_pids if pid is not None}
         reason = f"for {for_model}" if for_model else reason
@@ -489,13 +505,34 @@ class Engine:
         asleep = {pid for pid, kept in zip(victim_pids, warm, strict=True) if kept and pid}
         if asleep:  # a sleeping server lives on, holding a little: wait for the rest only
             pids -= asleep
-            freed = max(0, freed - sum(self.device.used_by(asleep).values()))
+            for d, held in self.device.used_by_device(asleep).items():
+                freed[d] = max(0, freed.get(d, 0) - sum(held.values()))
         # Expect most of it back: allocators and drivers keep a little. Host RAM has no driver
         # that frees it late, and every other process on the host moves its free figure: there,
         # the processes being gone is the memory being back.
-        want = 0 if self.device.kind == "cpu" else before + int(freed * 0.9)
-        await wait_for_recovery(self.device, pids, want, self.settings.memory_recovery_timeout_s)
+        want = {} if self.device.kind == "cpu" else {
+            d: before.get(d, 0) + int(n * 0.9) for d, n in freed.items() if n}
+        await self.device.wait_for_recovery(pids, want, self.settings.memory_recovery_timeout_s)
         self._notify()
+
+    def _placement_of(self, decision: scheduler.Load, nbytes: int) -> Placement:
+        """Where the decision puts the load (a policy without device sets: all of it on the
+        group's first device)."""
+        placed: Placement | None = getattr(decision, "placement", None)
+        return placed if placed is not None else Placement.whole(self.device.indexes[0], nbytes)
+
+    def _loading_held(self) -> dict[int, int]:
+        """Per device, what loads in progress were promised and the device does not show them
+        holding yet (placement/ledger.py `plannable_free`, device by device)."""
+        held: dict[int, int] = {}
+        for r in self._models.values():
+            if r.state is not ModelState.LOADING:
+                continue
+            promised = (r.placement.device_bytes if r.placement is not None
+                        else ((self.device.indexes[0], r.reserved_bytes),))
+            for d, n in promised:
+                held[d] = held.get(d, 0) + max(0, n - r.measured_by_device.get(d, 0))
+        return held
 
     def _record_swap(self, rt: _Runtime, reason: str) -> None:
         kind = {"idle": "expirations", "unload": "unloads", "reload": "unloads"}.get(
@@ -688,6 +725,8 @@ class Engine:
                 if server.pid is not None:
                     self._spawned(rt, server.pid)
             else:
+                if rt.placement is not None:  # its devices, before its child starts
+                    server.place(rt.placement, self.device.child_env(rt.placement))
                 await server.start(on_spawn=lambda pid: self._spawned(rt, pid))
         except ModelLoadFailed as exc:
             rt.state = ModelState.FAILED
@@ -708,7 +747,7 @@ class Engine:
             rt.read_ahead = False
             self._arrivals.pop(rt.entry.id, None)  # e.g. make_backend refused it
             if rt.state is not ModelState.LOADING:  # it failed, and its child is gone
-                rt.pid = rt.measured_bytes = None
+                rt.pid = rt.measured_bytes = rt.placement = None
             self._notify()
         rt.server = server
         rt.state = ModelState.READY
@@ -727,7 +766,7 @@ class Engine:
 
     def _spawned(self, rt: _Runtime, pid: int) -> None:
         rt.pid = pid
-        self.device.on_spawn(pid, rt.reserved_bytes)
+        self.device.on_spawn(pid, rt.reserved_bytes, rt.placement)
 
     async def _watch_exit(self, rt: _Runtime, server: Backend) -> None:
         await server.wait_exit()
@@ -748,7 +787,7 @@ class Engine:
             "\n".join(server.tail(self.settings.log_tail_lines)),
         )
         rt.server = None
-        rt.pid = rt.measured_bytes = None
+        rt.pid = rt.measured_bytes = rt.placement = None
         rt.state = ModelState.STOPPED
         rt.restarts += 1
         self.stats["crashes"] += 1
@@ -770,7 +809,7 @@ class Engine:
             await server.stop()
         finally:
             rt.state = ModelState.STOPPED
-            rt.pid = rt.measured_bytes = None
+            rt.pid = rt.measured_bytes = rt.placement = None
         return False
 
     # ---- the warm tier (engine/warm_tier.py) ----------------------------------------------
@@ -984,3 +1023,13 @@ class Engine:
 def _backend_stats(server: Backend | None) -> dict[str, Any] | None:
     stats = getattr(server, "stats", None)
     return stats() if callable(stats) else None
+
+
+def measured_placement(placed: Placement | None, measured: Mapping[int, int]) -> Placement | None:
+    """`placed` with the bytes the devices show on each of its devices instead of the
+    estimate's (the next plan and the report read what is true); its host bytes and layers
+    stay as they were placed."""
+    if placed is None or not measured:
+        return placed
+    return dataclasses.replace(placed, device_bytes=tuple(
+        (d, measured.get(d, n)) for d, n in placed.device_bytes))
