@@ -138,6 +138,12 @@ class OpenAIServerModel(_ModelBase):
     )
     path: UserPath | None = Field(None, description="Optional weights path substituted as `$path`.")
     ctx_size: int | None = Field(None, gt=0, description="Substituted as `$ctx`.")
+    offload: Literal["auto", "off"] = Field(
+        "off", description="auto: when no set of devices has room, the child is placed with "
+        "what fits on the devices and the rest counted in host RAM (for a server that spills "
+        "to host memory itself, e.g. vLLM `--cpu-offload-gb`); off: such a load is refused "
+        "(503 insufficient_memory).",
+    )
     sleep_mode: bool = Field(
         False, description="A vLLM server run with `--enable-sleep-mode`: evicting it puts it "
         "to sleep (level 1: weights to host RAM, within `warm_tier_bytes`) instead of stopping "

@@ -371,8 +371,8 @@ class Fake:
 def claim_memory(nbytes: int) -> None:
     """Hold `nbytes` on the simulated GPUs the engine gave us (until this process is gone): one
     claim per directory of MODELYARD_SIMULATED_GPU_DIR (os.pathsep-joined, placement order),
-    split as MODELYARD_SIMULATED_CLAIM_SPLIT (`b0,b1`: the placement's bytes per device) says,
-    else evenly (as modelyard/hw/simulated.py `split_claim`; this fake imports nothing of it)."""
+    split as MODELYARD_SIMULATED_CLAIM_SPLIT (`b0,b1`: the placement's bytes per device, and a
+    last `,host` for what a partial offload keeps in host RAM, claimed nowhere) says, else evenly (as modelyard/hw/simulated.py `split_claim`; this fake imports nothing of it)."""
     dirs = [d for d in os.environ.get("MODELYARD_SIMULATED_GPU_DIR", "").split(os.pathsep) if d]
     if not dirs:
         return
@@ -382,10 +382,12 @@ def claim_memory(nbytes: int) -> None:
                    os.environ.get("MODELYARD_SIMULATED_CLAIM_SPLIT", "").split(",") if w]
     except ValueError:
         weights = []
-    if len(weights) != len(dirs) or sum(weights) <= 0:
+    if len(weights) not in (len(dirs), len(dirs) + 1) or sum(weights[:len(dirs)]) <= 0:
         weights = [1] * len(dirs)
-    shares = [nbytes * w // sum(weights) for w in weights]
-    shares[0] += nbytes - sum(shares)
+    shares = [nbytes * w // sum(weights) for w in weights]  # a last weight: host RAM, unclaimed
+    on_devices = nbytes - (shares[len(dirs)] if len(shares) > len(dirs) else 0)
+    shares = shares[:len(dirs)]
+    shares[0] += on_devices - sum(shares)
     for where, share in zip(dirs, shares, strict=True):
         os.makedirs(where, exist_ok=True)
         tmp = os.path.join(where, f"tmp-{os.getpid()}")

@@ -88,7 +88,9 @@ def test_the_fake_backend_claims_per_device_as_the_split_says(
 @pytest.mark.parametrize(
     ("nbytes", "parts", "weights", "expected"),
     [(10, 2, None, [5, 5]), (11, 2, None, [6, 5]), (8, 2, "3,1", [6, 2]),
-     (9, 2, "bad", [5, 4]), (9, 3, "1,1", [3, 3, 3])],
+     (9, 2, "bad", [5, 4]), (9, 3, "1,1", [3, 3, 3]),
+     (10, 2, "2,2,1", [4, 4]),  # a last weight is host RAM: no device claims it
+     (10, 1, "3,2", [6])],
 )
 def test_split_claim(nbytes: int, parts: int, weights: str | None, expected: list[int]) -> None:
     assert split_claim(nbytes, parts, weights) == expected

@@ -131,8 +131,10 @@ class DeviceGroup:
                     str(s.gpu.claims_dir) for s in sims if isinstance(s, SimulatedDevice)),
                 "CUDA_VISIBLE_DEVICES": "",  # no real GPU for a simulated one's child
             }
-            if len(devices) > 1:
-                env[CLAIM_SPLIT_ENV] = ",".join(str(placement.on(d)) for d in devices)
+            if len(devices) > 1 or placement.host_bytes > 0:
+                env[CLAIM_SPLIT_ENV] = ",".join(
+                    [str(placement.on(d)) for d in devices]
+                    + ([str(placement.host_bytes)] if placement.host_bytes > 0 else []))
             return env
         if self.kind == "cpu":
             return self.first.child_env()

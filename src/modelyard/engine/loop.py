@@ -357,8 +357,10 @@ class Engine:
             rt.measured_bytes = sum(rt.measured_by_device.values()) if rt.measured_by_device \
                 else None
             if rt.state is ModelState.READY and rt.measured_bytes:
-                rt.known_bytes = rt.measured_bytes
                 rt.placement = measured_placement(rt.placement, rt.measured_by_device)
+                # A partial offload's host part is no device's: the next load needs it too.
+                host = rt.placement.host_bytes if rt.placement is not None else 0
+                rt.known_bytes = rt.measured_bytes + host
 
     @staticmethod
     def _pinned(rt: _Runtime) -> bool:

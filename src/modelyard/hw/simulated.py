@@ -20,8 +20,9 @@ from modelyard.types import DeviceInfo
 # The environment variable that tells a child where to file its own claim: one directory per
 # device of its placement, os.pathsep-joined, in placement order.
 CLAIMS_DIR_ENV = "MODELYARD_SIMULATED_GPU_DIR"
-# With several directories: the bytes the placement puts on each (`b0,b1`, same order). A child
-# splits its claim in these proportions; without it, evenly.
+# The bytes the placement puts on each device (`b0,b1`, same order), then, for a partial offload,
+# the bytes it keeps in host RAM (`b0,b1,host`). A child splits its claim in these proportions
+# and claims no device for the host part; without it, evenly over the devices.
 CLAIM_SPLIT_ENV = "MODELYARD_SIMULATED_CLAIM_SPLIT"
 
 _UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
@@ -114,16 +115,19 @@ class SimulatedGpu:
 
 def split_claim(nbytes: int, parts: int, weights: str | None) -> list[int]:
     """`nbytes` over `parts` devices: in the proportions of `weights` (`b0,b1`, the placement's
-    bytes per device) when it names one weight per part, else evenly; the rounding goes to the
-    first, so the parts always add up to `nbytes`."""
+    bytes per device; one weight more is the part a partial offload keeps in host RAM, which no
+    device claims) when it names one weight per part, else evenly; the rounding goes to the
+    first device."""
     shares: list[int] = []
     if weights:
         with contextlib.suppress(ValueError):
             shares = [max(0, int(w)) for w in weights.split(",")]
-    if len(shares) != parts or sum(shares) <= 0:
+    if len(shares) not in (parts, parts + 1) or sum(shares[:parts]) <= 0:
         shares = [1] * parts
     out = [nbytes * w // sum(shares) for w in shares]
-    out[0] += nbytes - sum(out)
+    on_devices = nbytes - (out[parts] if len(out) > parts else 0)
+    out = out[:parts]
+    out[0] += on_devices - sum(out)
     return out
 
 
