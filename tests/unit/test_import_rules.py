@@ -77,9 +77,10 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "wire imports only stdlib, pydantic, orjson, types and errors",
         source="modelyard.wire",
-        # orjson: the lease frames' codec, on every request (pydantic would cost microseconds)
+        # orjson: the lease frames' codec, on every request (pydantic would cost microseconds);
+        # placement.devices: the data types of a placement (stdlib only) that status reports
         only=(STDLIB, "pydantic", "orjson", "modelyard.types", "modelyard.errors",
-              "modelyard.wire"),
+              "modelyard.wire", "modelyard.placement.devices"),
     ),
     Rule(
         "hw imports nothing above it (types, errors, config allowed)",

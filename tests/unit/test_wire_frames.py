@@ -72,7 +72,7 @@ STATUS: dict[str, Any] = {
     "engine": 1, "pid": 42, "started_at": 1.5,
     "device": {"kind": "simulated", "name": "simulated GPU 1", "total_bytes": 8, "used_bytes": 3,
                "free_bytes": 5, "temperature_c": None, "utilization_pct": 0,
-               "reserved_loading_bytes": 2, "warm_bytes": 1},
+               "reserved_loading_bytes": 2, "warm_bytes": 1, "index": 0},
     "paused": None,
     "scheduler": {"max_loaded_models": 2, "loads": 3, "evictions": 1, "unloads": 0,
                   "expirations": 0, "load_failures": 0, "crashes": 0, "waits": 1, "no_fit": 0,
@@ -90,7 +90,16 @@ STATUS: dict[str, Any] = {
                    "measured_bytes": 3, "host_bytes": None, "load_bytes": 3},
         "backend_stats": None, "restarts": 0, "last_error": None, "cooldown_s": None,
         "coexist_with": ["c"], "waiters": 0, "warm": None,
+        "placement": {"devices": [{"index": 0, "bytes": 2}, {"index": 1, "bytes": 1}],
+                      "host_bytes": 1, "layers": [2, 1], "total_layers": 4,
+                      "label": "gpu0+gpu1", "split": "25%/75% CPU/GPU"},
     }],
+    "devices": [{"kind": "simulated", "name": "simulated GPU 1", "total_bytes": 4,
+                 "used_bytes": 2, "free_bytes": 2, "temperature_c": None, "utilization_pct": 0,
+                 "reserved_loading_bytes": 0, "warm_bytes": 0, "index": 1}],
+    "host": {"kind": "host", "name": None, "total_bytes": 16, "used_bytes": 4, "free_bytes": 12,
+             "temperature_c": None, "utilization_pct": None, "reserved_loading_bytes": 0,
+             "warm_bytes": 0, "index": 0},
 }
 
 
@@ -100,3 +109,22 @@ def test_engine_status_round_trips_byte_for_byte() -> None:
     assert status.models[0].memory.measured_bytes == 3
     assert status.scheduler.recent_swaps[0].unloaded == "a"
     assert status.model("b") is status.models[0] and status.model("z") is None
+    placement = status.models[0].placement
+    assert placement is not None and placement.devices == (0, 1) and placement.host_bytes == 1
+    assert status.devices[0].index == 1 and status.host is not None
+    assert status.host.free_bytes == 12
+
+
+def test_engine_status_from_an_engine_without_devices() -> None:
+    """An engine that reports no device split (older, or one device) decodes leniently."""
+    old = {k: v for k, v in STATUS.items() if k not in ("devices", "host")}
+    old["models"] = [{k: v for k, v in STATUS["models"][0].items() if k != "placement"}]
+    old["device"] = {k: v for k, v in STATUS["device"].items() if k != "index"}
+    status = EngineStatus.from_json(old)
+    assert status.devices == () and status.host is None
+    assert status.models[0].placement is None and status.device.index == 0
+    # the keys it had keep their values and order; the new ones come after
+    again = status.to_json()
+    assert list(again)[: len(old)] == list(old)
+    assert {k: again[k] for k in old if k not in ("device", "models")} == {
+        k: old[k] for k in old if k not in ("device", "models")}

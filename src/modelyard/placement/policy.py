@@ -1,19 +1,24 @@
 """The engine's placement and eviction policy: pure, so it is tested as a table (DESIGN.md §3.1).
 
-``plan(want, residents, free_bytes, total_bytes)`` says what the engine must do to load ``want``
-on its device. It never awaits, does no I/O and reads no clock: time (``last_used``, ``now``) and
-memory (``free_bytes`` as the device reports it, less what the ledger has reserved) are inputs.
-The engine loop applies the decision and re-plans on the next event.
+``plan(want, residents, free_bytes, total_bytes, devices=…, host=…)`` says what the engine must
+do to load ``want`` on its device group, and where (the :class:`~.devices.Placement` every
+decision that loads carries). It never awaits, does no I/O and reads no clock: time
+(``last_used``, ``now``) and memory (each device's free bytes as it reports them, less what the
+ledger has reserved) are inputs. The engine loop applies the decision and re-plans on the next
+event. Without ``devices`` the group is one device, index 0, with ``free_bytes``/``total_bytes``.
 
 Rules, and why:
 
 * Already resident → :class:`Ready` (nothing to do; the caller takes a lease).
-* Bigger than the whole device → :class:`NoFit`: no eviction can ever help.
+* Bigger than every device set it may take, even empty → :class:`NoFit`: no eviction can ever
+  help (unless it may be offloaded, below).
 * Never evicted for this want (``protected``): pinned models; models allowed to coexist
   (``coexist_with``, mGPUmanager style, either side naming the other); models of the same
   non-``None`` ``group`` (they cohabit, llama-router style).
 * Groups swap exclusively: when either side has a group and the groups differ, the resident
   *must* go even if memory suffices (unless it is allowed to coexist or is pinned → NoFit).
+  This holds per engine, whatever devices the two sit on: a group is a set of models that
+  take turns on the engine.
 * Never evict a model with leases in flight (§3.4), nor one that requests are waiting to lease
   (``waiters``: a load just finished, its requests have not taken their leases yet). If only
   busy models could make room, the request :class:`Wait` s, naming them; the engine re-plans
@@ -24,14 +29,50 @@ Rules, and why:
   waited for. (Requests for models already resident are not loads: they are served at once.)
 * Victims are taken in order of priority (lower first), then least recently used, then the
   cheapest to reload: a prefix of that order until the want fits (memory and
-  ``max_loaded_models``), then any victim whose room turned out unnecessary is spared, so two
-  are not evicted when one suffices.
+  ``max_loaded_models``, which counts the models of the whole engine), then any victim whose
+  room turned out unnecessary is spared, so two are not evicted when one suffices.
+
+Several devices:
+
+* Candidate device sets: every single device, then sets of 2..n devices (only the sizes in
+  ``want.split_sizes`` when given: vLLM's tensor parallel size must divide the attention
+  heads; only single devices when ``want.splittable`` is False).
+* The sets are ranked: one device without eviction > a split without eviction (fewest devices
+  first) > one device with evictions > a split with evictions (fewest devices first). A model
+  that fits one device is never split when that device has room; it is split rather than
+  evicting another model, because an eviction costs a certain reload (seconds to minutes,
+  someone's request waits for it) while a layer split costs a little per token (llama.cpp
+  passes one activation per token across the boundary); evictions are the last resort, as on
+  one device.
+* Among sets of the same rank: those touching fewer of ``want.avoid_devices`` (a replica goes
+  where its siblings are not), then the fewest and least valuable victims (their positions in
+  the victim order), then the best fit (the least room left on the set: big holes stay for big
+  models), then the lower device indexes (a stable answer).
+* Bytes per device: one device holds ``want.bytes``; a split with ``want.profile`` gets whole
+  layers in proportion to each device's room (placement/split.py: the main device also holds
+  the weights outside the blocks, each device its compute buffer); without a profile the bytes
+  are spread evenly (``split_evenly``). A set fits when every device's share fits its room.
+* A victim frees what it holds on EVERY device it spans (its ``placement``; ``None``: all its
+  bytes on the group's first device), so evicting one spanning model can make room on two.
+  Only victims that hold bytes on the set help its memory; any resident counts for
+  ``max_loaded_models``.
+* Partial offload (``want.offload`` and a ``host`` room): when the plan would be NoFit, the
+  model takes the set (of an allowed size) where the most of its layers fit after evicting
+  every idle evictable model on it (the layers left in host RAM run at CPU speed: the more on
+  the devices the better; victims whose room adds no layer are spared), the rest in host RAM
+  counted against ``host.free_bytes`` → Load/Evict with ``placement.host_bytes > 0``. It does
+  not wait for busy models (waiting could only move a few more layers to the devices) nor
+  replace a Wait: a model that fits whole once a request finishes waits for it, at full speed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+
+from modelyard.placement.devices import DeviceRoom, LayerProfile, Placement, split_evenly
+from modelyard.placement.split import offload_layers, split_layers
 
 __all__ = [
     "Decision",
@@ -49,7 +90,7 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class Resident:
-    """A model loaded on the device, as the engine loop knows it."""
+    """A model loaded on the engine's devices, as the engine loop knows it."""
 
     model: str
     bytes: int
@@ -62,6 +103,7 @@ class Resident:
     reload_cost_s: float = 0.0
     keep_alive_s: float | None = None  # None: keep forever; 0: unload once idle
     waiters: int = 0  # requests waiting to lease it (not leased yet): it is not idle
+    placement: Placement | None = None  # None: all its bytes on the group's first device
 
     @property
     def busy(self) -> bool:
@@ -70,13 +112,18 @@ class Resident:
 
 @dataclass(frozen=True, slots=True)
 class Want:
-    """A model a request needs loaded, with its estimated footprint."""
+    """A model a request needs loaded, with its estimated footprint and how it may be placed."""
 
     model: str
     bytes: int
     group: str | None = None
     coexist_with: frozenset[str] = field(default_factory=frozenset)
     priority: int = 0
+    profile: LayerProfile | None = None  # its bytes by layer: split by layers, offload layers
+    offload: bool = False  # may keep layers in host RAM when no device set has room
+    avoid_devices: frozenset[int] = frozenset()  # rather not there (a replica's siblings)
+    split_sizes: frozenset[int] | None = None  # the set sizes it may take (None: any)
+    splittable: bool = True  # False: one device only
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,19 +133,27 @@ class Ready:
     model: str
 
 
+# A decision that loads carries where the load goes; equality compares the decision itself
+# (what loads, what goes), so `Load("a")` still equals a planned `Load("a", placement)`:
+# check `.placement` by its own attribute.
+
+
 @dataclass(frozen=True, slots=True)
 class Load:
-    """The model fits now: load it."""
+    """The model fits now: load it on ``placement``."""
 
     model: str
+    placement: Placement | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
 class Evict:
-    """Unload ``victims`` (all idle), wait for the memory to come back, then load."""
+    """Unload ``victims`` (all idle), wait for the memory to come back, then load on
+    ``placement``."""
 
     victims: tuple[str, ...]
     then_load: str
+    placement: Placement | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,32 +194,127 @@ def _order(r: Resident) -> tuple[int, float, float]:
     return (r.priority, r.last_used, r.reload_cost_s)
 
 
+def _held(r: Resident, device: int, first: int) -> int:
+    """What `r` holds on `device` (a resident without placement sits on the first device)."""
+    if r.placement is None:
+        return r.bytes if device == first else 0
+    return r.placement.on(device)
+
+
+def _candidate_sets(want: Want, rooms: Sequence[DeviceRoom]) -> list[tuple[DeviceRoom, ...]]:
+    """Single devices, then larger sets (the sizes the want allows), in index order."""
+    # One device is always allowed: it is no split (and 1 divides any head count).
+    sizes = range(1, (len(rooms) if want.splittable else 1) + 1)
+    allowed = [k for k in sizes if k == 1 or want.split_sizes is None or k in want.split_sizes]
+    ordered = sorted(rooms, key=lambda r: r.index)
+    return [s for k in allowed for s in itertools.combinations(ordered, k)]
+
+
+def _shape(want: Want, rooms: Sequence[DeviceRoom]) -> Placement | None:
+    """`want` on exactly `rooms` (their free bytes), or None when it does not fit there."""
+    if len(rooms) == 1:
+        room = rooms[0]
+        return Placement.whole(room.index, want.bytes) if want.bytes <= room.free_bytes else None
+    if want.profile is not None:
+        return split_layers(want.profile, rooms)
+    even = split_evenly(want.bytes, [r.index for r in rooms])
+    return even if all(even.on(r.index) <= r.free_bytes for r in rooms) else None
+
+
+def _after(
+    rooms: Sequence[DeviceRoom], victims: Sequence[Resident], first: int
+) -> tuple[DeviceRoom, ...]:
+    """`rooms` once `victims` are gone: each frees what it holds on each of them."""
+    return tuple(
+        DeviceRoom(r.index, r.free_bytes + sum(_held(v, r.index, first) for v in victims),
+                   r.total_bytes)
+        for r in rooms
+    )
+
+
+Fits = Callable[[list[Resident]], Placement | None]
+
+
 def _choose(
-    want: Want,
-    forced: list[Resident],
-    ordered: list[Resident],
-    n_residents: int,
-    free_bytes: int,
-    cap: int | None,
-) -> list[Resident] | None:
+    fits: Fits, forced: list[Resident], ordered: list[Resident]
+) -> tuple[list[Resident], Placement] | None:
     """Forced victims plus the fewest of ``ordered`` (a spared prefix) that make room; or None."""
-
-    def fits(victims: list[Resident]) -> bool:
-        room = free_bytes + sum(v.bytes for v in victims) >= want.bytes
-        return room and (cap is None or n_residents - len(victims) + 1 <= cap)
-
     chosen = list(forced)
     for r in ordered:
-        if fits(chosen):
+        if fits(chosen) is not None:
             break
         chosen.append(r)
-    if not fits(chosen):
+    if fits(chosen) is None:
         return None
     for r in reversed(chosen[len(forced) :]):  # spare what turned out unnecessary
         rest = [v for v in chosen if v is not r]
-        if fits(rest):
+        if fits(rest) is not None:
             chosen = rest
-    return chosen
+    placement = fits(chosen)
+    assert placement is not None
+    return chosen, placement
+
+
+# (busy victims, evicts at all, devices, avoided devices, victims, their positions in the victim
+# order worst first, room left on the set, device indexes): compared as a tuple, lower first.
+Rank = tuple[int, bool, int, int, int, tuple[int, ...], int, tuple[int, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Option:
+    """One device set that works, with its victims, and its rank (lower is better)."""
+
+    rank: Rank
+    victims: tuple[Resident, ...]
+    placement: Placement
+
+
+def _options(
+    want: Want,
+    sets: Sequence[tuple[DeviceRoom, ...]],
+    forced: list[Resident],
+    ordered: list[Resident],
+    n_residents: int,
+    cap: int | None,
+    first: int,
+) -> list[_Option]:
+    position = {r.model: i for i, r in enumerate(ordered)}
+    options = []
+    for rooms in sets:
+
+        def fits(victims: list[Resident], on: tuple[DeviceRoom, ...] = rooms) -> Placement | None:
+            if cap is not None and n_residents - len(victims) + 1 > cap:
+                return None
+            return _shape(want, _after(on, victims, first))
+
+        found = _choose(fits, forced, ordered)
+        if found is None:
+            continue
+        victims, placement = found
+        left = sum(r.free_bytes for r in _after(rooms, victims, first)) - placement.bytes
+        rank: Rank = (
+            sum(v.busy for v in victims),
+            bool(victims),
+            len(rooms),
+            sum(r.index in want.avoid_devices for r in rooms),
+            len(victims),
+            tuple(sorted((position.get(v.model, -1) for v in victims), reverse=True)),
+            left,
+            tuple(r.index for r in rooms),
+        )
+        options.append(_Option(rank, tuple(victims), placement))
+    return options
+
+
+def _best(options: list[_Option]) -> _Option | None:
+    return min(options, key=lambda o: o.rank) if options else None
+
+
+def _go(want: Want, option: _Option) -> Load | Evict:
+    if not option.victims:
+        return Load(want.model, option.placement)
+    return Evict(tuple(v.model for v in option.victims), then_load=want.model,
+                 placement=option.placement)
 
 
 def plan(
@@ -175,16 +325,22 @@ def plan(
     *,
     max_loaded_models: int | None = None,
     ahead: Sequence[str] = (),
+    devices: Sequence[DeviceRoom] | None = None,
+    host: DeviceRoom | None = None,
 ) -> Decision:
-    """Decide how to get ``want`` onto the device (see the module docstring for the rules);
-    ``ahead``: loads that arrived before this one and still wait for memory, in order."""
+    """Decide how to get ``want`` onto the engine's devices (see the module docstring for the
+    rules); ``ahead``: loads that arrived before this one and still wait for memory, in order;
+    ``devices``: the group's devices (None: one device, index 0, ``free_bytes`` of
+    ``total_bytes``); ``host``: host RAM, where an offloadable want may keep layers."""
     if any(r.model == want.model for r in residents):
         return Ready(want.model)
-    if want.bytes > total_bytes:
-        return NoFit(
-            f"{want.model} needs {_gib(want.bytes)}, the device has {_gib(total_bytes)} in all"
-        )
-    decision = _plan(want, residents, free_bytes, max_loaded_models)
+    rooms = tuple(devices) if devices else (DeviceRoom(0, free_bytes, total_bytes),)
+    sets = _candidate_sets(want, rooms)
+    never = _never_fits(want, rooms, sets)
+    decision = never if never is not None else _plan(want, residents, rooms, sets,
+                                                     max_loaded_models)
+    if isinstance(decision, NoFit) and want.offload and host is not None:
+        decision = _offload(want, residents, rooms, sets, host, max_loaded_models, decision)
     if ahead and not isinstance(decision, NoFit):
         return Wait(
             f"{want.model} waits for earlier loads to be placed first: {', '.join(ahead)}",
@@ -193,33 +349,63 @@ def plan(
     return decision
 
 
-def _plan(
-    want: Want, residents: Sequence[Resident], free_bytes: int, max_loaded_models: int | None
-) -> Decision:
+def _never_fits(
+    want: Want, rooms: Sequence[DeviceRoom], sets: Sequence[tuple[DeviceRoom, ...]]
+) -> NoFit | None:
+    """NoFit when no set could hold `want` even with nothing else loaded."""
+    empty = [tuple(DeviceRoom(r.index, r.total_bytes, r.total_bytes) for r in s) for s in sets]
+    if any(_shape(want, s) is not None for s in empty):
+        return None
+    if len(rooms) == 1:
+        return NoFit(
+            f"{want.model} needs {_gib(want.bytes)}, the device has "
+            f"{_gib(rooms[0].total_bytes)} in all"
+        )
+    largest = max(sum(r.total_bytes for r in s) for s in empty) if empty else 0
+    how = "" if want.splittable else " (it may not be split over devices)"
+    return NoFit(
+        f"{want.model} needs {_gib(want.bytes)}, the devices it may take have {_gib(largest)}"
+        f" in all{how}"
+    )
+
+
+def _roles(
+    want: Want, residents: Sequence[Resident]
+) -> tuple[list[Resident], list[Resident], list[Resident], list[Resident]]:
+    """(protected, evictable, forced, pinned and exclusive) residents for `want`."""
     protected = [r for r in residents if r.pinned or _coexists(want, r) or _same_group(want, r)]
     evictable = [r for r in residents if r not in protected]
     forced = [r for r in evictable if _exclusive(want, r)]
     pinned_excl = [
         r for r in residents if r.pinned and _exclusive(want, r) and not _coexists(want, r)
     ]
+    return protected, evictable, forced, pinned_excl
+
+
+def _plan(
+    want: Want,
+    residents: Sequence[Resident],
+    rooms: Sequence[DeviceRoom],
+    sets: Sequence[tuple[DeviceRoom, ...]],
+    max_loaded_models: int | None,
+) -> Decision:
+    protected, evictable, forced, pinned_excl = _roles(want, residents)
     if pinned_excl:
         names = ", ".join(f"{r.model} (group {r.group})" for r in pinned_excl)
         return NoFit(
             f"{want.model} (group {want.group}) may not share the device with pinned {names}"
         )
+    first = rooms[0].index
     idle = sorted((r for r in evictable if not r.busy and r not in forced), key=_order)
     busy = sorted((r for r in evictable if r.busy and r not in forced), key=_order)
     n = len(residents)
-    forced_busy = [r for r in forced if r.busy]
-    if not forced_busy:
-        victims = _choose(want, forced, idle, n, free_bytes, max_loaded_models)
-        if victims is not None:
-            if not victims:
-                return Load(want.model)
-            return Evict(tuple(v.model for v in victims), then_load=want.model)
-    victims = _choose(want, forced, idle + busy, n, free_bytes, max_loaded_models)
-    if victims is not None:
-        blocked = tuple(v.model for v in victims if v.busy)
+    if not any(r.busy for r in forced):
+        best = _best(_options(want, sets, forced, idle, n, max_loaded_models, first))
+        if best is not None:
+            return _go(want, best)
+    best = _best(_options(want, sets, forced, idle + busy, n, max_loaded_models, first))
+    if best is not None:
+        blocked = tuple(v.model for v in best.victims if v.busy)
         return Wait(
             f"{want.model} needs {_gib(want.bytes)}; waiting for busy {', '.join(blocked)} "
             "to finish their requests",
@@ -232,10 +418,83 @@ def _plan(
             f"max_loaded_models is {max_loaded_models} and {len(protected)} models that may "
             f"not be evicted for {want.model} are loaded ({names})"
         )
+    free = sum(r.free_bytes for r in rooms)
     return NoFit(
-        f"{want.model} needs {_gib(want.bytes)}, but only {_gib(free_bytes)} is free and "
+        f"{want.model} needs {_gib(want.bytes)}, but only {_gib(free)} is free and "
         f"{_gib(held)} is held by models that may not be evicted for it ({names})"
     )
+
+
+def _offloaded(want: Want, rooms: Sequence[DeviceRoom], host: DeviceRoom) -> Placement | None:
+    """Part of `want` on `rooms`, the rest in host RAM (None: the rest does not fit there)."""
+    if want.profile is not None:
+        return offload_layers(want.profile, rooms, host.free_bytes)
+    left, parts = want.bytes, []
+    for r in rooms:
+        take = max(0, min(left, r.free_bytes))
+        parts.append((r.index, take))
+        left -= take
+    if left > host.free_bytes:
+        return None
+    return Placement(device_bytes=tuple(parts), host_bytes=left)
+
+
+def _on_devices(p: Placement) -> tuple[int, int]:
+    """How much of a model an offload keeps on the devices: layers first, then bytes."""
+    return (sum(p.layers), p.bytes)
+
+
+def _offload(
+    want: Want,
+    residents: Sequence[Resident],
+    rooms: Sequence[DeviceRoom],
+    sets: Sequence[tuple[DeviceRoom, ...]],
+    host: DeviceRoom,
+    cap: int | None,
+    nofit: NoFit,
+) -> Decision:
+    """The set where the most of `want` fits once its idle evictable models are gone, the
+    rest in host RAM; `nofit` (with why the host cannot help) when no set takes any."""
+    _protected, evictable, forced, pinned_excl = _roles(want, residents)
+    if pinned_excl:
+        return nofit
+    forced_busy = tuple(r.model for r in forced if r.busy)
+    if forced_busy:
+        return Wait(f"{want.model} waits for busy {', '.join(forced_busy)} of another group "
+                    "to finish their requests", blocked_by=forced_busy)
+    first = rooms[0].index
+    idle = sorted((r for r in evictable if not r.busy and r not in forced), key=_order)
+    best: tuple[tuple[int, int, int, int, int, tuple[int, ...]], list[Resident], Placement] | None
+    best = None
+    for s in sets:
+        indexes = {r.index for r in s}
+        touching = [r for r in idle if any(_held(r, d, first) for d in indexes)]
+        others = [r for r in idle if r not in touching]
+        victims = forced + touching
+        while cap is not None and len(residents) - len(victims) + 1 > cap and others:
+            victims.append(others.pop(0))
+        if cap is not None and len(residents) - len(victims) + 1 > cap:
+            continue
+        placement = _offloaded(want, _after(s, victims, first), host)
+        if placement is None:
+            continue
+        for r in reversed(touching):  # spare a victim whose room adds nothing
+            rest = [v for v in victims if v is not r]
+            smaller = _offloaded(want, _after(s, rest, first), host)
+            if smaller is not None and _on_devices(smaller) >= _on_devices(placement):
+                victims, placement = rest, smaller
+        on = _on_devices(placement)
+        rank = (-on[0], -on[1], len(s), sum(r.index in want.avoid_devices for r in s),
+                len(victims), tuple(r.index for r in s))
+        if best is None or rank < best[0]:
+            best = (rank, victims, placement)
+    if best is None:
+        return NoFit(f"{nofit.reason}; and the rest cannot be kept in host RAM "
+                     f"({_gib(host.free_bytes)} free there)")
+    _, victims, placement = best
+    if not victims:
+        return Load(want.model, placement)
+    return Evict(tuple(v.model for v in victims), then_load=want.model, placement=placement)
 
 
 def expired(residents: Sequence[Resident], now: float) -> tuple[str, ...]:

@@ -20,6 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from modelyard.placement.devices import Placement
+
 __all__ = [
     "SCHEDULER_COUNTERS",
     "DeviceStatus",
@@ -50,7 +52,7 @@ def _str(value: Any) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class DeviceStatus:
-    """The device an engine owns, as it measured it for this report."""
+    """A device an engine owns (or their sum, or host RAM), as it measured it for this report."""
 
     kind: str | None = None
     name: str | None = None
@@ -63,6 +65,7 @@ class DeviceStatus:
     # Held on this device by warm-tier models (engine/warm_tier.py): a load may take it back,
     # so planning counts it as free (placement/view.py).
     warm_bytes: int = 0
+    index: int = 0  # the physical device index (in EngineStatus.devices)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -75,6 +78,7 @@ class DeviceStatus:
             "utilization_pct": self.utilization_pct,
             "reserved_loading_bytes": self.reserved_loading_bytes,
             "warm_bytes": self.warm_bytes,
+            "index": self.index,
         }
 
     @classmethod
@@ -89,6 +93,7 @@ class DeviceStatus:
             utilization_pct=_int(d.get("utilization_pct")),
             reserved_loading_bytes=int(d.get("reserved_loading_bytes") or 0),
             warm_bytes=int(d.get("warm_bytes") or 0),
+            index=int(d.get("index") or 0),
         )
 
 
@@ -209,6 +214,9 @@ class ModelStatus:
     # Stopped but kept ready in the warm tier: "host" (weights in host memory) or "asleep"
     # (a vLLM server in sleep mode); its `memory.host_bytes` is what it holds there.
     warm: str | None = None
+    # Where it is (or is being) loaded: devices, bytes on each, layers, host part; None when the
+    # engine did not say (all of it on the group's first device).
+    placement: Placement | None = None
 
     @property
     def resident(self) -> bool:
@@ -241,11 +249,13 @@ class ModelStatus:
             "coexist_with": list(self.coexist_with),
             "waiters": self.waiters,
             "warm": self.warm,
+            "placement": self.placement.to_json() if self.placement is not None else None,
         }
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> ModelStatus:
         stats = d.get("backend_stats")
+        placement = d.get("placement")
         return cls(
             model=str(d["model"]),
             state=str(d.get("state") or "stopped"),
@@ -271,12 +281,17 @@ class ModelStatus:
             coexist_with=tuple(str(m) for m in d.get("coexist_with") or ()),
             waiters=int(d.get("waiters") or 0),
             warm=_str(d.get("warm")),
+            placement=Placement.from_json(placement) if isinstance(placement, Mapping) else None,
         )
 
 
 @dataclass(frozen=True, slots=True)
 class EngineStatus:
-    """One engine's report: its device, scheduler and models."""
+    """One engine's report: its devices, scheduler and models.
+
+    `device` is the group's sum (what a one-device engine always reported); `devices` one
+    record per device of the group (empty from an engine that reports no split: planning then
+    sees one device); `host` the host RAM it measured (where an offload keeps layers)."""
 
     engine: int = 0
     pid: int | None = None
@@ -285,6 +300,8 @@ class EngineStatus:
     paused: str | None = None  # why it is paused to cool down, if it is
     scheduler: SchedulerStatus = field(default_factory=SchedulerStatus)
     models: tuple[ModelStatus, ...] = ()
+    devices: tuple[DeviceStatus, ...] = ()
+    host: DeviceStatus | None = None
 
     def model(self, model_id: str) -> ModelStatus | None:
         return next((m for m in self.models if m.model == model_id), None)
@@ -298,11 +315,14 @@ class EngineStatus:
             "paused": self.paused,
             "scheduler": self.scheduler.to_json(),
             "models": [m.to_json() for m in self.models],
+            "devices": [dev.to_json() for dev in self.devices],
+            "host": self.host.to_json() if self.host is not None else None,
         }
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> EngineStatus:
         models: Sequence[Mapping[str, Any]] = d.get("models") or ()
+        host = d.get("host")
         return cls(
             engine=int(d.get("engine") or 0),
             pid=_int(d.get("pid")),
@@ -311,6 +331,8 @@ class EngineStatus:
             paused=_str(d.get("paused")),
             scheduler=SchedulerStatus.from_json(d.get("scheduler") or {}),
             models=tuple(ModelStatus.from_json(m) for m in models),
+            devices=tuple(DeviceStatus.from_json(x) for x in d.get("devices") or ()),
+            host=DeviceStatus.from_json(host) if isinstance(host, Mapping) else None,
         )
 
 
