@@ -372,7 +372,8 @@ def claim_memory(nbytes: int) -> None:
     """Hold `nbytes` on the simulated GPUs the engine gave us (until this process is gone): one
     claim per directory of MODELYARD_SIMULATED_GPU_DIR (os.pathsep-joined, placement order),
     split as MODELYARD_SIMULATED_CLAIM_SPLIT (`b0,b1`: the placement's bytes per device, and a
-    last `,host` for what a partial offload keeps in host RAM, claimed nowhere) says, else evenly (as modelyard/hw/simulated.py `split_claim`; this fake imports nothing of it)."""
+    last `,host` for what a partial offload keeps in host RAM, claimed nowhere) says, else
+    evenly (as modelyard/hw/simulated.py `split_claim`; this fake imports nothing of it)."""
     dirs = [d for d in os.environ.get("MODELYARD_SIMULATED_GPU_DIR", "").split(os.pathsep) if d]
     if not dirs:
         return

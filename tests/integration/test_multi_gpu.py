@@ -1,4 +1,4 @@
-"""Models bigger than one GPU, on simulated 2×24 GiB devices owned by one engine (the default
+"""Models bigger than one GPU, on simulated 2x24 GiB devices owned by one engine (the default
 `engine_devices: per_node`): fake backends claim per device as their placement says, so every
 figure checked here is what live processes hold on each device (hw/simulated.py)."""
 

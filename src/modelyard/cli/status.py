@@ -56,13 +56,14 @@ def render(view: dict[str, Any], *, swaps: int = 10) -> Group:
                         f"{temp:.0f} °C" if temp is not None else "-", "", "", state)
     sched = view["scheduler"]
     engines.add_row("all", "", "", "", str(sched["loads"]), str(sched["evictions"]), "")
-    models = Table("MODEL", "ENGINE", "STATE", "PID", "IN FLIGHT", "MEMORY", "EXPIRES",
-                   "LOAD TIME")
+    models = Table("MODEL", "ENGINE", "STATE", "PID", "IN FLIGHT", "MEMORY", "PLACEMENT",
+                   "PROCESSOR", "EXPIRES", "LOAD TIME")
     for engine in view["engines"]:
         for m in engine["models"]:
             load_s = m.get("load_duration_s")
             models.add_row(m["model"], engine["name"], str(m["state"]), str(m.get("pid") or "-"),
-                           str(m["in_flight"]), size(m["memory_bytes"] or None), _expiry(m),
+                           str(m["in_flight"]), size(m["memory_bytes"] or None),
+                           m.get("placement") or "-", m.get("processor") or "-", _expiry(m),
                            f"{load_s:.2f} s" if load_s else "-")
     services = Table("SERVICE", "ENGINE", "STATE", "IN FLIGHT", "URL")
     for s in view["services"]:

@@ -52,7 +52,7 @@ from modelyard.hw.devices import describe_devices
 from modelyard.hw.thermal import DEFAULT_THRESHOLDS, ThermalSensors, engine_paused
 from modelyard.placement import policy as scheduler
 from modelyard.placement import view as placement
-from modelyard.placement.devices import Placement
+from modelyard.placement.devices import LayerProfile, Placement
 from modelyard.placement.ledger import Loading, plannable_free
 from modelyard.store.config_diff import diff_specs, keep_running, spec_views
 from modelyard.store.estimate import MemoryEstimate, estimate_model, serving_bytes
@@ -391,8 +391,14 @@ class Engine:
             return spec.max_loaded_models
         return self.settings.max_loaded_models
 
+    def _profile(self, rt: _Runtime) -> LayerProfile | None:
+        """The model's memory by layer, to split it by layers or offload some (store/estimate.py
+        `estimate_profile`, wired where it exists); None: placed by its total bytes."""
+        return None
+
     def _decide(self, rt: _Runtime) -> scheduler.Decision:
         self._measure()
+        infos = self.device.infos()
         info = self.device.info()
         spec = rt.spec
         want = scheduler.Want(
@@ -401,16 +407,33 @@ class Engine:
             group=spec.group,
             coexist_with=frozenset(spec.can_coexist_with),
             priority=spec.priority,
+            profile=self._profile(rt),
+            offload=getattr(spec, "offload", "off") == "auto",
         )
         # The engine's own view, in the shape it reports: the front plans on /status the same way.
         view = EngineStatus(
             device=DeviceStatus(total_bytes=info.total_bytes, free_bytes=info.free_bytes,
                                 warm_bytes=self.warm.device_bytes),
+            devices=tuple(DeviceStatus(index=i.index, kind=i.kind, total_bytes=i.total_bytes,
+                                       free_bytes=i.free_bytes) for i in infos),
+            host=self._host_status(),
             scheduler=SchedulerStatus(max_loaded_models=self._max_loaded(),
                                       placing=tuple(self._arrivals)),
             models=self._placed(exclude=rt),
         )
         return placement.plan_from_status(view, want)
+
+    def _host_status(self) -> DeviceStatus | None:
+        """Host RAM as a partial offload's room: what is available, less the host part of
+        offloads still loading (their layers are not resident yet); None on the CPU engine,
+        whose device is host RAM already."""
+        if self.device.kind == "cpu":
+            return None
+        free, total = host_memory()
+        pending = sum(r.placement.host_bytes for r in self._models.values()
+                      if r.state is ModelState.LOADING and r.placement is not None)
+        return DeviceStatus(kind="host", name="host RAM", index=-1, total_bytes=total,
+                            free_bytes=max(0, free - pending))
 
     async def _place(self, rt: _Runtime) -> bool:
         """Make room for `rt` and reserve it: True with rt LOADING; False when nobody waits for
@@ -520,7 +543,7 @@ class Engine:
     def _placement_of(self, decision: scheduler.Load, nbytes: int) -> Placement:
         """Where the decision puts the load (a policy without device sets: all of it on the
         group's first device)."""
-        placed: Placement | None = getattr(decision, "placement", None)
+        placed = decision.placement
         return placed if placed is not None else Placement.whole(self.device.indexes[0], nbytes)
 
     def _loading_held(self) -> dict[int, int]:
@@ -955,7 +978,24 @@ class Engine:
                 placing=tuple(self._arrivals),
             ),
             models=self.model_statuses(),
+            devices=self._device_statuses(),
+            host=self._host_status(),
         )
+
+    def _device_statuses(self) -> tuple[DeviceStatus, ...]:
+        """One record per device of the group, by physical index: what the front plans a
+        placement with, and what `modelyard ps` shows per device."""
+        promised: dict[int, int] = {}
+        for rt in self._models.values():
+            if rt.state is ModelState.LOADING and rt.placement is not None:
+                for d, n in rt.placement.device_bytes:
+                    promised[d] = promised.get(d, 0) + n
+        return tuple(
+            DeviceStatus(index=i.index, kind=i.kind, name=i.name, total_bytes=i.total_bytes,
+                         used_bytes=i.used_bytes, free_bytes=i.free_bytes,
+                         temperature_c=i.temperature_c, utilization_pct=i.utilization_pct,
+                         reserved_loading_bytes=promised.get(i.index, 0))
+            for i in self.device.infos())
 
     def diag(self) -> dict[str, Any]:
         return {
@@ -1019,6 +1059,7 @@ class Engine:
             cooldown_s=max(0.0, rt.cooldown_until - now) or None,
             coexist_with=tuple(rt.spec.can_coexist_with),
             waiters=rt.waiters,
+            placement=rt.placement if placed else None,
         )
 
 
