@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -13,8 +13,10 @@ import pytest
 from modelyard.config import Settings
 from modelyard.engine.device_group import DeviceGroup, engine_group, make_device
 from modelyard.engine.ledger import SimulatedDevice
+from modelyard.engine.loop import measured_placement
 from modelyard.hw.simulated import CLAIM_SPLIT_ENV, CLAIMS_DIR_ENV, SimulatedGpu, split_claim
 from modelyard.placement.devices import Placement
+from modelyard.types import DeviceInfo
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(20)]
 
@@ -113,3 +115,42 @@ async def test_recovery_waits_for_every_device_a_victim_spanned(
     proc.kill()
     proc.wait()
     assert await group.wait_for_recovery({proc.pid}, {0: 20 * GIB, 1: 20 * GIB}, 5)
+
+
+class _Gpu:
+    """A stand-in real GPU: what GpuDevice answers, from fixed numbers."""
+
+    kind = "cuda"
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def info(self) -> DeviceInfo:
+        return DeviceInfo(self.index, None, f"gpu {self.index}", 24 * GIB, 0, 24 * GIB, 0, 40)
+
+    def used_by(self, pids: Iterable[int]) -> dict[int, int]:
+        return {}
+
+    def child_env(self) -> dict[str, str]:
+        return {}
+
+    def on_spawn(self, pid: int, reserved_bytes: int) -> None:
+        pass
+
+
+def test_a_real_gpu_child_sees_its_placements_devices_by_physical_index() -> None:
+    group = DeviceGroup([(2, _Gpu(2)), (3, _Gpu(3))])
+    env = group.child_env(Placement(device_bytes=((3, 1), (2, 1))))
+    assert env == {"CUDA_VISIBLE_DEVICES": "3,2", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    assert group.child_env(Placement.whole(3, 1))["CUDA_VISIBLE_DEVICES"] == "3"
+    assert group.info().temperature_c == 40 and group.info().total_bytes == 48 * GIB
+
+
+def test_measured_bytes_per_device_replace_the_estimate_and_keep_the_host_part() -> None:
+    placed = Placement(device_bytes=((0, 10), (1, 10)), host_bytes=5, layers=(4, 4),
+                       total_layers=10)
+    measured = measured_placement(placed, {0: 12, 1: 9})
+    assert measured is not None
+    assert measured.device_bytes == ((0, 12), (1, 9))
+    assert (measured.host_bytes, measured.layers) == (5, (4, 4))
+    assert measured_placement(placed, {}) is placed
