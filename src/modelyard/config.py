@@ -548,7 +548,8 @@ class Settings(BaseSettings):
         "the fewest evictions, then has the least work.",
     )
     engine_specs: dict[int, EngineSpec] = Field(
-        default_factory=dict, description="Per-engine overrides by engine index."
+        default_factory=dict, description="Per-engine overrides by engine index (the "
+        "index of its device group in `engine_devices`)."
     )
     database_url: str | None = Field(
         None, description="SQLAlchemy URL of modelyard's database; null: SQLite in $home."

@@ -424,14 +424,17 @@ class Engine:
         return placement.plan_from_status(view, want)
 
     def _host_status(self) -> DeviceStatus | None:
-        """Host RAM as a partial offload's room: what is available, less the host part of
-        offloads still loading (their layers are not resident yet); None on the CPU engine,
+        """Host RAM as a partial offload's room: what is available, less the host part of the
+        offloads placed (the host ledger: llama.cpp maps a GGUF's CPU layers from the file,
+        and the kernel counts mapped file pages as available, so what an offload keeps in
+        host RAM must be counted here, not left to the reading); None on the CPU engine,
         whose device is host RAM already."""
         if self.device.kind == "cpu":
             return None
         free, total = host_memory()
         pending = sum(r.placement.host_bytes for r in self._models.values()
-                      if r.state is ModelState.LOADING and r.placement is not None)
+                      if r.state in (ModelState.LOADING, ModelState.READY)
+                      and r.placement is not None)
         return DeviceStatus(kind="host", name="host RAM", index=-1, total_bytes=total,
                             free_bytes=max(0, free - pending))
 
