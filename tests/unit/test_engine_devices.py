@@ -3,6 +3,8 @@ device and per model, and an offload's host part is counted in the host ledger."
 
 from __future__ import annotations
 
+import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -56,3 +58,25 @@ async def test_offload_follows_the_spec_and_the_host_part_is_counted(tmp_path: P
     # Its host part is held in the ledger whatever the host reading says (mapped file pages
     # read as available); the reading moves a little between the two calls.
     assert before.free_bytes - after.free_bytes > GIB
+
+
+async def test_the_hottest_gpu_of_the_group_pauses_its_engine(tmp_path: Path) -> None:
+    sensors = tmp_path / "sensors.json"
+    sensors.write_text(json.dumps({"cpu": 40, "gpu0": 50, "gpu1": 95}))
+    settings = Settings(home=tmp_path, scan_hf_cache=False, simulate_gpus="2x24GiB",
+                        thermal={"simulated_sensors_file": sensors})  # type: ignore[arg-type]
+    engine = Engine(settings, ModelRegistry.build(settings))
+    paused = asyncio.Event()
+    reasons: list[str | None] = []
+
+    def heard(reason: str | None) -> None:
+        reasons.append(reason)
+        paused.set()
+
+    engine.set_paused = heard  # type: ignore[method-assign]
+    watch = asyncio.create_task(engine._watch_thermal())
+    try:
+        await asyncio.wait_for(paused.wait(), 10)
+    finally:
+        watch.cancel()
+    assert reasons[0] is not None and "gpu 1" in reasons[0]

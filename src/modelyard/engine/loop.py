@@ -682,16 +682,19 @@ class Engine:
         t = self.settings.thermal
         sensors = ThermalSensors(
             simulated_path=t.simulated_sensors_file,
-            gpu_reader=lambda _: self.device.info().temperature_c,
+            gpu_reader=lambda i: self.device.members[i].info().temperature_c,
         )
         cpu = DEFAULT_THRESHOLDS["cpu"].with_overrides(t.cpu_pause_c, t.cpu_resume_c)
         gpu = DEFAULT_THRESHOLDS["nvidia"].with_overrides(t.gpu_pause_c, t.gpu_resume_c)
         has_gpu = self.device.kind != "cpu"
         while True:
             cpu_c = await asyncio.to_thread(sensors.cpu_c)  # psutil reads sysfs: keep it off
-            gpu_c = sensors.gpu_c(self.index) if has_gpu else None
+            # The hottest GPU of the group decides: a model split over it runs on all of them.
+            readings = [(c, i) for i in self.device.indexes
+                        if (c := sensors.gpu_c(i)) is not None] if has_gpu else []
+            gpu_c, hottest = max(readings, default=(None, self.device.indexes[0]))
             paused, reason = engine_paused(
-                self.paused_reason is not None, cpu_c, gpu_c, cpu, gpu, gpu_index=self.index
+                self.paused_reason is not None, cpu_c, gpu_c, cpu, gpu, gpu_index=hottest
             )
             self.set_paused(reason if paused else None)
             await asyncio.sleep(t.poll_s)  # a sensor has no event to await
