@@ -77,3 +77,16 @@ def test_a_model_on_one_gpu_is_100_percent_gpu() -> None:
     view = overview(_with_placement({"devices": [{"index": 1, "bytes": 5}]}), [])
     (b,) = view["engines"][0]["models"]
     assert (b["placement"], b["processor"]) == ("gpu1", "100% GPU")
+
+
+def test_ps_shows_each_device_of_an_engines_group() -> None:
+    status = json.loads(json.dumps(STATUS))
+    card = {"kind": "simulated", "total_bytes": 4 * 2**30, "used_bytes": 2**30}
+    status["engines"][0]["devices"] = [{**card, "index": 0, "name": "left card"},
+                                       {**card, "index": 1, "name": "right card"}]
+    view = overview(status, [])
+    assert [d["index"] for d in view["devices"][0]["devices"]] == [0, 1]
+    console = Console(width=220, record=True)
+    console.print(render(view))
+    text = console.export_text()
+    assert "gpu0" in text and "left card" in text and "right card" in text

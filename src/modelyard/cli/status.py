@@ -54,6 +54,11 @@ def render(view: dict[str, Any], *, swaps: int = 10) -> Group:
         engines.add_row(engine["name"], str(dev.get("name", "-")),
                         bar(dev.get("used_bytes"), dev.get("total_bytes")),
                         f"{temp:.0f} °C" if temp is not None else "-", "", "", state)
+        for one in dev.get("devices") or ():  # an engine owning several: one line each
+            t = one.get("temperature_c")
+            engines.add_row(f"  gpu{one.get('index')}", str(one.get("name") or "-"),
+                            bar(one.get("used_bytes"), one.get("total_bytes")),
+                            f"{t:.0f} °C" if t is not None else "-", "", "", "")
     sched = view["scheduler"]
     engines.add_row("all", "", "", "", str(sched["loads"]), str(sched["evictions"]), "")
     models = Table("MODEL", "ENGINE", "STATE", "PID", "IN FLIGHT", "MEMORY", "PLACEMENT",

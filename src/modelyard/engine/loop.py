@@ -744,6 +744,9 @@ class Engine:
                 metrics.model_loaded(rt.entry.id, self.index, "cancelled")
                 return
             resumed = warm is not None and self.warm.take(rt.entry.id, warm.fingerprint) is warm
+            kept: Placement | None = getattr(server, "placement", None)
+            if resumed and kept is not None:  # it wakes where it slept
+                rt.placement = kept
             if warm is not None and not resumed:  # another load reclaimed it meanwhile
                 server = await asyncio.to_thread(make_backend, spec, self.settings, env=self.env)
             log.info("loading %s (%d MiB reserved%s)", spec.id, rt.reserved_bytes // MIB,

@@ -30,6 +30,8 @@ def _device(report: EngineReport) -> dict[str, Any] | None:
         "used_fraction": round(used / total, 4) if total else None,
         "holds": [{"model": m.model, "bytes": _held_bytes(m)}
                   for m in status.models if m.state != "stopped"],
+        # Each device of the engine's group (the figures above are their sum).
+        "devices": [d.to_json() for d in status.devices] if len(status.devices) > 1 else [],
     }
 
 
