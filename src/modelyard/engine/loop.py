@@ -100,7 +100,7 @@ class _Runtime:
     measured_bytes: int | None = None  # what the device shows that process holding now
     # Where its memory goes (devices and bytes on each, host RAM of a partial offload), from
     # the decision that placed it; once ready, the bytes measured on each device replace the
-    # estimate's (`known_by_device`).
+    # estimate's (`measured_placement`).
     placement: Placement | None = None
     measured_by_device: dict[int, int] = field(default_factory=dict)
     known_bytes: int | None = None  # measured while ready: the next load's estimate
@@ -464,8 +464,10 @@ class Engine:
                         await self._evict(decision.victims, for_model=rt.entry.id)
                     if isinstance(decision, scheduler.Load):
                         await self._reclaim_warm(rt)
-                        rt.reserved_bytes = self._want_bytes(rt)
-                        rt.placement = self._placement_of(decision, rt.reserved_bytes)
+                        rt.placement = self._placement_of(decision, self._want_bytes(rt))
+                        # What the devices were promised: a partial offload's host part is
+                        # counted in the host ledger (`_host_status`), not on a device.
+                        rt.reserved_bytes = rt.placement.bytes
                         rt.measured_bytes = None
                         rt.measured_by_device = {}
                         rt.state = ModelState.LOADING
