@@ -82,7 +82,8 @@ class _ModelBase(BaseModel):
         None, ge=0, description="Requests allowed to wait beyond those; null: `max_queue`."
     )
     engine: int | None = Field(
-        None, ge=0, description="Pin this model to one engine (GPU index); null: routed."
+        None, ge=0, description="Pin this model to one engine (the index of its device group "
+        "in `engine_devices`; with `per_gpu`, the GPU index); null: routed."
     )
     requires: list[str] = Field(
         default_factory=list,
@@ -149,6 +150,11 @@ class LlamaCppModel(_ModelBase):
     flash_attn: Literal["on", "off", "auto"] | None = Field(
         None, description="Flash attention (`--flash-attn`); null: llama-server's default "
         "(auto). `on` shrinks the compute buffer, and the estimate counts that.",
+    )
+    offload: Literal["auto", "off"] = Field(
+        "auto", description="auto: when no set of devices has room, load the layers that fit "
+        "and keep the rest in host RAM (llama-server `--n-gpu-layers`; slower, as Ollama does "
+        "by default); off: such a load is refused (503 insufficient_memory).",
     )
     argv: list[str] | None = Field(
         None,
@@ -223,6 +229,12 @@ class OpenAIServerModel(_ModelBase):
     )
     path: UserPath | None = Field(None, description="Optional weights path substituted as `$path`.")
     ctx_size: int | None = Field(None, gt=0, description="Substituted as `$ctx`.")
+    offload: Literal["auto", "off"] = Field(
+        "off", description="auto: when no set of devices has room, the child is placed with "
+        "what fits on the devices and the rest counted in host RAM (for a server that spills "
+        "to host memory itself, e.g. vLLM `--cpu-offload-gb`); off: such a load is refused "
+        "(503 insufficient_memory).",
+    )
     sleep_mode: bool = Field(
         False, description="A vLLM server run with `--enable-sleep-mode`: evicting it puts it "
         "to sleep (level 1: weights to host RAM, within `warm_tier_bytes`) instead of stopping "
@@ -244,6 +256,11 @@ class TransformersModel(_ModelBase):
     )
     trust_remote_code: bool = Field(
         False, description="Run the repo's own Python code (only for repos you trust)."
+    )
+    offload: Literal["auto", "off"] = Field(
+        "off", description="auto: when no set of devices has room, keep what does not fit in "
+        "host RAM (transformers `device_map` with `max_memory`; much slower); off: such a load "
+        "is refused (503 insufficient_memory).",
     )
     runtime: Literal["auto", "transformers", "vllm"] = Field(
         "auto", description="auto: a child `vllm serve` when vLLM and CUDA are present, else "
@@ -570,6 +587,14 @@ class Settings(BaseSettings):
         "(OpenAI's and vLLM's default; llama-server would run to the end of the context); a "
         "preset's limit comes first; null: no cap.",
     )
+    engine_devices: Literal["per_gpu", "per_node"] | list[list[int]] = Field(
+        "per_node", description="Which GPUs each engine process owns: `per_node` (one engine "
+        "owns all of them, so a model bigger than one GPU can be split over several, and one "
+        "ledger sees every device; a model that fits one GPU is still placed on one), "
+        "`per_gpu` (one engine per GPU: a crash or a stuck driver takes down one GPU's "
+        "models only), or explicit groups `[[0, 1], [2, 3]]` (an engine per group; engine "
+        "index = group index). GPUs in no group are not used.",
+    )
     simulate_gpus: str | None = Field(
         None, description="Simulated GPUs instead of real ones, e.g. `2x24GiB` or `24GiB,8GiB`: "
         "free memory is the total less what live processes claim.",
@@ -629,7 +654,8 @@ class Settings(BaseSettings):
         "the fewest evictions, then has the least work.",
     )
     engine_specs: dict[int, EngineSpec] = Field(
-        default_factory=dict, description="Per-engine overrides by engine index."
+        default_factory=dict, description="Per-engine overrides by engine index (the "
+        "index of its device group in `engine_devices`)."
     )
     database_url: str | None = Field(
         None, description="SQLAlchemy URL of modelyard's database; null: SQLite in $home."
@@ -706,6 +732,38 @@ class Settings(BaseSettings):
                     f"presets[{preset.id}].mcp_servers: unknown MCP server(s) {unknown}; "
                     f"declared: {known}"
                 )
+        return self
+
+    @field_validator("engine_devices", mode="after")
+    @classmethod
+    def _check_engine_devices(
+        cls, v: Literal["per_gpu", "per_node"] | list[list[int]]
+    ) -> Literal["per_gpu", "per_node"] | list[list[int]]:
+        if isinstance(v, list):
+            seen: set[int] = set()
+            for group in v:
+                if not group:
+                    raise ValueError("engine_devices: an empty group")
+                twice = sorted(seen.intersection(group) | {i for i in group if group.count(i) > 1})
+                if twice:
+                    raise ValueError(f"engine_devices: GPU {twice[0]} is in two groups")
+                if any(i < 0 for i in group):
+                    raise ValueError("engine_devices: GPU indexes are >= 0")
+                seen.update(group)
+            if not v:
+                raise ValueError("engine_devices: no group")
+        return v
+
+    @model_validator(mode="after")
+    def _check_groups_exist(self) -> Settings:
+        if isinstance(self.engine_devices, list) and self.simulate_gpus:
+            from modelyard.hw.simulated import parse_simulated_gpus
+
+            count = len(parse_simulated_gpus(self.simulate_gpus))
+            missing = sorted(i for g in self.engine_devices for i in g if i >= count)
+            if missing:
+                raise ValueError(f"engine_devices: no GPU {missing[0]} (simulate_gpus has "
+                                 f"{count})")
         return self
 
     @field_validator("simulate_gpus", mode="after")

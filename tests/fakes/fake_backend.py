@@ -13,7 +13,8 @@ Fault flags: --load-time-s S, --crash-on-load (exit 1 once the load time is over
 0.2 s), --tokens-per-s R, --crash-after-tokens N (os._exit(3) once a generation has produced N
 tokens, or at its end if shorter: a stream drops after N token chunks, a non-stream request gets
 no answer), --ignore-sigterm, --start-log FILE (appends `start <pid>`), --claim-bytes N (holds N
-bytes of the simulated GPU named by $MODELYARD_SIMULATED_GPU_DIR while the process lives).
+bytes of the simulated GPUs named by $MODELYARD_SIMULATED_GPU_DIR while the process lives; with
+several dirs, split as $MODELYARD_SIMULATED_CLAIM_SPLIT says, else evenly).
 The generated text is deterministic: see `generated_text`. GET /requests returns the last 64
 completion request bodies it was sent (what a front relayed).
 
@@ -368,15 +369,32 @@ class Fake:
 
 
 def claim_memory(nbytes: int) -> None:
-    """Hold `nbytes` on the simulated GPU the engine gave us (until this process is gone)."""
-    where = os.environ.get("MODELYARD_SIMULATED_GPU_DIR")
-    if not where:
+    """Hold `nbytes` on the simulated GPUs the engine gave us (until this process is gone): one
+    claim per directory of MODELYARD_SIMULATED_GPU_DIR (os.pathsep-joined, placement order),
+    split as MODELYARD_SIMULATED_CLAIM_SPLIT (`b0,b1`: the placement's bytes per device, and a
+    last `,host` for what a partial offload keeps in host RAM, claimed nowhere) says, else
+    evenly (as modelyard/hw/simulated.py `split_claim`; this fake imports nothing of it)."""
+    dirs = [d for d in os.environ.get("MODELYARD_SIMULATED_GPU_DIR", "").split(os.pathsep) if d]
+    if not dirs:
         return
-    os.makedirs(where, exist_ok=True)
-    tmp = os.path.join(where, f"tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(str(nbytes))
-    os.replace(tmp, os.path.join(where, str(os.getpid())))  # atomic for the engine's reader
+    weights: list[int] = []
+    try:
+        weights = [max(0, int(w)) for w in
+                   os.environ.get("MODELYARD_SIMULATED_CLAIM_SPLIT", "").split(",") if w]
+    except ValueError:
+        weights = []
+    if len(weights) not in (len(dirs), len(dirs) + 1) or sum(weights[:len(dirs)]) <= 0:
+        weights = [1] * len(dirs)
+    shares = [nbytes * w // sum(weights) for w in weights]  # a last weight: host RAM, unclaimed
+    on_devices = nbytes - (shares[len(dirs)] if len(shares) > len(dirs) else 0)
+    shares = shares[:len(dirs)]
+    shares[0] += on_devices - sum(shares)
+    for where, share in zip(dirs, shares, strict=True):
+        os.makedirs(where, exist_ok=True)
+        tmp = os.path.join(where, f"tmp-{os.getpid()}")
+        with open(tmp, "w") as f:
+            f.write(str(share))
+        os.replace(tmp, os.path.join(where, str(os.getpid())))  # atomic for the engine's reader
 
 
 class ClientGone(Exception):

@@ -1,4 +1,5 @@
-"""On a machine with NVIDIA GPUs: the real nvidia-smi parses, and the front plans one engine each.
+"""On a machine with NVIDIA GPUs: the real nvidia-smi parses, and the front plans engines by
+device group (per_gpu: one each; per_node, the default: one for all).
 
 Skipped where no GPU answers (see tests/conftest.py); run them on a GPU host with `pytest -m gpu`.
 """
@@ -20,10 +21,27 @@ def test_real_nvidia_smi_is_parsed() -> None:
         assert gpu.free_bytes is None or gpu.free_bytes <= gpu.total_bytes
 
 
-def test_one_engine_per_real_gpu() -> None:
+def test_engines_per_real_device_group() -> None:
     gpus = query_gpus()
-    plans = plan_engines(Settings(), len(gpus))
+    plans = plan_engines(Settings(engine_devices="per_gpu"), len(gpus))
     assert [p.cuda_visible_devices for p in plans] == [str(i) for i in range(len(gpus))]
+    (node,) = plan_engines(Settings(), len(gpus))
+    assert node.cuda_visible_devices == ",".join(str(i) for i in range(len(gpus)))
+
+
+def test_an_engine_owns_every_gpu_of_its_group_and_reads_each() -> None:
+    """Per-device accounting through NVML (or nvidia-smi): one reading per GPU of the group,
+    the group's total their sum."""
+    from modelyard.engine.device_group import DeviceGroup
+    from modelyard.hw.gpu_probe import gpu_devices_for
+
+    gpus = query_gpus()
+    found = gpu_devices_for(",".join(str(g.index) for g in gpus))
+    assert [i for i, _ in found] == [g.index for g in gpus]
+    group = DeviceGroup(found)
+    infos = group.infos()
+    assert [i.total_bytes for i in infos] == [g.total_bytes for g in gpus]
+    assert group.info().total_bytes == sum(g.total_bytes for g in gpus)
 
 
 def test_nvml_agrees_with_nvidia_smi_and_sees_a_process() -> None:

@@ -113,7 +113,8 @@ def test_a_stopped_engine_ends_its_streams_and_answers_503_within_seconds(
 
 def test_a_request_waiting_on_a_stopped_engine_goes_to_another(start_server: Any) -> None:
     cold = fake_model("cold", "--load-time-s", "3")
-    server = start_server(config(cold, simulate_gpus="2x8GiB", default_engine=0))
+    server = start_server(config(cold, simulate_gpus="2x8GiB", engine_devices="per_gpu",
+                                 default_engine=0))
     pid = int(engine_named(server, "engine-0")["pid"])
     waiting, result = chat_in_thread(server.url, "cold")
     poll(lambda: any(m["model"] == "cold" and m["state"] == "loading"

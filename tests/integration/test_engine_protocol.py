@@ -30,7 +30,7 @@ def test_an_engine_of_another_protocol_version_stays_down_with_one_clear_error(
 ) -> None:
     cfg = config(
         fake_model("on0", engine=0), fake_model("on1", engine=1),
-        simulate_gpus="2x8GiB",
+        simulate_gpus="2x8GiB", engine_devices="per_gpu",
         engine_specs={1: {"env": {PROTOCOL_OVERRIDE_ENV: str(OTHER)}}},
     )
     server = Server(tmp_path / "front", cfg)

@@ -81,7 +81,7 @@ async def test_engines_removed_and_added_back_by_name_while_the_front_runs(
     tmp_path: Path,
 ) -> None:
     cfg = config(fake_model("anywhere"), fake_model("on-zero", engine=0),
-                 simulate_gpus="2x8GiB")
+                 simulate_gpus="2x8GiB", engine_devices="per_gpu")
     home = tmp_path / "home"
     async with front(home, cfg) as (url, provider), httpx.AsyncClient(base_url=url) as http:
         first = provider.view

@@ -38,7 +38,7 @@ def test_a_cold_model_goes_to_the_engine_that_can_really_make_room(tmp_path: Pat
         _model("a", 4, engine=0, can_coexist_with=["b"]),
         _model("c", 4, engine=1),
         _model("b", 4),
-        simulate_gpus="2x6GiB",
+        simulate_gpus="2x6GiB", engine_devices="per_gpu",
     )
     server = Server(tmp_path / "front", cfg)
     try:

@@ -428,7 +428,7 @@ def test_two_gpus_a_cold_model_goes_where_nothing_must_be_evicted(
     a = sim_model("a", 5, files)
     b = sim_model("b", 5, files)
     p = sim_model("p", 2, files, engine=1)
-    cfg = config(a, b, p, simulate_gpus="2x8GiB")
+    cfg = config(a, b, p, simulate_gpus="2x8GiB", engine_devices="per_gpu")
     with serving(tmp_path, cfg) as server:
         for model in ("a", "b", "p", "a", "b"):
             assert chat(server.url, model).status_code == 200
@@ -494,7 +494,8 @@ def test_engine_specs_decide_which_engine_may_run_a_model(tmp_path: Path, files:
     vision = sim_model("vision", 1, files, requires=["vision"])
     plain = sim_model("plain", 1, files, engine=0)
     specs = {1: {"capabilities": ["vision"]}, 0: {"backends": ["llamacpp"]}}
-    cfg = config(vision, plain, simulate_gpus="2x8GiB", engine_specs=specs)
+    cfg = config(vision, plain, simulate_gpus="2x8GiB", engine_devices="per_gpu",
+                 engine_specs=specs)
     with serving(tmp_path, cfg) as server:
         assert chat(server.url, "vision").status_code == 200
         engines = status(server)["engines"]

@@ -222,6 +222,18 @@ def scraped(families: list[Any]) -> dict[tuple[str, frozenset[tuple[str, str]]],
     }
 
 
+def test_each_device_of_a_group_has_its_own_series() -> None:
+    two = dict(STATUSES[0])
+    card = {"kind": "cuda", "name": "NVIDIA H100", "total_bytes": 80 * GIB,
+            "used_bytes": 0, "free_bytes": 80 * GIB}
+    two["devices"] = [{**card, "index": 0}, {**card, "index": 1, "used_bytes": GIB}]
+    got = scraped(list(readings([EngineReport.from_json(two)], {}, {"queued": 0,
+                                                                    "running": 0})))
+    used = {dict(labels)["device"]: v for (n, labels), v in got.items()
+            if n == "modelyard_device_memory_used_bytes"}
+    assert used == {"gpu0 NVIDIA H100": 0, "gpu1 NVIDIA H100": GIB}
+
+
 def test_readings_from_a_canned_status() -> None:
     queues = {"a": {"queued": 3, "running": 2}}
     got = scraped(list(readings(REPORTS, queues, {"queued": 1, "running": 0})))

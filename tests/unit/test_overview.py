@@ -50,3 +50,43 @@ def test_ps_renders_every_part() -> None:
     for expected in ("simulated GPU 0", "61 °C", "engine-1", "down", "tts", "org/x-GGUF",
                      "recent swaps", "for b", "running 2", "queued 3"):
         assert expected in text, expected
+
+
+def _with_placement(placement: dict[str, object]) -> dict[str, object]:
+    status = json.loads(json.dumps(STATUS))
+    for m in status["engines"][0]["models"]:
+        if m["model"] == "b":
+            m["placement"] = placement
+    return dict(status)
+
+
+def test_ps_shows_where_a_model_is_and_its_cpu_gpu_split() -> None:
+    spanning = {"devices": [{"index": 0, "bytes": 3 * 2**30}, {"index": 1, "bytes": 2**30}],
+                "host_bytes": 2**30}
+    view = overview(_with_placement(spanning), [])
+    (b,) = view["engines"][0]["models"]
+    assert (b["placement"], b["processor"]) == ("gpu0+gpu1", "20%/80% CPU/GPU")
+    console = Console(width=220, record=True)
+    console.print(render(view))
+    text = console.export_text()
+    assert "PLACEMENT" in text and "PROCESSOR" in text
+    assert "gpu0+gpu1" in text and "20%/80% CPU/GPU" in text
+
+
+def test_a_model_on_one_gpu_is_100_percent_gpu() -> None:
+    view = overview(_with_placement({"devices": [{"index": 1, "bytes": 5}]}), [])
+    (b,) = view["engines"][0]["models"]
+    assert (b["placement"], b["processor"]) == ("gpu1", "100% GPU")
+
+
+def test_ps_shows_each_device_of_an_engines_group() -> None:
+    status = json.loads(json.dumps(STATUS))
+    card = {"kind": "simulated", "total_bytes": 4 * 2**30, "used_bytes": 2**30}
+    status["engines"][0]["devices"] = [{**card, "index": 0, "name": "left card"},
+                                       {**card, "index": 1, "name": "right card"}]
+    view = overview(status, [])
+    assert [d["index"] for d in view["devices"][0]["devices"]] == [0, 1]
+    console = Console(width=220, record=True)
+    console.print(render(view))
+    text = console.export_text()
+    assert "gpu0" in text and "left card" in text and "right card" in text

@@ -67,3 +67,16 @@ def test_models_and_diag_have_no_paths() -> None:
                                      "devices": [{"name": "cpu", "uuid": "GPU-1"}]}]})
     assert diag == {"engines": [{"name": "engine-0", "up": True, "device": {"name": "cpu"},
                                  "devices": [{"name": "cpu"}]}]}
+
+
+def test_a_client_sees_where_a_model_is_and_each_device_but_no_uuid() -> None:
+    full = status()
+    placement = {"devices": [{"index": 0, "bytes": 5}, {"index": 1, "bytes": 5}],
+                 "host_bytes": 0, "label": "gpu0+gpu1", "split": "100% GPU"}
+    full["engines"][0]["models"][0]["placement"] = placement
+    full["engines"][0]["devices"] = [{"index": i, "name": f"gpu {i}", "total_bytes": 50,
+                                      "uuid": "GPU-123"} for i in (0, 1)]
+    view = client_status(full)
+    assert view["engines"][0]["models"][0]["placement"] == placement
+    assert [d["index"] for d in view["engines"][0]["devices"]] == [0, 1]
+    assert "GPU-123" not in json.dumps(view)

@@ -54,15 +54,21 @@ def render(view: dict[str, Any], *, swaps: int = 10) -> Group:
         engines.add_row(engine["name"], str(dev.get("name", "-")),
                         bar(dev.get("used_bytes"), dev.get("total_bytes")),
                         f"{temp:.0f} °C" if temp is not None else "-", "", "", state)
+        for one in dev.get("devices") or ():  # an engine owning several: one line each
+            t = one.get("temperature_c")
+            engines.add_row(f"  gpu{one.get('index')}", str(one.get("name") or "-"),
+                            bar(one.get("used_bytes"), one.get("total_bytes")),
+                            f"{t:.0f} °C" if t is not None else "-", "", "", "")
     sched = view["scheduler"]
     engines.add_row("all", "", "", "", str(sched["loads"]), str(sched["evictions"]), "")
-    models = Table("MODEL", "ENGINE", "STATE", "PID", "IN FLIGHT", "MEMORY", "EXPIRES",
-                   "LOAD TIME")
+    models = Table("MODEL", "ENGINE", "STATE", "PID", "IN FLIGHT", "MEMORY", "PLACEMENT",
+                   "PROCESSOR", "EXPIRES", "LOAD TIME")
     for engine in view["engines"]:
         for m in engine["models"]:
             load_s = m.get("load_duration_s")
             models.add_row(m["model"], engine["name"], str(m["state"]), str(m.get("pid") or "-"),
-                           str(m["in_flight"]), size(m["memory_bytes"] or None), _expiry(m),
+                           str(m["in_flight"]), size(m["memory_bytes"] or None),
+                           m.get("placement") or "-", m.get("processor") or "-", _expiry(m),
                            f"{load_s:.2f} s" if load_s else "-")
     services = Table("SERVICE", "ENGINE", "STATE", "IN FLIGHT", "URL")
     for s in view["services"]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -19,8 +18,7 @@ from typing import Protocol
 
 import psutil
 
-from modelyard.config import Settings
-from modelyard.hw.simulated import CLAIMS_DIR_ENV, SimulatedGpu, parse_simulated_gpus
+from modelyard.hw.simulated import CLAIMS_DIR_ENV, SimulatedGpu
 
 # Re-exported: the engine's callers (and tests) know them from here.
 from modelyard.placement.ledger import Loading as Loading
@@ -31,7 +29,7 @@ log = logging.getLogger("modelyard.engine.ledger")
 
 
 class Device(Protocol):
-    """The one device an engine owns."""
+    """One device an engine owns (an engine owns a group of them: engine/device_group.py)."""
 
     kind: str
 
@@ -55,6 +53,7 @@ class SimulatedDevice:
 
     def __init__(self, gpu: SimulatedGpu, temperature_c: Callable[[], int | None] | None = None):
         self.gpu = gpu
+        self.index = gpu.index
         self._temperature = temperature_c or (lambda: None)
         gpu.reset()
 
@@ -84,6 +83,7 @@ class HostDevice:
     """The CPU engine's device: host RAM, optionally capped server-wide (`host_ram_cap_bytes`)."""
 
     kind = "cpu"
+    index = 0
 
     def __init__(self, cap_bytes: int | None, children: Callable[[], Iterable[int]]) -> None:
         self.cap_bytes = cap_bytes
@@ -166,20 +166,3 @@ async def wait_for_recovery(
 
 def simulated_device(index: int, total_bytes: int, home: Path) -> SimulatedDevice:
     return SimulatedDevice(SimulatedGpu(index, total_bytes, home / "run" / "simgpu" / str(index)))
-
-
-def make_device(
-    settings: Settings, index: int, children: Callable[[], Iterable[int]]
-) -> Device:
-    """The device engine `index` owns: simulated, the GPU its CUDA_VISIBLE_DEVICES names, or
-    host RAM for the CPU engine."""
-    if settings.simulate_gpus:
-        sizes = parse_simulated_gpus(settings.simulate_gpus)
-        return simulated_device(index, sizes[min(index, len(sizes) - 1)], settings.home)
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if settings.devices == "cpu" or visible == "":
-        return HostDevice(settings.host_ram_cap_bytes, children)
-    from modelyard.hw.gpu_probe import gpu_device_for
-
-    gpu = gpu_device_for(visible)
-    return gpu if gpu is not None else HostDevice(settings.host_ram_cap_bytes, children)

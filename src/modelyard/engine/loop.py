@@ -37,7 +37,8 @@ from typing import Any
 from modelyard import metrics
 from modelyard.config import LlamaCppModel, ModelSpec, ServiceModel, Settings, TransformersModel
 from modelyard.engine.backends.base import Backend, make_backend
-from modelyard.engine.ledger import Device, HostDevice, host_memory, make_device, wait_for_recovery
+from modelyard.engine.device_group import DeviceGroup, make_device
+from modelyard.engine.ledger import Device, HostDevice, host_memory, wait_for_recovery
 from modelyard.engine.read_ahead import Fadvise, read_ahead
 from modelyard.engine.speculative import TRANSFORMERS_OFF, DraftCounts
 from modelyard.engine.warm_tier import Warmable, WarmEntry, WarmTier, fingerprint
@@ -52,6 +53,7 @@ from modelyard.hw.devices import describe_devices
 from modelyard.hw.thermal import DEFAULT_THRESHOLDS, ThermalSensors, engine_paused
 from modelyard.placement import policy as scheduler
 from modelyard.placement import view as placement
+from modelyard.placement.devices import LayerProfile, Placement
 from modelyard.placement.ledger import Loading, plannable_free
 from modelyard.store.config_diff import diff_specs, keep_running, spec_views
 from modelyard.store.draft import with_draft_path
@@ -98,6 +100,11 @@ class _Runtime:
     reserved_bytes: int = 0  # what the ledger promised it when it was placed
     pid: int | None = None  # the process holding its memory, from spawn to stop
     measured_bytes: int | None = None  # what the device shows that process holding now
+    # Where its memory goes (devices and bytes on each, host RAM of a partial offload), from
+    # the decision that placed it; once ready, the bytes measured on each device replace the
+    # estimate's (`measured_placement`).
+    placement: Placement | None = None
+    measured_by_device: dict[int, int] = field(default_factory=dict)
     known_bytes: int | None = None  # measured while ready: the next load's estimate
     keep_alive_s: float | None = None  # the last request's keep_alive; None: the configured one
     waiting_since: float | None = None  # a load waiting for busy models to make room
@@ -142,11 +149,14 @@ class Engine:
         self._cool = asyncio.Event()
         self._cool.set()
         self.paused_reason: str | None = None
-        self.device: Device = device or make_device(settings, index, self._child_pids)
+        # The devices it owns (config `engine_devices`): a group of one or several.
+        self.device = (DeviceGroup.of(device) if device is not None
+                       else make_device(settings, index, self._child_pids))
         self.warm = WarmTier(settings.warm_tier_bytes, clock)
         self._fadvise = fadvise  # the GGUF read-ahead's seam (None: os.posix_fadvise)
-        if isinstance(self.device, HostDevice):  # warm models hold the CPU engine's device
-            self.device.held_elsewhere = lambda: self.warm.device_bytes
+        host = self.device.first
+        if isinstance(host, HostDevice):  # warm models hold the CPU engine's device
+            host.held_elsewhere = lambda: self.warm.device_bytes
         self.env = {**(env if env is not None else os.environ), **self.device.child_env()}
         metrics.child_env(self.env)  # a backend keeps its own metrics out of ours
         self.stats: collections.Counter[str] = collections.Counter()
@@ -345,13 +355,18 @@ class Engine:
         return None if value < 0 else value
 
     def _measure(self) -> None:
-        """Refresh what each loading or loaded model holds on the device."""
+        """Refresh what each loading or loaded model holds on each device."""
         pids = {rt.pid: rt for rt in self._models.values() if rt.pid is not None}
-        used = self.device.used_by(pids)
+        by_device = self.device.used_by_device(pids)
         for pid, rt in pids.items():
-            rt.measured_bytes = used.get(pid)
+            rt.measured_by_device = {d: held[pid] for d, held in by_device.items() if pid in held}
+            rt.measured_bytes = sum(rt.measured_by_device.values()) if rt.measured_by_device \
+                else None
             if rt.state is ModelState.READY and rt.measured_bytes:
-                rt.known_bytes = rt.measured_bytes
+                rt.placement = measured_placement(rt.placement, rt.measured_by_device)
+                # A partial offload's host part is no device's: the next load needs it too.
+                host = rt.placement.host_bytes if rt.placement is not None else 0
+                rt.known_bytes = rt.measured_bytes + host
 
     @staticmethod
     def _pinned(rt: _Runtime) -> bool:
@@ -382,8 +397,16 @@ class Engine:
             return spec.max_loaded_models
         return self.settings.max_loaded_models
 
+    def _profile(self, rt: _Runtime) -> LayerProfile | None:
+        """The model's memory by layer, to split it by layers or offload some (store/estimate.py
+        `estimate_profile`: it rides on the estimate); None: placed by its total bytes. The
+        policy scales it to the bytes it places (a measured load)."""
+        found = self._estimates.get(rt.entry.id)
+        return found.profile if found is not None else None
+
     def _decide(self, rt: _Runtime) -> scheduler.Decision:
         self._measure()
+        infos = self.device.infos()
         info = self.device.info()
         spec = rt.spec
         want = scheduler.Want(
@@ -393,16 +416,38 @@ class Engine:
             coexist_with=frozenset(spec.can_coexist_with),
             priority=spec.priority,
             avoid_devices=sibling_devices(rt.entry.id, self._placed(exclude=rt)),
+            profile=self._profile(rt),
+            offload=getattr(spec, "offload", "off") == "auto",
+            # A registered service is one process on one device: never split.
+            splittable=not isinstance(spec, ServiceModel),
         )
         # The engine's own view, in the shape it reports: the front plans on /status the same way.
         view = EngineStatus(
             device=DeviceStatus(total_bytes=info.total_bytes, free_bytes=info.free_bytes,
                                 warm_bytes=self.warm.device_bytes),
+            devices=tuple(DeviceStatus(index=i.index, kind=i.kind, total_bytes=i.total_bytes,
+                                       free_bytes=i.free_bytes) for i in infos),
+            host=self._host_status(),
             scheduler=SchedulerStatus(max_loaded_models=self._max_loaded(),
                                       placing=tuple(self._arrivals)),
             models=self._placed(exclude=rt),
         )
         return placement.plan_from_status(view, want)
+
+    def _host_status(self) -> DeviceStatus | None:
+        """Host RAM as a partial offload's room: what is available, less the host part of the
+        offloads placed (the host ledger: llama.cpp maps a GGUF's CPU layers from the file,
+        and the kernel counts mapped file pages as available, so what an offload keeps in
+        host RAM must be counted here, not left to the reading); None on the CPU engine,
+        whose device is host RAM already."""
+        if self.device.kind == "cpu":
+            return None
+        free, total = host_memory()
+        pending = sum(r.placement.host_bytes for r in self._models.values()
+                      if r.state in (ModelState.LOADING, ModelState.READY)
+                      and r.placement is not None)
+        return DeviceStatus(kind="host", name="host RAM", index=-1, total_bytes=total,
+                            free_bytes=max(0, free - pending))
 
     async def _place(self, rt: _Runtime) -> bool:
         """Make room for `rt` and reserve it: True with rt LOADING; False when nobody waits for
@@ -430,8 +475,12 @@ class Engine:
                         await self._evict(decision.victims, for_model=rt.entry.id)
                     if isinstance(decision, scheduler.Load):
                         await self._reclaim_warm(rt)
-                        rt.reserved_bytes = self._want_bytes(rt)
+                        rt.placement = self._placement_of(decision, self._want_bytes(rt))
+                        # What the devices were promised: a partial offload's host part is
+                        # counted in the host ledger (`_host_status`), not on a device.
+                        rt.reserved_bytes = rt.placement.bytes
                         rt.measured_bytes = None
+                        rt.measured_by_device = {}
                         rt.state = ModelState.LOADING
                         rt.waiting_since = None
                         return True
@@ -472,16 +521,17 @@ class Engine:
             assert not rt.leases, f"policy chose busy {rt.entry.id}"
             rt.state = ModelState.STOPPING
         self._measure()
-        info = self.device.info()
-        # Models loading meanwhile (loads run outside `_placing`) go on claiming what they were
-        # promised: counting it as free here would wait for memory that never comes back.
-        before = plannable_free(info.free_bytes or 0, [
-            Loading(r.reserved_bytes, r.measured_bytes or 0)
-            for r in self._models.values() if r.state is ModelState.LOADING
-        ])
+        # Per device: models loading meanwhile (loads run outside `_placing`) go on claiming
+        # what they were promised: counting it as free here would wait for memory that never
+        # comes back.
+        before = {r.index: r.free_bytes for r in self.device.rooms(self._loading_held())}
         # Only memory the device showed them holding can be waited for: a service's unload
-        # route is trusted once it answered.
-        freed = sum(rt.measured_bytes or 0 for rt in runtimes if rt.pid is not None)
+        # route is trusted once it answered. A victim spanning several devices frees each.
+        freed: dict[int, int] = {}
+        for rt in runtimes:
+            if rt.pid is not None:
+                for d, n in rt.measured_by_device.items():
+                    freed[d] = freed.get(d, 0) + n
         victim_pids = [rt.pid for rt in runtimes]
         pids = {pid for pid in victim_pids if pid is not None}
         reason = f"for {for_model}" if for_model else reason
@@ -496,13 +546,34 @@ class Engine:
         asleep = {pid for pid, kept in zip(victim_pids, warm, strict=True) if kept and pid}
         if asleep:  # a sleeping server lives on, holding a little: wait for the rest only
             pids -= asleep
-            freed = max(0, freed - sum(self.device.used_by(asleep).values()))
+            for d, held in self.device.used_by_device(asleep).items():
+                freed[d] = max(0, freed.get(d, 0) - sum(held.values()))
         # Expect most of it back: allocators and drivers keep a little. Host RAM has no driver
         # that frees it late, and every other process on the host moves its free figure: there,
         # the processes being gone is the memory being back.
-        want = 0 if self.device.kind == "cpu" else before + int(freed * 0.9)
-        await wait_for_recovery(self.device, pids, want, self.settings.memory_recovery_timeout_s)
+        want = {} if self.device.kind == "cpu" else {
+            d: before.get(d, 0) + int(n * 0.9) for d, n in freed.items() if n}
+        await self.device.wait_for_recovery(pids, want, self.settings.memory_recovery_timeout_s)
         self._notify()
+
+    def _placement_of(self, decision: scheduler.Load, nbytes: int) -> Placement:
+        """Where the decision puts the load (a policy without device sets: all of it on the
+        group's first device)."""
+        placed = decision.placement
+        return placed if placed is not None else Placement.whole(self.device.indexes[0], nbytes)
+
+    def _loading_held(self) -> dict[int, int]:
+        """Per device, what loads in progress were promised and the device does not show them
+        holding yet (placement/ledger.py `plannable_free`, device by device)."""
+        held: dict[int, int] = {}
+        for r in self._models.values():
+            if r.state is not ModelState.LOADING:
+                continue
+            promised = (r.placement.device_bytes if r.placement is not None
+                        else ((self.device.indexes[0], r.reserved_bytes),))
+            for d, n in promised:
+                held[d] = held.get(d, 0) + max(0, n - r.measured_by_device.get(d, 0))
+        return held
 
     def _record_swap(self, rt: _Runtime, reason: str) -> None:
         kind = {"idle": "expirations", "unload": "unloads", "reload": "unloads"}.get(
@@ -624,16 +695,19 @@ class Engine:
         t = self.settings.thermal
         sensors = ThermalSensors(
             simulated_path=t.simulated_sensors_file,
-            gpu_reader=lambda _: self.device.info().temperature_c,
+            gpu_reader=lambda i: self.device.members[i].info().temperature_c,
         )
         cpu = DEFAULT_THRESHOLDS["cpu"].with_overrides(t.cpu_pause_c, t.cpu_resume_c)
         gpu = DEFAULT_THRESHOLDS["nvidia"].with_overrides(t.gpu_pause_c, t.gpu_resume_c)
         has_gpu = self.device.kind != "cpu"
         while True:
             cpu_c = await asyncio.to_thread(sensors.cpu_c)  # psutil reads sysfs: keep it off
-            gpu_c = sensors.gpu_c(self.index) if has_gpu else None
+            # The hottest GPU of the group decides: a model split over it runs on all of them.
+            readings = [(c, i) for i in self.device.indexes
+                        if (c := sensors.gpu_c(i)) is not None] if has_gpu else []
+            gpu_c, hottest = max(readings, default=(None, self.device.indexes[0]))
             paused, reason = engine_paused(
-                self.paused_reason is not None, cpu_c, gpu_c, cpu, gpu, gpu_index=self.index
+                self.paused_reason is not None, cpu_c, gpu_c, cpu, gpu, gpu_index=hottest
             )
             self.set_paused(reason if paused else None)
             await asyncio.sleep(t.poll_s)  # a sensor has no event to await
@@ -685,6 +759,9 @@ class Engine:
                 metrics.model_loaded(rt.entry.id, self.index, "cancelled")
                 return
             resumed = warm is not None and self.warm.take(rt.entry.id, warm.fingerprint) is warm
+            kept: Placement | None = getattr(server, "placement", None)
+            if resumed and kept is not None:  # it wakes where it slept
+                rt.placement = kept
             if warm is not None and not resumed:  # another load reclaimed it meanwhile
                 server = await asyncio.to_thread(make_backend, spec, self.settings, env=self.env)
             log.info("loading %s (%d MiB reserved%s)", spec.id, rt.reserved_bytes // MIB,
@@ -697,6 +774,8 @@ class Engine:
                 if server.pid is not None:
                     self._spawned(rt, server.pid)
             else:
+                if rt.placement is not None:  # its devices, before its child starts
+                    server.place(rt.placement, self.device.child_env(rt.placement))
                 await server.start(on_spawn=lambda pid: self._spawned(rt, pid))
         except ModelLoadFailed as exc:
             rt.state = ModelState.FAILED
@@ -717,7 +796,7 @@ class Engine:
             rt.read_ahead = False
             self._arrivals.pop(rt.entry.id, None)  # e.g. make_backend refused it
             if rt.state is not ModelState.LOADING:  # it failed, and its child is gone
-                rt.pid = rt.measured_bytes = None
+                rt.pid = rt.measured_bytes = rt.placement = None
             self._notify()
         rt.server = server
         rt.state = ModelState.READY
@@ -738,7 +817,7 @@ class Engine:
 
     def _spawned(self, rt: _Runtime, pid: int) -> None:
         rt.pid = pid
-        self.device.on_spawn(pid, rt.reserved_bytes)
+        self.device.on_spawn(pid, rt.reserved_bytes, rt.placement)
 
     async def _watch_exit(self, rt: _Runtime, server: Backend) -> None:
         await server.wait_exit()
@@ -759,7 +838,7 @@ class Engine:
             "\n".join(server.tail(self.settings.log_tail_lines)),
         )
         rt.server = None
-        rt.pid = rt.measured_bytes = None
+        rt.pid = rt.measured_bytes = rt.placement = None
         rt.state = ModelState.STOPPED
         rt.restarts += 1
         self.stats["crashes"] += 1
@@ -781,7 +860,7 @@ class Engine:
             await server.stop()
         finally:
             rt.state = ModelState.STOPPED
-            rt.pid = rt.measured_bytes = None
+            rt.pid = rt.measured_bytes = rt.placement = None
         return False
 
     # ---- the warm tier (engine/warm_tier.py) ----------------------------------------------
@@ -925,7 +1004,24 @@ class Engine:
                 placing=tuple(self._arrivals),
             ),
             models=self.model_statuses(),
+            devices=self._device_statuses(),
+            host=self._host_status(),
         )
+
+    def _device_statuses(self) -> tuple[DeviceStatus, ...]:
+        """One record per device of the group, by physical index: what the front plans a
+        placement with, and what `modelyard ps` shows per device."""
+        promised: dict[int, int] = {}
+        for rt in self._models.values():
+            if rt.state is ModelState.LOADING and rt.placement is not None:
+                for d, n in rt.placement.device_bytes:
+                    promised[d] = promised.get(d, 0) + n
+        return tuple(
+            DeviceStatus(index=i.index, kind=i.kind, name=i.name, total_bytes=i.total_bytes,
+                         used_bytes=i.used_bytes, free_bytes=i.free_bytes,
+                         temperature_c=i.temperature_c, utilization_pct=i.utilization_pct,
+                         reserved_loading_bytes=promised.get(i.index, 0))
+            for i in self.device.infos())
 
     def diag(self) -> dict[str, Any]:
         return {
@@ -991,6 +1087,7 @@ class Engine:
             waiters=rt.waiters,
             speculative=(self._drafts[rt.entry.id].status()
                          if rt.entry.id in self._drafts else None),
+            placement=rt.placement if placed else None,
         )
 
     def _paired(self, rt: _Runtime) -> ModelSpec:
@@ -1023,3 +1120,13 @@ def sibling_devices(model: str, placed: Sequence[ModelStatus]) -> frozenset[int]
         if m.model != model and m.placement is not None and served_name(m.model) == family
         for device in m.placement.devices
     )
+
+
+def measured_placement(placed: Placement | None, measured: Mapping[int, int]) -> Placement | None:
+    """`placed` with the bytes the devices show on each of its devices instead of the
+    estimate's (the next plan and the report read what is true); its host bytes and layers
+    stay as they were placed."""
+    if placed is None or not measured:
+        return placed
+    return dataclasses.replace(placed, device_bytes=tuple(
+        (d, measured.get(d, n)) for d, n in placed.device_bytes))

@@ -55,8 +55,19 @@ class GpuDevice:
         pass
 
 
+def gpu_devices_for(cuda_visible: str | None) -> list[tuple[int, GpuDevice]]:
+    """Every GPU `cuda_visible` names (an engine's device group), by physical index."""
+    probe = NvmlProbe()
+    if probe.available():
+        found = [(d.index, gpu_device_for(str(d.index))) for d in probe.devices(cuda_visible)]
+    else:
+        found = [(d.index, gpu_device_for(str(d.index)))
+                 for d in visible_gpus(query_gpus(), cuda_visible)]
+    return [(i, g) for i, g in found if g is not None]
+
+
 def gpu_device_for(cuda_visible: str | None) -> GpuDevice | None:
-    """The first GPU `cuda_visible` names (an engine owns one), or None when there is none."""
+    """The first GPU `cuda_visible` names, or None when there is none."""
     probe = NvmlProbe()
     if probe.available():
         gpus = probe.devices(cuda_visible)

@@ -17,8 +17,13 @@ from pathlib import Path
 
 from modelyard.types import DeviceInfo
 
-# The environment variable that tells a child where to file its own claim.
+# The environment variable that tells a child where to file its own claim: one directory per
+# device of its placement, os.pathsep-joined, in placement order.
 CLAIMS_DIR_ENV = "MODELYARD_SIMULATED_GPU_DIR"
+# The bytes the placement puts on each device (`b0,b1`, same order), then, for a partial offload,
+# the bytes it keeps in host RAM (`b0,b1,host`). A child splits its claim in these proportions
+# and claims no device for the host part; without it, evenly over the devices.
+CLAIM_SPLIT_ENV = "MODELYARD_SIMULATED_CLAIM_SPLIT"
 
 _UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
           "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
@@ -108,14 +113,39 @@ class SimulatedGpu:
         )
 
 
+def split_claim(nbytes: int, parts: int, weights: str | None) -> list[int]:
+    """`nbytes` over `parts` devices: in the proportions of `weights` (`b0,b1`, the placement's
+    bytes per device; one weight more is the part a partial offload keeps in host RAM, which no
+    device claims) when it names one weight per part, else evenly; the rounding goes to the
+    first device."""
+    shares: list[int] = []
+    if weights:
+        with contextlib.suppress(ValueError):
+            shares = [max(0, int(w)) for w in weights.split(",")]
+    if len(shares) not in (parts, parts + 1) or sum(shares[:parts]) <= 0:
+        shares = [1] * parts
+    out = [nbytes * w // sum(shares) for w in shares]
+    on_devices = nbytes - (out[parts] if len(out) > parts else 0)
+    out = out[:parts]
+    out[0] += on_devices - sum(out)
+    return out
+
+
 def file_claim(nbytes: int, claims_dir: str | None = None) -> Path | None:
-    """File this process's own claim (used by fake backends); None without a simulated device."""
+    """File this process's own claim (used by fake backends), one per device its environment
+    names (CLAIMS_DIR_ENV, split by CLAIM_SPLIT_ENV); the first claim's path, or None without a
+    simulated device."""
     where = claims_dir or os.environ.get(CLAIMS_DIR_ENV)
     if not where:
         return None
-    path = Path(where) / str(os.getpid())
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"tmp-{os.getpid()}")
-    tmp.write_text(str(nbytes))
-    tmp.replace(path)  # atomic: the engine never reads half a number
-    return path
+    dirs = [d for d in where.split(os.pathsep) if d]
+    first: Path | None = None
+    for directory, share in zip(
+            dirs, split_claim(nbytes, len(dirs), os.environ.get(CLAIM_SPLIT_ENV)), strict=True):
+        path = Path(directory) / str(os.getpid())
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"tmp-{os.getpid()}")
+        tmp.write_text(str(share))
+        tmp.replace(path)  # atomic: the engine never reads half a number
+        first = first or path
+    return first

@@ -53,6 +53,20 @@ class LayerProfile:
         return (sum(self.layer_bytes) + self.kv_bytes_per_layer * self.layers
                 + self.other_bytes + self.compute_bytes_per_device)
 
+    def scaled_to(self, nbytes: int) -> LayerProfile:
+        """The same shape holding `nbytes` on one device: a load measured the model (or its
+        `vram_bytes` says) and the estimate's parts scale with it; rounding goes to
+        `other_bytes`, so the whole is exactly `nbytes`."""
+        whole = self.bytes_on_one_device()
+        if whole <= 0 or whole == nbytes or nbytes <= 0:
+            return self
+        f = nbytes / whole
+        layers = tuple(int(b * f) for b in self.layer_bytes)
+        kv = int(self.kv_bytes_per_layer * f)
+        compute = int(self.compute_bytes_per_device * f)
+        other = nbytes - sum(layers) - kv * len(layers) - compute
+        return LayerProfile(layers, kv, max(0, other), compute)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "layer_bytes": list(self.layer_bytes),

@@ -180,7 +180,7 @@ def fit(
         room = rooms[0]
         return Placement.whole(room.index, nbytes) if nbytes <= room.free_bytes else None
     if profile is not None:
-        return split_layers(profile, rooms)
+        return split_layers(profile.scaled_to(nbytes), rooms)
     even = split_evenly(nbytes, [r.index for r in rooms])
     return even if all(even.on(r.index) <= r.free_bytes for r in rooms) else None
 
@@ -191,7 +191,7 @@ def fit_offloaded(
     """Part of a model on `rooms`, the rest in host RAM (None: the rest does not fit there).
     Without a profile the devices are filled in order, by bytes (no layer counts)."""
     if profile is not None:
-        return offload_layers(profile, rooms, host_free)
+        return offload_layers(profile.scaled_to(nbytes), rooms, host_free)
     left, parts = nbytes, []
     for r in rooms:
         take = max(0, min(left, r.free_bytes))

@@ -128,16 +128,23 @@ async def ps(request: Request) -> Response:
 def ps_row(out: list[dict[str, Any]], entry: Entry, listed: dict[str, dict[str, Any]],
            m: ModelStatus, engine: str, on_gpu: bool, default_ctx_size: int) -> None:
     """One /api/ps row: `size` what the model holds in memory (its measured or reserved bytes,
-    else its file), `size_vram` the part of it on a GPU (never more than `size`)."""
+    else its file, plus host RAM of a partial offload), `size_vram` the part of it on GPUs
+    (never more than `size`)."""
     row = {k: v for k, v in (listed.get(entry.name) or _tag(entry, entry.name)).items()
            if k != "modified_at"}
     size = m.memory.measured_bytes or m.memory.reserved_bytes or entry.size_bytes or 0
+    vram = size if on_gpu else 0
+    if on_gpu and m.placement is not None and m.placement.offloaded:
+        # A partial offload: its layers in host RAM are part of `size`, not of `size_vram`
+        # (Ollama's clients show the split from these two).
+        vram = m.placement.bytes
+        size = vram + m.placement.host_bytes
     expires_in = m.expires_in_s
     forever = expires_in is None or (m.keep_alive_s is not None and m.keep_alive_s < 0)
     info = gguf_info(entry)
     row.update({
         "size": size,
-        "size_vram": size if on_gpu else 0,
+        "size_vram": vram,
         "expires_at": FOREVER if forever else rfc3339(time.time() + (expires_in or 0.0)),
         "context_length": _context_length(entry, info, default_ctx_size),
         "engine": engine,

@@ -19,7 +19,7 @@ import aiohttp
 from starlette.requests import Request
 
 from modelyard import metrics
-from modelyard.config import EngineSpec, Settings
+from modelyard.config import EngineSpec, ServiceModel, Settings
 from modelyard.errors import ClientClosedRequest, EngineUnavailable, ModelyardError, UpstreamError
 from modelyard.front.catalog import Catalog
 from modelyard.front.chat.presets import apply_preset_bytes
@@ -30,6 +30,7 @@ from modelyard.front.dispatch.replicas import MovedToCopy, Replicas, unless_move
 from modelyard.front.dispatch.routing import EngineView, pick_engine, view_from_status
 from modelyard.front.engines.client import EngineClient
 from modelyard.placement import policy as scheduler
+from modelyard.placement.devices import LayerProfile
 from modelyard.store.estimate import MemoryEstimate, estimate_model, serving_bytes
 from modelyard.store.registry import Entry
 from modelyard.types import Lease
@@ -149,6 +150,11 @@ class Dispatcher:
             group=entry.spec.group,
             coexist_with=frozenset(entry.spec.can_coexist_with),
             priority=entry.spec.priority,
+            # As the engine asks (engine/loop.py `_decide`), so the prediction is its decision.
+            profile=self._profile(entry),
+            offload=getattr(entry.spec, "offload", "off") == "auto",
+            # A registered service is one process on one device: never split.
+            splittable=not isinstance(entry.spec, ServiceModel),
         )
 
         async def view(engine: EngineClient) -> EngineView:
@@ -179,6 +185,10 @@ class Dispatcher:
                 estimate_model, entry.spec, self.catalog.settings
             )
         return serving_bytes(entry.spec, self.estimates[entry.id], file_bytes=entry.size_bytes)
+
+    def _profile(self, entry: Entry) -> LayerProfile | None:
+        found = self.estimates.get(entry.id)  # filled by _want_bytes, asked first
+        return found.profile if found is not None else None
 
     def limits(self, entry: Entry, engine: EngineClient) -> Limits:
         """max_concurrency: the model's, else its engine's, else the server's (same for queues)."""

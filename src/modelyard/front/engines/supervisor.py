@@ -1,4 +1,4 @@
-"""The front's engine supervisor: one engine process per GPU (or one CPU engine).
+"""The front's engine supervisor: one engine process per device group (or one CPU engine).
 
 Each engine runs `python -m modelyard serve --engine-only --internal-port N` with its own
 CUDA_VISIBLE_DEVICES. The supervisor waits until the engine answers /health, watches its exit,
@@ -37,6 +37,7 @@ from modelyard import metrics
 from modelyard.config import EngineSpec, Settings
 from modelyard.errors import EngineProtocolMismatch
 from modelyard.front.engines.client import HttpEngineClient
+from modelyard.placement.groups import device_groups
 from modelyard.proc.ports import LOOPBACK, free_port
 from modelyard.proc.process import ChildProcess
 from modelyard.proc.readiness import NotReady, wait_ready
@@ -266,12 +267,17 @@ def engine_log_path(settings: Settings, name: str) -> Path:
 
 
 def plan_engines(settings: Settings, gpu_count: int) -> list[EnginePlan]:
-    """One engine per GPU; one CPU engine when there are none (or `devices: cpu`).
+    """One engine per device group (`engine_devices`: all GPUs by default, one per GPU, or
+    explicit groups), its CUDA_VISIBLE_DEVICES the group's indexes; one CPU engine when there
+    are no GPUs (or `devices: cpu`).
 
-    Simulated GPUs get engines too, but hide every real GPU from them.
+    Simulated GPUs are grouped the same way, but hide every real GPU from their engines (each
+    engine finds its simulated group from the same settings: engine/ledger.py `engine_group`).
     """
     if settings.simulate_gpus:
-        return [EnginePlan(i, "") for i in range(gpu_count)]
+        groups = device_groups(settings.engine_devices, range(gpu_count))
+        return [EnginePlan(i, "") for i in range(len(groups))]
     if settings.devices == "cpu" or gpu_count == 0:
         return [EnginePlan(0, "")]
-    return [EnginePlan(i, str(i)) for i in range(gpu_count)]
+    groups = device_groups(settings.engine_devices, range(gpu_count))
+    return [EnginePlan(i, ",".join(str(d) for d in group)) for i, group in enumerate(groups)]

@@ -108,14 +108,20 @@ def readings(
         if reported is None:
             continue
         add("modelyard_engine_paused", [name], 1 if reported.paused else 0)
-        device = reported.device
-        where = [name, device.name or ""]
-        add("modelyard_device_memory_total_bytes", where, device.total_bytes)
-        add("modelyard_device_memory_used_bytes", where, device.used_bytes)
-        add("modelyard_device_memory_free_bytes", where, device.free_bytes)
-        util = device.utilization_pct
-        add("modelyard_device_utilization_ratio", where, None if util is None else util / 100)
-        add("modelyard_device_temperature_celsius", where, device.temperature_c)
+        # One series per device of the engine's group (an engine that reports no split: its
+        # one device); two cards of one model have one name, so several are told apart by
+        # their index.
+        several = len(reported.devices) > 1
+        for device in reported.devices or (reported.device,):
+            label = device.name or ""
+            where = [name, f"gpu{device.index} {label}" if several else label]
+            add("modelyard_device_memory_total_bytes", where, device.total_bytes)
+            add("modelyard_device_memory_used_bytes", where, device.used_bytes)
+            add("modelyard_device_memory_free_bytes", where, device.free_bytes)
+            util = device.utilization_pct
+            add("modelyard_device_utilization_ratio", where,
+                None if util is None else util / 100)
+            add("modelyard_device_temperature_celsius", where, device.temperature_c)
         for held in reported.models:
             which = [held.model, name]
             add("modelyard_model_loaded", which, 1 if held.state == "ready" else 0)

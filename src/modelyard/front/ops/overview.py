@@ -30,10 +30,24 @@ def _device(report: EngineReport) -> dict[str, Any] | None:
         "used_fraction": round(used / total, 4) if total else None,
         "holds": [{"model": m.model, "bytes": _held_bytes(m)}
                   for m in status.models if m.state != "stopped"],
+        # Each device of the engine's group (the figures above are their sum).
+        "devices": [d.to_json() for d in status.devices] if len(status.devices) > 1 else [],
     }
 
 
-def _model(model: ModelStatus) -> dict[str, Any]:
+def _placement_label(model: ModelStatus, kind: str | None) -> str | None:
+    if model.placement is None or not model.placement.device_bytes:
+        return None
+    return model.placement.label("cpu" if kind == "cpu" else "gpu")
+
+
+def _processor(model: ModelStatus, kind: str | None) -> str | None:
+    if model.placement is None:
+        return None
+    return "100% CPU" if kind == "cpu" else model.placement.split_label()
+
+
+def _model(model: ModelStatus, kind: str | None = None) -> dict[str, Any]:
     return {
         "model": model.model,
         "backend": model.backend,
@@ -41,6 +55,9 @@ def _model(model: ModelStatus) -> dict[str, Any]:
         "pid": model.pid,
         "in_flight": model.leases,
         "memory_bytes": _held_bytes(model),
+        # Where it is: `gpu0+gpu1`, and Ollama's PROCESSOR split (`48%/52% CPU/GPU`).
+        "placement": _placement_label(model, kind),
+        "processor": _processor(model, kind),
         "keep_alive_s": model.keep_alive_s,
         "expires_in_s": model.expires_in_s,
         "pinned": model.pinned,
@@ -54,8 +71,9 @@ def _models(report: EngineReport) -> tuple[ModelStatus, ...]:
 
 
 def _engine(report: EngineReport) -> dict[str, Any]:
-    models = [_model(m) for m in _models(report) if m.state != "stopped"]
     status = report.status
+    kind = status.device.kind if status is not None else None
+    models = [_model(m, kind) for m in _models(report) if m.state != "stopped"]
     return {
         "name": report.name,
         "up": report.up,

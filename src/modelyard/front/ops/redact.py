@@ -19,7 +19,8 @@ _DEVICE_FIELDS = ("index", "kind", "name", "total_bytes", "used_bytes", "free_by
                   "temperature_c", "utilization_pct", "reserved_loading_bytes", "warm_bytes")
 _MODEL_FIELDS = ("model", "backend", "state", "leases", "loaded_at", "load_duration_s",
                  "size_bytes", "pinned", "last_used", "priority", "group", "keep_alive_s",
-                 "expires_in_s", "waiting_for_memory_s", "memory", "restarts", "cooldown_s", "warm")
+                 "expires_in_s", "waiting_for_memory_s", "memory", "restarts", "cooldown_s", "warm",
+                 "placement")  # where it is and its CPU/GPU split, as Ollama's /api/ps shows
 _CATALOG_FIELDS = ("model", "aliases", "origin", "preset", "loaded", "backend", "format",
                    "source", "size_bytes", "load_duration", "engine")
 
@@ -37,6 +38,8 @@ def client_engine(engine: dict[str, Any]) -> dict[str, Any]:
     view = _pick(engine, _ENGINE_FIELDS)
     if "device" in engine:
         view["device"] = _device(engine["device"])
+    if "devices" in engine:  # each device of its group
+        view["devices"] = [_device(d) for d in engine["devices"] or ()]
     if "models" in engine:
         view["models"] = [_pick(m, _MODEL_FIELDS) for m in engine["models"]]
     return view

@@ -84,6 +84,13 @@ function jobRow(job, { onCancel, onResume }) {
   return { el, update };
 }
 
+function placedOn(live) {
+  if (!live) return "";
+  const p = live.placement;
+  if (!p || !p.label) return live.engine || "";
+  return `${live.engine} · ${p.label} · ${p.split}`;
+}
+
 function jobBadge(status) {
   const tone = { succeeded: "ok", running: "accent", queued: "", failed: "bad", interrupted: "warn", cancelled: "" }[status];
   return badge(status === "succeeded" ? "pulled" : status, tone ?? "", { dot: status === "running", pulse: status === "running" });
@@ -92,7 +99,8 @@ function jobBadge(status) {
 function liveStates(snapshot) {
   const states = new Map();
   for (const engine of snapshot?.status?.engines || []) {
-    for (const m of engine.models || []) states.set(m.model, { state: m.state, engine: engine.name });
+    // Where it is loaded (gpu0+gpu1) and Ollama's split (48%/52% CPU/GPU): docs/multi-gpu.md.
+    for (const m of engine.models || []) states.set(m.model, { state: m.state, engine: engine.name, placement: m.placement });
   }
   return states;
 }
@@ -187,7 +195,7 @@ export function render(container, { isAdmin, navigate }) {
         h("td.num", fmtBytes(m.size_bytes)),
         h("td", m.source || m.origin || "—"),
         h("td", state ? stateBadge(state) : badge("not loaded"),
-          state ? h("div.cell-sub", states.get(m.model)?.engine || m.engine || "") : null),
+          state ? h("div.cell-sub", placedOn(states.get(m.model)) || m.engine || "") : null),
         h("td.actions", actionsFor(m, state))));
       const err = rowErrors.get(m.model);
       if (err) rows.push(h("tr.row-error", h("td", { colspan: 6 }, errorBox(err))));
