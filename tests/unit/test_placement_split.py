@@ -94,3 +94,16 @@ def test_fit_offloaded_without_a_profile_fills_in_order() -> None:
     assert p is not None and p.device_bytes == ((0, 10 * GiB), (1, 12 * GiB))
     assert p.host_bytes == 8 * GiB and p.layers == ()
     assert fit_offloaded(30 * GiB, None, rooms(10, 12), host_free=7 * GiB) is None
+
+
+def test_a_profile_scales_to_the_bytes_placed() -> None:
+    """A load measured the model at more than its estimate: the split places what was measured,
+    in the estimate's shape (the whole stays exact)."""
+    from modelyard.placement.devices import LayerProfile
+
+    profile = LayerProfile((2**30,) * 10, 2**20, 2**29, 2**28)
+    whole = profile.bytes_on_one_device()
+    scaled = profile.scaled_to(whole * 2)
+    assert scaled.bytes_on_one_device() == whole * 2
+    assert scaled.layer_bytes == (2**31,) * 10 and scaled.compute_bytes_per_device == 2**29
+    assert profile.scaled_to(whole) is profile

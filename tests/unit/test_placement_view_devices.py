@@ -79,12 +79,12 @@ def test_offload_uses_the_host_room_the_engine_reported() -> None:
     profile = LayerProfile((GiB,) * 56, 0, 2 * GiB, GiB)
     host = DeviceStatus(kind="host", total_bytes=128 * GiB, free_bytes=64 * GiB)
     st = status(device(0, 24), device(1, 24), host=host)
-    want = scheduler.Want("m", 60 * GiB, profile=profile, offload=True)
+    want = scheduler.Want("m", 59 * GiB, profile=profile, offload=True)  # the profile's whole
     got = view.plan_from_status(st, want)
     assert isinstance(got, scheduler.Load) and got.placement is not None
     assert got.placement.host_bytes == 12 * GiB and got.placement.layers == (21, 23)
     # offload off: the same status says NoFit
-    got = view.plan_from_status(st, scheduler.Want("m", 60 * GiB, profile=profile))
+    got = view.plan_from_status(st, scheduler.Want("m", 59 * GiB, profile=profile))
     assert isinstance(got, scheduler.NoFit)
 
 
