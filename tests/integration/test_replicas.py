@@ -47,7 +47,7 @@ def copies(server: Server) -> dict[str, dict[str, Any]]:
     for engine in status(server)["engines"]:
         for m in engine["models"]:
             placement = m.get("placement")
-            place = (tuple(d for d, _ in placement["device_bytes"]) if placement
+            place = ((engine["name"], *(d["index"] for d in placement["devices"])) if placement
                      else (engine["name"], engine["device"]["name"]))
             out[m["model"]] = {**m, "place": place, "engine_name": engine["name"]}
     return out
