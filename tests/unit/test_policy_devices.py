@@ -101,6 +101,13 @@ ROWS = [
         (R("a", 10, on(0, 10), last_used=1), R("b", 10, on(0, 10), last_used=3),
          R("c", 12, on(1, 12), last_used=2)),
         rooms(4, 12), Evict(("c",), "m"), where=((1, gib(22)),)),
+    # device 0: one recent 12 GiB victim; device 1: two old 5 GiB ones (10 GiB to reload). Kept
+    # on purpose: ranking by GiB first wins hot-burst but loses big-mix on 4 GPUs
+    # (docs/multi-gpu.md "Which victims"), so the fewest victims still go first.
+    Row("fewest-victims-before-fewest-gib", W("m", 22, splittable=False),
+        (R("big", 12, on(0, 12), last_used=5), R("s1", 5, on(1, 5), last_used=1),
+         R("s2", 5, on(1, 5), last_used=2)),
+        rooms(12, 14), Evict(("big",), "m"), where=((0, gib(22)),)),
     Row("equal-victims-the-least-recently-used-goes", W("m", 22, splittable=False),
         (R("old", 10, on(1, 10), last_used=1), R("new", 10, on(0, 10), last_used=2)),
         rooms(14, 14), Evict(("old",), "m"), where=((1, gib(22)),)),

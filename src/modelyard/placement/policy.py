@@ -49,7 +49,10 @@ Several devices:
   in the victim order, the most valuable first), then the fewest devices, then the best fit
   (the least room left on the set: big holes stay for big models), then the lower device
   indexes (a stable answer). When only busy victims can make room, the set that waits for the
-  fewest busy models wins.
+  fewest busy models wins. Count ranks before the GiB the victims hold: by GiB (then least
+  recently used) bench/sched.py loads fewer GiB on hot-burst but evicts the small, popular
+  models on big-mix (9 % more GiB on 4x24 GiB; docs/multi-gpu.md "Which victims"): no clear
+  win, so one recent large victim still beats two old small ones.
 * Bytes per device: one device holds ``want.bytes``; a split with ``want.profile`` gets whole
   layers in proportion to each device's room (placement/split.py: the main device also holds
   the weights outside the blocks, each device its compute buffer); without a profile the bytes
