@@ -90,3 +90,11 @@ def test_ps_shows_each_device_of_an_engines_group() -> None:
     console.print(render(view))
     text = console.export_text()
     assert "gpu0" in text and "left card" in text and "right card" in text
+
+
+def test_an_empty_device_shows_its_memory_not_a_dash() -> None:
+    """`modelyard ps` showed "-" for a device with nothing loaded (0 used read as unknown)."""
+    from modelyard.cli.status import bar
+
+    assert bar(0, 24 * 2**30).startswith("[" + "." * 20 + "] 0")
+    assert bar(None, 24 * 2**30) == "-" and bar(5, None) == "-"

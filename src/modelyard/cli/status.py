@@ -22,7 +22,7 @@ def size(n: int | None) -> str:
 
 
 def bar(used: int | None, total: int | None, width: int = 20) -> str:
-    if not used or not total:
+    if used is None or not total:
         return "-"
     filled = round(width * min(1.0, used / total))
     return f"[{'#' * filled}{'.' * (width - filled)}] {size(used)} / {size(total)}"

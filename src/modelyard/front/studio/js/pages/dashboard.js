@@ -65,6 +65,7 @@ function engineCard(engine, queues) {
     device.total_bytes
       ? memoryBar(device.total_bytes, segments, { title: "Device memory", used })
       : h("p.muted", "This device reports no memory figures."),
+    deviceBars(engine, models, segments),
     h("div.kv",
       h("span", "Loaded ", h("b", String(models.filter((m) => m.state === "ready").length))),
       h("span", "Loads ", h("b", String(sched.loads ?? 0))),
@@ -78,12 +79,44 @@ function engineCard(engine, queues) {
         h("a", { href: "#/models" }, "Models"), " lists them all."));
 }
 
+// An engine that owns several devices: one bar per device, each model's part on it (its
+// placement), in the colours of the engine's bar.
+function deviceBars(engine, models, segments) {
+  const devices = engine.devices || [];
+  if (devices.length < 2) return null;
+  const colors = Object.fromEntries(segments.map((s) => [s.label, s.color]));
+  return h("div.device-bars", devices.map((d) => {
+    const parts = models.map((m) => ({
+      label: m.model, bytes: bytesOn(m, d.index), color: colors[m.model] || "var(--seg-other)",
+    })).filter((s) => s.bytes > 0);
+    const byModels = parts.reduce((acc, s) => acc + s.bytes, 0);
+    const used = d.used_bytes ?? byModels;
+    if (used > byModels) parts.push({ label: "other", bytes: used - byModels, color: "var(--seg-other)" });
+    return d.total_bytes
+      ? memoryBar(d.total_bytes, parts, { title: `gpu${d.index} · ${d.name || "device"}`, used })
+      : null;
+  }));
+}
+
+function bytesOn(m, index) {
+  const devices = m.placement?.devices || [];
+  return devices.filter((x) => x.index === index).reduce((acc, x) => acc + (x.bytes || 0), 0);
+}
+
+// `gpu0+gpu1`, and the CPU/GPU split of a partial offload (Ollama's PROCESSOR column).
+function placementNote(m) {
+  const p = m.placement;
+  if (!p || !p.label) return null;
+  return p.host_bytes ? `${p.label} · ${p.split}` : p.label;
+}
+
 function engineModel(m, queue) {
   const q = queue || {};
   const busy = (m.leases || 0) + (q.queued || 0);
   return h("div.engine-model", { dataset: { model: m.model }, title: m.last_error || "" },
     h("span.name", { title: m.model }, m.model),
     stateBadge(m.state),
+    h("span.muted.small.nowrap", { title: "Where it is loaded" }, placementNote(m) || ""),
     h("span.muted.small.nowrap", modelBytes(m) ? fmtBytes(modelBytes(m)) : ""),
     h("span.muted.small.nowrap", { title: "Requests running · waiting" },
       busy ? `${m.leases || 0} running · ${q.queued || 0} queued` :
@@ -180,7 +213,7 @@ export function render(container, { isAdmin }) {
   append(container, 
     pageHead("Dashboard", sub, live),
     tilesBox,
-    section("Engines", h("span.faint.small", "one per GPU, or one on the CPU"), enginesBox),
+    section("Engines", h("span.faint.small", "one per device group (engine_devices), or one on the CPU"), enginesBox),
     section("Queues", null, queuesBox),
     isAdmin ? section("Pulls", h("a.small", { href: "#/models" }, "Models →"), pullsBox) : null,
     section("Explore the Studio", null, explore(isAdmin)),
