@@ -80,3 +80,27 @@ async def test_the_hottest_gpu_of_the_group_pauses_its_engine(tmp_path: Path) ->
     finally:
         watch.cancel()
     assert reasons[0] is not None and "gpu 1" in reasons[0]
+
+
+async def test_vllm_splits_only_over_a_divisor_of_its_heads(tmp_path: Path) -> None:
+    """A safetensors model served by vLLM (a child server) on 3 devices: 40 GiB fits 2 of
+    them, but its 3 heads only divide 1 or 3, so it goes over 3; the in-process transformers
+    engine (device_map) may take 2."""
+    from modelyard.engine.backends.base import vllm_spec
+    from modelyard.engine.backends.openai_server import ChildServer
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "config.json").write_text(json.dumps({"num_attention_heads": 3}))
+    settings = Settings(home=tmp_path, scan_hf_cache=False, simulate_gpus="3x24GiB",
+                        models=[{"id": "tp", "backend": "transformers", "path": str(repo),
+                                 "vram_bytes": 40 * GIB}])  # type: ignore[list-item]
+    engine = Engine(settings, ModelRegistry.build(settings))
+    rt = engine._runtime(engine.registry.resolve("tp"))
+    assert engine._decide(rt).placement.devices == (0, 1)  # type: ignore[union-attr]
+    vllm = ChildServer(vllm_spec(rt.spec), settings)  # type: ignore[arg-type]
+    rt.split_sizes = engine._split_sizes(rt.spec, vllm)
+    assert rt.split_sizes == frozenset({1, 3})
+    decision = engine._decide(rt)
+    assert isinstance(decision, scheduler.Load) and decision.placement is not None
+    assert decision.placement.devices == (0, 1, 2)

@@ -37,6 +37,7 @@ from typing import Any
 from modelyard import metrics
 from modelyard.config import LlamaCppModel, ModelSpec, ServiceModel, Settings, TransformersModel
 from modelyard.engine.backends.base import Backend, make_backend
+from modelyard.engine.backends.openai_server import ChildServer
 from modelyard.engine.device_group import DeviceGroup, make_device
 from modelyard.engine.ledger import Device, HostDevice, host_memory, wait_for_recovery
 from modelyard.engine.read_ahead import Fadvise, read_ahead
@@ -55,6 +56,8 @@ from modelyard.placement import policy as scheduler
 from modelyard.placement import view as placement
 from modelyard.placement.devices import LayerProfile, Placement
 from modelyard.placement.ledger import Loading, plannable_free
+from modelyard.placement.tensor_parallel import tensor_parallel_sizes
+from modelyard.store.attention import attention_heads
 from modelyard.store.config_diff import diff_specs, keep_running, spec_views
 from modelyard.store.draft import with_draft_path
 from modelyard.store.estimate import MemoryEstimate, estimate_model, serving_bytes
@@ -115,6 +118,9 @@ class _Runtime:
     retiring: asyncio.Task[None] | None = None
     retire_to: Entry | None = None
     read_ahead: bool = False  # this load's GGUF read-ahead was asked for
+    # The device counts its backend can split it over (vLLM: divisors of the attention heads);
+    # None: any.
+    split_sizes: frozenset[int] | None = None
 
     @property
     def spec(self) -> ModelSpec:
@@ -404,6 +410,14 @@ class Engine:
         found = self._estimates.get(rt.entry.id)
         return found.profile if found is not None else None
 
+    def _split_sizes(self, spec: ModelSpec, server: Backend) -> frozenset[int] | None:
+        """A safetensors model that runs as a child server is vLLM (engine/backends/base.py
+        `vllm_spec`): its tensor-parallel size must divide its attention heads, so the policy
+        only considers such device counts. Other backends split by layers: any count."""
+        if isinstance(spec, TransformersModel) and isinstance(server, ChildServer):
+            return tensor_parallel_sizes(attention_heads(spec.path), len(self.device.infos()))
+        return None
+
     def _decide(self, rt: _Runtime) -> scheduler.Decision:
         self._measure()
         infos = self.device.infos()
@@ -420,6 +434,7 @@ class Engine:
             offload=getattr(spec, "offload", "off") == "auto",
             # A registered service is one process on one device: never split.
             splittable=not isinstance(spec, ServiceModel),
+            split_sizes=rt.split_sizes,
         )
         # The engine's own view, in the shape it reports: the front plans on /status the same way.
         view = EngineStatus(
@@ -755,6 +770,7 @@ class Engine:
             server: Backend = (warm.backend if warm is not None else
                                await asyncio.to_thread(make_backend, spec, self.settings,
                                                        env=self.env))
+            rt.split_sizes = await asyncio.to_thread(self._split_sizes, spec, server)
             if not await self._place(rt):
                 metrics.model_loaded(rt.entry.id, self.index, "cancelled")
                 return
