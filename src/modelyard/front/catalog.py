@@ -57,7 +57,10 @@ class Catalog:
         except ModelNotPulled:
             if not self.settings.auto_pull:
                 raise
-            entry = self.registry.resolve(await self._pull(name, name) or name)
+            pulled = await self._pull(name, name)
+            # After the pull: the rescan replaced the registry (`self.registry` read before
+            # the await would be the one without the model).
+            entry = self.registry.resolve(pulled or name)
         if self.settings.auto_pull and getattr(entry.spec, "draft_model", None) is not None:
             draft = missing_hub_draft(entry.spec, self.registry)
             if draft is not None:
