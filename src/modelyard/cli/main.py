@@ -140,7 +140,7 @@ def serve(
         _setup_logging(settings, None, log_level, f"engine-{engine_index}")
         engine = Engine(settings, ModelRegistry.build(settings), index=engine_index)
         engine_app = create_engine_app(engine, secret=secret, watch_parent=True)
-        serving.run(engine_app, host="127.0.0.1", port=internal_port,
+        serving.run(engine_app, host=settings.node_address, port=internal_port,
                     keep_alive_s=serving.ENGINE_SERVER_KEEPALIVE_S,
                     limits=serving.http_limits(settings))
         return

@@ -1,4 +1,5 @@
-"""The engine's internal HTTP API, on a loopback port, called only by the front.
+"""The engine's internal HTTP API, on a loopback port (the node's address in a cluster), called
+only by the front.
 
     GET    /health                      liveness, and the port of the lease channel
     GET    /status                      models, their state and leases
@@ -66,11 +67,13 @@ class RequireFront:
     """Refuses every request that is not the front's: see the module's docstring. One header
     scan per request; the hot path (leases) does not come through here."""
 
-    def __init__(self, app: ASGIApp, secret: str) -> None:
+    def __init__(self, app: ASGIApp, secret: str, address: str = "127.0.0.1") -> None:
         if not secret:
             raise ValueError("the engine's HTTP API needs a secret")
         self.app = app
         self._authorization = f"Bearer {secret}".encode()
+        # The hosts a caller may name: loopback, and the node's address in a cluster.
+        self._hosts = ("127.0.0.1", "localhost", "[::1]", address)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         refused = self._refusal(scope) if scope["type"] == "http" else None
@@ -84,9 +87,8 @@ class RequireFront:
         server = scope.get("server")
         port = server[1] if server else None
         host = headers.get(b"host", b"").decode("latin-1").lower()
-        if port is None or host not in (f"127.0.0.1:{port}", f"localhost:{port}",
-                                        f"[::1]:{port}"):
-            return HostNotAllowed(f"Host {host!r} is not this engine's loopback address")
+        if port is None or host not in (f"{h}:{port}" for h in self._hosts):
+            return HostNotAllowed(f"Host {host!r} is not this engine's address")
         if not hmac.compare_digest(headers.get(b"authorization", b""), self._authorization):
             return Unauthorized("the engine's API takes only its front's secret")
         if scope["method"] == "POST":
@@ -217,7 +219,7 @@ def create_engine_app(
         watcher = asyncio.create_task(_exit_with_parent()) if watch_parent else None
         metrics.prepare()  # not on the first load's time
         engine.start()
-        channel = await serve_lease_channel(engine, secret)
+        channel = await serve_lease_channel(engine, secret, engine.settings.node_address)
         lease_port = int(channel.sockets[0].getsockname()[1])
         try:
             yield
@@ -242,7 +244,8 @@ def create_engine_app(
         Route("/kv/{model:path}/slots", kv_slots),
         Route("/kv/{model:path}/slots/{slot:int}", kv_slot, methods=["POST"]),
     ]
-    return RequireFront(Starlette(routes=routes, lifespan=lifespan), secret)
+    return RequireFront(Starlette(routes=routes, lifespan=lifespan), secret,
+                        engine.settings.node_address)
 
 
 async def _exit_with_parent() -> None:

@@ -147,8 +147,8 @@ def engine_protocol() -> int:
 async def serve_lease_channel(
     engine: Engine, secret: str, host: str = "127.0.0.1"
 ) -> asyncio.Server:
-    """Listen on a free loopback port (see `server.sockets[0].getsockname()`) for fronts that
-    know `secret`."""
+    """Listen on a free port of `host` (loopback; the node's address in a cluster: see
+    `server.sockets[0].getsockname()`) for fronts that know `secret`."""
     if not secret:
         raise ValueError("the lease channel needs a secret")
     protocol = engine_protocol()

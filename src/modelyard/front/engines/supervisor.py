@@ -30,15 +30,15 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import httpx
 
 from modelyard import metrics
 from modelyard.config import EngineSpec, Settings
 from modelyard.errors import EngineProtocolMismatch
-from modelyard.front.engines.client import HttpEngineClient
 from modelyard.placement.groups import device_groups
-from modelyard.proc.ports import LOOPBACK, free_port
+from modelyard.proc.ports import free_port
 from modelyard.proc.process import ChildProcess
 from modelyard.proc.readiness import NotReady, wait_ready
 from modelyard.wire.lease import SECRET_ENV
@@ -47,6 +47,23 @@ log = logging.getLogger("modelyard.supervisor")
 
 MAX_BACKOFF_S = 30.0
 _NO_SPEC = EngineSpec()
+
+
+class SupervisedClient(Protocol):
+    """Who hears about the supervised engine: the front's `HttpEngineClient`, or a node agent's
+    record of its engines (cluster/node_agent.py)."""
+
+    name: str
+
+    async def attach(self, base_url: str, lease_port: int, secret: str, *,
+                     report_timeout_s: float | None = None,
+                     heartbeat_timeout_s: float = 0.0) -> None: ...
+
+    async def detach(self) -> None: ...
+
+    def refuse(self, why: EngineProtocolMismatch) -> None: ...
+
+    def set_answering(self, answering: bool) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -60,10 +77,11 @@ class EngineSupervisor:
         self,
         settings: Settings,
         plan: EnginePlan,
-        client: HttpEngineClient,
+        client: SupervisedClient,
         *,
         config_file: Path | None = None,
         on_change: Callable[[], None] | None = None,
+        secret: str | None = None,
     ) -> None:
         self.settings = settings
         self.plan = plan
@@ -74,6 +92,8 @@ class EngineSupervisor:
         self.restarts = 0
         self.wedged = 0  # times it was killed for not answering its health probe
         self._base_url = ""
+        # A cluster's engines share the cluster's secret (wire/cluster.py); else one per start.
+        self._fixed_secret = secret
         self._secret = ""
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -92,6 +112,7 @@ class EngineSupervisor:
         env = dict(os.environ)
         env[SECRET_ENV] = self._secret
         env["CUDA_VISIBLE_DEVICES"] = self.plan.cuda_visible_devices
+        env["MODELYARD_NODE_ADDRESS"] = self.settings.node_address
         # The engine must build the same settings as the front, including CLI overrides.
         env["MODELYARD_HOME"] = str(self.settings.home)
         if self.settings.simulate_gpus:
@@ -146,8 +167,9 @@ class EngineSupervisor:
             backoff = min(MAX_BACKOFF_S, max(backoff * 2, 0.5))
 
     async def _start_once(self) -> None:
-        port = free_port()
-        self._secret = secrets.token_urlsafe(32)
+        address = self.settings.node_address
+        port = free_port(address)
+        self._secret = self._fixed_secret or secrets.token_urlsafe(32)
         self.process = ChildProcess(
             self._argv(port),
             name=self.client.name,
@@ -157,7 +179,7 @@ class EngineSupervisor:
             log_backups=self.settings.log_file_backups,
         )
         await self.process.start()
-        base_url = f"http://{LOOPBACK}:{port}"
+        base_url = f"http://{address}:{port}"
         async with httpx.AsyncClient(base_url=base_url, timeout=2.0,
                                      headers=self._auth()) as probe_client:
 
