@@ -174,6 +174,15 @@ class JobNotFound(ModelyardError):
         super().__init__(f"no pull job {job_id!r}; GET /jobs lists them")
 
 
+class NodeNotFound(ModelyardError):
+    status = 404
+    code = "node_not_found"
+
+    def __init__(self, host: str) -> None:
+        super().__init__(f"no node {host!r} in this cluster; `modelyard cluster status` lists "
+                         "them")
+
+
 class ArchiveItemNotFound(ModelyardError):
     status = 404
     code = "archive_item_not_found"

@@ -270,4 +270,8 @@ def _default_provider(
 ) -> EngineProvider:
     if settings.single_process:
         return InProcessEngines(settings, registry, log_buffer=logs)
+    if settings.cluster.mode == "ray":
+        from modelyard.front.engines.ray_provider import RayProvider
+
+        return RayProvider(settings)
     return LocalEngines(settings, config_file=config_file)

@@ -93,6 +93,7 @@ class NodeReport:
     storage_id: str | None = None  # models_dir's STORAGE_ID_FILE, if there is one
     draining: bool = False  # `modelyard cluster drain`: no new loads here
     error: str | None = None  # why the node's engines could not start, if they could not
+    configured: bool = False  # False until a front configured it (again, after Ray restarted it)
     protocol: int = CLUSTER_PROTOCOL
     labels: dict[str, str] = field(default_factory=dict)
 
@@ -101,7 +102,8 @@ class NodeReport:
             "host": self.host, "address": self.address, "node_id": self.node_id,
             "version": self.version, "gpus": self.gpus,
             "engines": [e.to_json() for e in self.engines], "storage_id": self.storage_id,
-            "draining": self.draining, "error": self.error, "protocol": self.protocol,
+            "draining": self.draining, "error": self.error, "configured": self.configured,
+            "protocol": self.protocol,
             "labels": dict(self.labels),
         }
 
@@ -112,6 +114,7 @@ class NodeReport:
             version=int(d["version"]), gpus=int(d["gpus"]),
             engines=tuple(EngineEndpoint.from_json(e) for e in d.get("engines", ())),
             storage_id=d.get("storage_id"), draining=bool(d.get("draining", False)),
-            error=d.get("error"), protocol=int(d.get("protocol", CLUSTER_PROTOCOL)),
+            error=d.get("error"), configured=bool(d.get("configured", False)),
+            protocol=int(d.get("protocol", CLUSTER_PROTOCOL)),
             labels={str(k): str(v) for k, v in (d.get("labels") or {}).items()},
         )

@@ -113,6 +113,12 @@ class HttpEngineClient:
         self._relays.add(relay)
         return lambda: self._relays.discard(relay)
 
+    def abort_relays(self, why: str) -> None:
+        """End the streams this engine granted, in-band: it is gone (its node left, say)."""
+        relays, self._relays = self._relays, set()
+        for relay in relays:
+            relay.abort(self._unavailable(why))
+
     def _fell_silent(self) -> None:
         """End the streams this engine granted, in-band (see the module's docstring)."""
         relays, self._relays = self._relays, set()
