@@ -81,9 +81,10 @@ class _ModelBase(BaseModel):
     max_queue: int | None = Field(
         None, ge=0, description="Requests allowed to wait beyond those; null: `max_queue`."
     )
-    engine: int | None = Field(
-        None, ge=0, description="Pin this model to one engine (the index of its device group "
-        "in `engine_devices`; with `per_gpu`, the GPU index); null: routed."
+    engine: Annotated[int, Field(ge=0)] | str | None = Field(
+        None, description="Pin this model to one engine (the index of its device group "
+        "in `engine_devices`; with `per_gpu`, the GPU index; in a cluster, an engine's name "
+        "`<host>/engine-<i>`); null: routed."
     )
     requires: list[str] = Field(
         default_factory=list,
@@ -690,9 +691,10 @@ class Settings(BaseSettings):
         "(its keep-alive: a surge's copy gives its device back sooner than a model's default "
         "keep-alive would).",
     )
-    default_engine: int | None = Field(
-        None, ge=0, description="Engine tried first for a cold model; null: the one that needs "
-        "the fewest evictions, then has the least work.",
+    default_engine: Annotated[int, Field(ge=0)] | str | None = Field(
+        None, description="Engine tried first for a cold model (an index, or in a cluster a "
+        "name `<host>/engine-<i>`); null: the one that needs the fewest evictions, then has the "
+        "least work.",
     )
     engine_specs: dict[int, EngineSpec] = Field(
         default_factory=dict, description="Per-engine overrides by engine index (the "

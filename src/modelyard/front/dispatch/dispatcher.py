@@ -47,6 +47,11 @@ class EngineModel(NamedTuple):
     status: ModelStatus
 
 
+def engine_label(engine: int | str | None) -> str | None:
+    """An engine as configured (`engine: 1`, or a cluster engine's name) → its name."""
+    return f"engine-{engine}" if isinstance(engine, int) else engine
+
+
 class Dispatcher:
     def __init__(
         self,
@@ -101,6 +106,11 @@ class Dispatcher:
         backend_ok = spec.backends is None or entry.spec.backend in spec.backends
         return backend_ok and set(entry.spec.requires) <= set(spec.capabilities)
 
+    def _draining(self, engine: EngineClient) -> bool:
+        """A cluster node being drained takes no new loads (its loaded models still serve)."""
+        draining = getattr(self.provider, "draining", None)
+        return bool(draining is not None and draining(engine.name))
+
     async def route(self, entry: Entry) -> EngineClient:
         """The engine that serves `entry` (DESIGN.md §1: pinned, resident, default, least
         loaded). For a cold model among several engines, each engine's snapshot says how many
@@ -108,7 +118,7 @@ class Dispatcher:
         metrics.note_model(entry.id)  # the request being served, if any, is for this model
         if len(self.engines) == 1 and self.engines[0].up and entry.spec.engine is None:
             return self.engines[0]  # nothing to choose
-        pinned = f"engine-{entry.spec.engine}" if entry.spec.engine is not None else None
+        pinned = engine_label(entry.spec.engine)
         default = self.catalog.settings.default_engine
         hinted = any((e.name, entry.id) in self.upstreams for e in self.engines if e.up)
         if pinned is None and not hinted:
@@ -118,7 +128,8 @@ class Dispatcher:
                 EngineView(
                     name=e.name,
                     up=e.up,
-                    compatible=self._compatible(e, entry),
+                    compatible=self._compatible(e, entry) and (
+                        (e.name, entry.id) in self.upstreams or not self._draining(e)),
                     resident=frozenset([entry.id]) if (e.name, entry.id) in self.upstreams
                     else frozenset(),
                     queued=self.inflight.get(e.name, 0),
@@ -127,7 +138,7 @@ class Dispatcher:
             ]
         name = pick_engine(
             views, entry.id, pinned=pinned,
-            default=f"engine-{default}" if default is not None else None,
+            default=engine_label(default),
             avoid=self.replicas.avoid(entry.id),
         )
         if name is None:
@@ -167,7 +178,8 @@ class Dispatcher:
             found = view_from_status(
                 engine.name, snapshot, want, self.inflight.get(engine.name, 0)
             )
-            if not self._compatible(engine, entry):
+            if not self._compatible(engine, entry) or (
+                    self._draining(engine) and entry.id not in found.resident):
                 return EngineView(engine.name, compatible=False)
             return found
 
