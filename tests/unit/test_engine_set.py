@@ -47,3 +47,21 @@ def test_engine_overrides_are_found_by_name() -> None:
     assert engine_spec(settings, "engine-0") is None
     assert engine_spec(settings, "node-a-engine-x") is None
     assert engine_spec(settings, "gpu-1") is None
+    # a cluster engine: the same device group's overrides on every node
+    in_cluster = engine_spec(settings, "n2/engine-1")
+    assert in_cluster is not None and in_cluster.max_concurrency == 3
+    assert engine_spec(settings, "n2/engine-0") is None
+
+
+def test_a_pin_names_an_engine_by_index_or_by_its_cluster_name() -> None:
+    from modelyard.config import LlamaCppModel
+    from modelyard.front.dispatch.dispatcher import engine_label
+
+    assert engine_label(2) == "engine-2"
+    assert engine_label("n3/engine-0") == "n3/engine-0"
+    assert engine_label(None) is None
+    spec = LlamaCppModel(id="m", path="/x.gguf", engine="n3/engine-0")
+    assert spec.engine == "n3/engine-0"
+    assert LlamaCppModel(id="m", path="/x.gguf", engine=1).engine == 1
+    with pytest.raises(ValueError):
+        LlamaCppModel(id="m", path="/x.gguf", engine=-1)

@@ -43,9 +43,10 @@ def log_buffer(request: Request) -> LogBuffer:
 
 
 def _find_engine(state: FrontState, name: str) -> EngineClient:
-    wanted = name if name.startswith("engine-") else f"engine-{name}"
+    # `engine-0`, `0`, or a cluster engine's whole name (`n2/engine-0`)
+    wanted = {name, f"engine-{name}"}
     for engine in state.dispatch.engines:
-        if engine.name == wanted:
+        if engine.name in wanted:
             return engine
     known = ", ".join(e.name for e in state.dispatch.engines) or "none"
     raise RouteNotFound(f"no engine '{name}' (engines: {known})", param="engine")

@@ -406,15 +406,16 @@ class Dispatcher:
 
 
 def engine_spec(settings: Settings, name: str) -> EngineSpec | None:
-    """Engine `name`'s overrides: `engine_specs` are keyed by the N of `engine-N`."""
+    """Engine `name`'s overrides: `engine_specs` are keyed by the N of `engine-N` (of
+    `<host>/engine-N` in a cluster: the same device group on every node)."""
     number = _engine_number(name)
     return settings.engine_specs.get(number) if number is not None else None
 
 
 @functools.cache
 def _engine_number(name: str) -> int | None:
-    """N of `engine-N` (once per name: `limits` asks per request)."""
-    prefix, _, number = name.rpartition("-")
+    """N of `engine-N` or `<host>/engine-N` (once per name: `limits` asks per request)."""
+    prefix, _, number = name.rpartition("/")[2].rpartition("-")
     return int(number) if prefix == "engine" and number.isdigit() else None
 
 
