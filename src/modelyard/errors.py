@@ -174,6 +174,15 @@ class JobNotFound(ModelyardError):
         super().__init__(f"no pull job {job_id!r}; GET /jobs lists them")
 
 
+class NodeNotFound(ModelyardError):
+    status = 404
+    code = "node_not_found"
+
+    def __init__(self, host: str) -> None:
+        super().__init__(f"no node {host!r} in this cluster; `modelyard cluster status` lists "
+                         "them")
+
+
 class ArchiveItemNotFound(ModelyardError):
     status = 404
     code = "archive_item_not_found"
@@ -451,3 +460,15 @@ class InsufficientStorage(ModelyardError):
 
     status = 507
     code = "insufficient_storage"
+
+
+class ClusterOff(ModelyardError):
+    """A cluster operation asked of a front that serves this machine only (`cluster.mode: off`):
+    the caller's mistake, so a 409, not a 5xx."""
+
+    status = 409
+    code = "cluster_off"
+
+    def __init__(self) -> None:
+        super().__init__("this server is not a cluster front (cluster.mode: off); start it with "
+                         "`modelyard serve --cluster ray` (docs/cluster.md)")
