@@ -21,7 +21,9 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any
 
+import httpx
 import typer
+from rich.console import Console
 from rich.table import Table
 
 from modelyard.cli.server_url import default_url
@@ -29,6 +31,9 @@ from modelyard.wire.cluster import HOST_LABEL, NODE_LABEL, TOKEN_FILE_ENV, read_
 
 cluster_app = typer.Typer(help="A modelyard cluster on Ray: token, status, drain.",
                           no_args_is_help=True)
+
+console = Console()
+err_console = Console(stderr=True)
 
 INSTALL_HINT = "pip install 'modelyard[cluster]'"
 DEFAULT_RAY_PORT = 6379  # Ray's default GCS port on the head
@@ -226,9 +231,28 @@ UrlOption = Annotated[
 
 
 def _call(method: str, url: str, path: str, body: Any = None) -> Any:
-    from modelyard.cli.main import _call as call  # main registers this module's commands
+    """An admin call with the CLI's token (as `modelyard load` makes them); the server's error
+    message, or an unreachable server, ends the command cleanly."""
+    from modelyard.front.identity.tokens import read_cli_token
 
-    return call(method, url, path, body)
+    token = read_cli_token(home_dir())
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        r = httpx.request(method, url.rstrip("/") + path, json=body, timeout=30.0,
+                          headers=headers)
+    except httpx.HTTPError as exc:
+        err_console.print(f"cannot reach modelyard at {url}: {exc}")
+        raise typer.Exit(1) from exc
+    if r.status_code >= 400:
+        try:
+            data = r.json()
+            err = data.get("error")
+            message = data.get("message") or (err.get("message") if isinstance(err, dict) else err)
+        except ValueError:
+            message = r.text
+        err_console.print(f"[red]error:[/red] {message}")
+        raise typer.Exit(1)
+    return r.json()
 
 
 @cluster_app.command("status")
@@ -238,8 +262,6 @@ def status(
 ) -> None:
     """The cluster's nodes as the front sees them (GET /admin/cluster): address, Ray node id,
     engines up, GPUs, models loaded, drain and model storage."""
-    from modelyard.cli.main import console
-
     view = _call("GET", url, "/admin/cluster")
     if as_json:
         console.print_json(data=view)
@@ -255,8 +277,6 @@ def drain(
 ) -> None:
     """Stop new loads on a node (its loaded models keep serving until they unload), e.g. before
     maintenance; --undo ends it."""
-    from modelyard.cli.main import console
-
     node = _call("POST", url, "/admin/cluster/drain", {"host": host, "drain": not undo})
     if node.get("draining"):
         console.print(f"{node['host']} is draining: no new loads there; its loaded models keep "

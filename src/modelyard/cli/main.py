@@ -15,6 +15,7 @@ from urllib.parse import quote
 import httpx
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from modelyard import __version__
@@ -116,7 +117,7 @@ def serve(
             simulate_gpus=simulate_gpus, cluster=serve_overrides(cluster, ray_address) or None,
         )
     except (FileNotFoundError, ValueError) as exc:
-        err_console.print(f"[red]config error:[/red] {exc}")
+        err_console.print(f"[red]config error:[/red] {escape(str(exc))}")  # [..] is no markup
         raise typer.Exit(2) from exc
     from modelyard.front.identity.auth import check_bind
 
