@@ -15,8 +15,12 @@ import httpx
 import pytest
 import uvicorn
 import yaml
+from rich.console import Console
 from tests.support import free_port
+from typer.testing import CliRunner, Result
 
+from modelyard.cli import cluster as cli_cluster
+from modelyard.cli.main import app
 from modelyard.config import Settings, load_settings
 from modelyard.errors import NodeNotFound
 from modelyard.front.app import create_app
@@ -129,3 +133,31 @@ async def test_a_cluster_front_lists_and_drains_its_nodes(tmp_path: Path) -> Non
         r = await http.post("/admin/cluster/drain", json={"hosts": "n2"})
         assert r.status_code == 400, r.text  # a client's mistake: 4xx with a code
         assert r.json()["error"] == "invalid_request"
+
+
+async def test_the_cluster_commands_call_the_admin_api(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`modelyard cluster status` / `drain` against the front, with the CLI's admin token."""
+    provider = FakeCluster()
+    async with front(tmp_path / "home", provider) as http:
+        url = str(http.base_url)
+        monkeypatch.setenv("MODELYARD_TOKEN", http.headers["Authorization"].split()[1])
+        monkeypatch.setattr(cli_cluster, "console", Console(width=200))  # no cut cells
+        runner = CliRunner()
+
+        async def invoke(args: list[str]) -> Result:
+            return await asyncio.to_thread(runner.invoke, app, args)
+
+        drained = await invoke(["cluster", "drain", "n3", "--url", url])
+        assert drained.exit_code == 0, drained.output
+        assert "n3 is draining" in drained.stdout and provider.reports["n3"].draining
+        shown = await invoke(["cluster", "status", "--url", url])
+        assert shown.exit_code == 0, shown.output
+        n3 = next(line for line in shown.stdout.splitlines() if "n3" in line)
+        assert "10.0.0.3" in n3 and "yes" in n3 and "local" in n3
+        missing = await invoke(["cluster", "drain", "nope", "--url", url])
+        assert missing.exit_code == 1 and "no node 'nope'" in missing.stderr
+        monkeypatch.setenv("MODELYARD_TOKEN", "wrong")
+        refused = await invoke(["cluster", "status", "--url", url])
+        assert refused.exit_code == 1
