@@ -460,3 +460,15 @@ class InsufficientStorage(ModelyardError):
 
     status = 507
     code = "insufficient_storage"
+
+
+class ClusterOff(ModelyardError):
+    """A cluster operation asked of a front that serves this machine only (`cluster.mode: off`):
+    the caller's mistake, so a 409, not a 5xx."""
+
+    status = 409
+    code = "cluster_off"
+
+    def __init__(self) -> None:
+        super().__init__("this server is not a cluster front (cluster.mode: off); start it with "
+                         "`modelyard serve --cluster ray` (docs/cluster.md)")

@@ -15,6 +15,7 @@ from urllib.parse import quote
 import httpx
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from modelyard import __version__
@@ -91,6 +92,13 @@ def serve(
         list[Path] | None,
         typer.Option(help="Add every GGUF under DIR to the catalog (repeatable; kept)."),
     ] = None,
+    cluster: Annotated[
+        str | None,
+        typer.Option(help="`ray`: serve every node of a Ray cluster (docs/cluster.md); `off`."),
+    ] = None,
+    ray_address: Annotated[
+        str | None, typer.Option(help="With --cluster ray: the Ray head, host:port.")
+    ] = None,
 ) -> None:
     """Serve the OpenAI, Ollama and native APIs (or, with --engine-only, one engine).
 
@@ -101,13 +109,15 @@ def serve(
     home.private_umask()  # before the first byte: engines and llama-server inherit it
     if log_format is not None:  # through the environment, so engine processes follow it
         os.environ["MODELYARD_LOG_FORMAT"] = log_format
+    from modelyard.cli.cluster import serve_overrides
+
     try:
         settings = load_settings(
             config, host=host, port=port, single_process=single_process or None,
-            simulate_gpus=simulate_gpus,
+            simulate_gpus=simulate_gpus, cluster=serve_overrides(cluster, ray_address) or None,
         )
     except (FileNotFoundError, ValueError) as exc:
-        err_console.print(f"[red]config error:[/red] {exc}")
+        err_console.print(f"[red]config error:[/red] {escape(str(exc))}")  # [..] is no markup
         raise typer.Exit(2) from exc
     from modelyard.front.identity.auth import check_bind
 
@@ -490,8 +500,11 @@ def version() -> None:
 
 def _register_account_commands() -> None:
     from modelyard.cli.accounts import tokens_app, users_app
+    from modelyard.cli.cluster import cluster_app, join
     from modelyard.cli.db import db_app
 
+    app.add_typer(cluster_app, name="cluster")
+    app.command()(join)
     app.add_typer(users_app, name="users")
     app.add_typer(tokens_app, name="tokens")
     app.add_typer(db_app, name="db")

@@ -42,6 +42,7 @@ from modelyard.front.api import (
 )
 from modelyard.front.api import anthropic as anthropic_api
 from modelyard.front.api import archive as archive_api
+from modelyard.front.api import cluster as cluster_api
 from modelyard.front.api import logs as logs_api
 from modelyard.front.api import openapi as openapi_api
 from modelyard.front.api import rerank as rerank_api
@@ -168,7 +169,7 @@ def create_app(
             *pulls.routes, *embeddings.routes, *accounts_api.routes, *logs_api.routes,
             *archive_api.routes, *studio_api.routes, *front_metrics.routes,
             *sessions_api.routes, *openapi_api.routes, *responses_api.routes,
-            *rerank_api.routes, *anthropic_api.routes,
+            *rerank_api.routes, *anthropic_api.routes, *cluster_api.routes,
         ],
         middleware=_middleware(settings),
         lifespan=lifespan,

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel
 
 from modelyard.errors import ModelyardError
 from modelyard.types import Lease
+from modelyard.wire.cluster import NodeReport
 from modelyard.wire.logs import LogLine
 from modelyard.wire.status import EngineStatus
 
@@ -154,3 +155,17 @@ class EngineProvider(Protocol):
         ...
 
     async def stop(self) -> None: ...
+
+
+@runtime_checkable
+class ClusterView(Protocol):
+    """A provider that serves the engines of several nodes (front/engines/ray_provider.py) also
+    lists its nodes and drains them: the admin API (front/api/cluster.py) asks `isinstance`, so a
+    single-machine provider needs nothing extra."""
+
+    def nodes(self) -> list[NodeReport]: ...
+
+    async def drain(self, host: str, on: bool = True) -> NodeReport:
+        """Stop (or, with `on=False`, resume) new loads on `host`; NodeNotFound if it is not
+        one of the cluster's nodes."""
+        ...

@@ -35,6 +35,7 @@ from modelyard.front.api import (
     services,
 )
 from modelyard.front.api import anthropic as anthropic_api
+from modelyard.front.api import cluster as cluster_api
 from modelyard.front.api import responses as responses_api
 from modelyard.front.archive.store import KINDS, MAX_LIST
 from modelyard.front.chat import anthropic_shapes
@@ -257,6 +258,9 @@ OPERATIONS: dict[tuple[str, str], Op] = {
     ("GET", "/admin/logs"): Op("admin", "Log lines", query=_LOGS_QUERY),
     ("GET", "/admin/logs/stream"): Op("admin", "Follow a log (SSE)", query=_LOGS_QUERY,
                                       answers=(SSE,)),
+    ("GET", "/admin/cluster"): Op("admin", "The cluster's nodes and their engines"),
+    ("POST", "/admin/cluster/drain"): Op(
+        "admin", "Drain a node (no new loads) or end its drain", cluster_api.DrainRequest),
     # Web Studio
     ("GET", "/"): Op("studio", "The Web Studio", answers=("text/html",)),
     ("GET", "/login"): Op("studio", "The Web Studio's login page", answers=("text/html",)),
