@@ -252,6 +252,7 @@ class LocalEngines(_Published):
         self.settings = settings
         self.config_file = config_file
         self._supervisors: dict[str, EngineSupervisor] = {}
+        self._clients: dict[str, HttpEngineClient] = {}  # their clients, in the same order
 
     async def start(self) -> None:
         for plan in plan_engines(self.settings, self.gpu_count):
@@ -274,7 +275,8 @@ class LocalEngines(_Published):
             await supervisor.stop()
             raise
         self._supervisors[name] = supervisor
-        self._publish([s.client for s in self._supervisors.values()])
+        self._clients[name] = client
+        self._publish(list(self._clients.values()))
         return client
 
     async def remove(self, name: str) -> None:
@@ -282,7 +284,8 @@ class LocalEngines(_Published):
         supervisor = self._supervisors.pop(name, None)
         if supervisor is None:
             return
-        self._publish([s.client for s in self._supervisors.values()])
+        self._clients.pop(name, None)
+        self._publish(list(self._clients.values()))
         await supervisor.stop()
 
     def plan_of(self, name: str) -> EnginePlan | None:
