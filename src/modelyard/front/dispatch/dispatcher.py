@@ -164,10 +164,13 @@ class Dispatcher:
         async def view(engine: EngineClient) -> EngineView:
             if not engine.up:
                 return EngineView(engine.name, up=False)
-            try:
-                snapshot = await engine.status()
-            except ModelyardError:
-                return EngineView(engine.name, up=False)
+            # What the engine pushed (wire/lease.py State), else one /status round trip.
+            snapshot = engine.latest_status()
+            if snapshot is None:
+                try:
+                    snapshot = await engine.status()
+                except ModelyardError:
+                    return EngineView(engine.name, up=False)
             found = view_from_status(
                 engine.name, snapshot, want, self.inflight.get(engine.name, 0)
             )
