@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from modelyard.errors import ModelyardError
@@ -41,14 +42,19 @@ RETRY_S = 30.0  # a model that could not be loaded anywhere is tried again this 
 class Replacer:
     """Where each startup model was loaded, and the task that loads it again elsewhere."""
 
-    def __init__(self, dispatch: Dispatcher, catalog: Catalog) -> None:
+    def __init__(self, dispatch: Dispatcher, catalog: Catalog, *,
+                 clock: Callable[[], float] | None = None) -> None:
         self.dispatch = dispatch
         self.catalog = catalog
+        self._clock = clock  # the loop's time unless a test gives one
         self.placed: dict[str, str] = {}  # startup model id → engine it was loaded on
         self._down_since: dict[str, float] = {}  # engine → loop time it was first seen down
         self._retry_at: dict[str, float] = {}  # model → loop time of its next try
         self._seen: dict[str, EngineClient] = {}  # engine → its client when last seen
         self._task: asyncio.Task[None] | None = None
+
+    def _now(self) -> float:
+        return (self._clock or asyncio.get_running_loop().time)()
 
     async def load_startup(self) -> None:
         """`startup_models` are loaded before the server reports ready; a failure is logged,
@@ -91,8 +97,7 @@ class Replacer:
     def lost(self) -> dict[str, str]:
         """Startup models and pinned copies whose engine is gone or down past the grace, or
         back up after being down (a new process): model → the engine it was on."""
-        loop = asyncio.get_running_loop()
-        now = loop.time()
+        now = self._now()
         view = self.dispatch.provider.view
         grace = float(self.catalog.settings.engine_restart_backoff_s) + DOWN_GRACE_S
         came_back: set[str] = set()
@@ -135,7 +140,7 @@ class Replacer:
                 else:
                     now_on = await self.dispatch.replicas.replace_copy(entry)
             except ModelyardError as exc:
-                self._retry_at[model] = asyncio.get_running_loop().time() + RETRY_S
+                self._retry_at[model] = self._now() + RETRY_S
                 log.error("%s was on %s, which left; not loaded elsewhere: %s", model, was_on,
                           exc.full_message())
                 continue
