@@ -48,11 +48,15 @@ from modelyard.wire.lease import (
     Progress,
     Refused,
     Release,
+    State,
     decode_front_frame,
 )
 
 log = logging.getLogger("modelyard.engine.leases")
 
+# State frames while changes keep coming: at most one per this long (a burst of loads, evictions
+# and lease waits is one frame), and always one after the last change.
+STATE_COALESCE_S = 0.05
 
 
 class _Connection:
@@ -61,8 +65,23 @@ class _Connection:
         self.writer = writer
         self.held: set[str] = set()
         self.pending: dict[int, asyncio.Task[None]] = {}
+        self.pushing: asyncio.Task[None] | None = None
 
-    def _send(self, frame: Pong | Progress | Granted | Refused) -> None:
+    def push_state(self) -> None:
+        """Send the engine's status now and after every change of its models (the front asked
+        in its hello): routing then reads the front's copy instead of a /status round trip."""
+        self.pushing = asyncio.create_task(self._push_states(), name="lease-state")
+
+    async def _push_states(self) -> None:
+        version = 0
+        while not self.writer.is_closing():
+            changed = self.engine.change_event()  # taken before the status: no change missed
+            version += 1
+            self._send(State(version, self.engine.status().to_json()))
+            await changed.wait()
+            await asyncio.sleep(STATE_COALESCE_S)  # the changes that follow go in one frame
+
+    def _send(self, frame: Pong | Progress | Granted | Refused | State) -> None:
         if not self.writer.is_closing():
             self.writer.write(frame.encode())
 
@@ -117,6 +136,8 @@ class _Connection:
             raise FrameError(f"unexpected {type(frame).__name__} after the hello")
 
     def close(self) -> None:
+        if self.pushing is not None:
+            self.pushing.cancel()
         for task in self.pending.values():
             task.cancel()
         for lease_id in self.held:
@@ -173,6 +194,8 @@ async def serve_lease_channel(
                 await writer.wait_closed()
             return
         conn = _Connection(engine, writer)
+        if hello.state:
+            conn.push_state()
         try:
             while line := await reader.readline():
                 try:

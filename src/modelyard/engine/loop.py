@@ -303,6 +303,12 @@ class Engine:
         finally:
             self._waiters -= 1
 
+    def change_event(self) -> asyncio.Event:
+        """Set at the next change of the models (loads, unloads, evictions, failures), for an
+        observer (the lease channel's State frames). Not counted as a waiter: releases do not
+        wake it (lease counts are not what it reports)."""
+        return self._changed
+
     def _notify(self) -> None:
         self._changed.set()
         self._changed = asyncio.Event()

@@ -65,6 +65,7 @@ from modelyard.front.ops.draft_pulls import pull_drafts
 from modelyard.front.ops.jobs import PullJobs
 from modelyard.front.ops.logs import LogBuffer
 from modelyard.front.ops.reload import ConfigReloader
+from modelyard.front.ops.replace import Replacer
 from modelyard.front.render import render_error
 from modelyard.front.state import Chat, FrontState, Identity, Ops
 from modelyard.request_ids import RequestIdMiddleware
@@ -157,9 +158,12 @@ def create_app(
                 added = await pulls.import_models(state, directory)
                 log.info("imported %d model(s) from %s", len(added), directory)
             stack.enter_context(reloader.on_sighup())
-            await load_startup_models(state)
+            replacer = Replacer(dispatch, catalog)  # front/ops/replace.py
+            await replacer.load_startup()
             await dispatch.replicas.load_pinned()  # `replicas: N`: N copies at start
             stack.push_async_callback(dispatch.replicas.close)
+            replacer.start()  # an engine that leaves: its startup models and copies move
+            stack.push_async_callback(replacer.close)
             yield
 
     app = Starlette(
@@ -251,19 +255,6 @@ async def _open_catalog(
     catalog = Catalog(settings, registry, jobs, provider)
     await catalog.rescan()  # the catalog now includes what the database holds
     return catalog
-
-
-async def load_startup_models(state: FrontState) -> None:
-    """`startup_models` are loaded before the server reports ready; a failure is logged, not
-    fatal (the model will say why on its first request)."""
-    for name in state.catalog.settings.startup_models:
-        try:
-            entry = state.catalog.registry.resolve(name)
-            engine = await state.dispatch.route(entry)
-            await engine.load(entry.id)
-            log.info("startup model %s loaded on %s", entry.id, engine.name)
-        except ModelyardError as exc:
-            log.error("startup model %s not loaded: %s", name, exc.full_message())
 
 
 def _default_provider(

@@ -75,6 +75,11 @@ class EngineClient(Protocol):
 
     async def status(self) -> EngineStatus: ...
 
+    def latest_status(self) -> EngineStatus | None:
+        """The engine's status as it last pushed it (no round trip; routing reads it), or
+        None when there is none: then `status()`."""
+        ...
+
     async def diag(self) -> dict[str, Any]: ...
 
     # ---- logs -------------------------------------------------------------------------------

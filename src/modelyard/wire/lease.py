@@ -7,8 +7,11 @@ reads). This is the hottest path between the front and an engine (every request 
 back a lease), so frames are plain slotted dataclasses coded with orjson: no validation library.
 A malformed frame is a `FrameError` (a ValueError).
 
-    front → engine  Hello {"op": "hello", "secret": "…", "protocol": 1}
+    front → engine  Hello {"op": "hello", "secret": "…", "protocol": 1, "state": true}
     engine → front  HelloReply {"op": "hello", "protocol": 1}   (then the frames below)
+    engine → front  State {"op": "state", "version": 3, "status": {...EngineStatus JSON}}
+                    (only if the hello asked "state": right after the reply, then after each
+                    change of its models, coalesced: see engine/lease_channel.py)
     front → engine  Ping {"op": "ping"}      engine → front  Pong {"op": "pong"}
     front → engine  Acquire {"op": "acquire", "id": 7, "model": "m", "keep_alive_s": 300,
                              "progress": true, "request_id": "…"}   (the last three optional)
@@ -16,6 +19,10 @@ A malformed frame is a `FrameError` (a ValueError).
     engine → front  Granted {"id": 7, "lease": {...}}   or   Refused {"id": 7, "error": {...}}
     front → engine  Release {"op": "release", "lease": "…"}
     front → engine  Cancel {"op": "cancel", "id": 7}   (the front stopped waiting for that grant)
+
+State frames are asked for in the hello, so PROTOCOL stays 1: an older engine ignores the
+unknown hello field (the front then reads /status as before), and an older front never asks, so
+it never meets a frame it does not know (its decoder would close the channel).
 
 `PROTOCOL` is the version of the whole engine protocol (these frames and the engine's HTTP API,
 wire/status.py): the engine answers a hello that carries its secret with its own version, and a
@@ -57,9 +64,14 @@ def _line(payload: dict[str, Any]) -> bytes:
 class Hello:
     secret: str
     protocol: int = PROTOCOL
+    state: bool = False  # push State frames on this channel
 
     def encode(self) -> bytes:
-        return _line({"op": "hello", "secret": self.secret, "protocol": self.protocol})
+        message: dict[str, Any] = {"op": "hello", "secret": self.secret,
+                                   "protocol": self.protocol}
+        if self.state:
+            message["state"] = True
+        return _line(message)
 
 
 @dataclass(slots=True)
@@ -127,7 +139,7 @@ def decode_front_frame(line: bytes) -> FrontFrame:
             secret = m["secret"]
             if not isinstance(secret, str):
                 raise FrameError("hello: the secret is not a string")
-            return Hello(secret, int(m["protocol"]))
+            return Hello(secret, int(m["protocol"]), bool(m.get("state")))
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
         raise FrameError(f"not a lease-channel frame: {exc}") from exc
     raise FrameError(f"unknown op {op!r}")
@@ -177,7 +189,19 @@ class Refused:
         return _line({"id": self.id, "error": dict(self.error)})
 
 
-EngineFrame = HelloReply | Pong | Progress | Granted | Refused
+@dataclass(slots=True)
+class State:
+    """The engine's status (wire/status.py EngineStatus JSON), pushed after it changed; the
+    front keeps the latest and routes on it instead of asking /status."""
+
+    version: int
+    status: dict[str, Any]
+
+    def encode(self) -> bytes:
+        return _line({"op": "state", "version": self.version, "status": self.status})
+
+
+EngineFrame = HelloReply | Pong | Progress | Granted | Refused | State
 
 
 def decode_engine_frame(line: bytes) -> EngineFrame:
@@ -199,6 +223,11 @@ def decode_engine_frame(line: bytes) -> EngineFrame:
         op = m.get("op")
         if op == "pong":
             return Pong()
+        if op == "state":
+            status = m["status"]
+            if not isinstance(status, dict):
+                raise FrameError("state without a status object")
+            return State(int(m["version"]), status)
         if op == "hello":
             return HelloReply(int(m["protocol"]))
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:

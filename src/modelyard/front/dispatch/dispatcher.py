@@ -27,6 +27,7 @@ from modelyard.front.chat.sessions.kv import SessionKv, SlotKv
 from modelyard.front.dispatch.queueing import Limits, ModelQueues
 from modelyard.front.dispatch.relay import Relay, send_upstream
 from modelyard.front.dispatch.replicas import MovedToCopy, Replicas, unless_moved
+from modelyard.front.dispatch.reroute import Reroutes
 from modelyard.front.dispatch.routing import EngineView, pick_engine, view_from_status
 from modelyard.front.engines.client import EngineClient
 from modelyard.placement import policy as scheduler
@@ -111,12 +112,13 @@ class Dispatcher:
         draining = getattr(self.provider, "draining", None)
         return bool(draining is not None and draining(engine.name))
 
-    async def route(self, entry: Entry) -> EngineClient:
+    async def route(self, entry: Entry, exclude: frozenset[str] = frozenset()) -> EngineClient:
         """The engine that serves `entry` (DESIGN.md §1: pinned, resident, default, least
-        loaded). For a cold model among several engines, each engine's snapshot says how many
-        evictions loading it there would take."""
+        loaded), never one in `exclude` (tried already). For a cold model among several
+        engines, each engine's snapshot says how many evictions loading it there would take."""
         metrics.note_model(entry.id)  # the request being served, if any, is for this model
-        if len(self.engines) == 1 and self.engines[0].up and entry.spec.engine is None:
+        if (len(self.engines) == 1 and self.engines[0].up and entry.spec.engine is None
+                and not exclude):
             return self.engines[0]  # nothing to choose
         pinned = engine_label(entry.spec.engine)
         default = self.catalog.settings.default_engine
@@ -136,6 +138,8 @@ class Dispatcher:
                 )
                 for e in self.engines
             ]
+        if exclude:
+            views = [replace(v, up=False) if v.name in exclude else v for v in views]
         name = pick_engine(
             views, entry.id, pinned=pinned,
             default=engine_label(default),
@@ -151,7 +155,7 @@ class Dispatcher:
             )
         chosen = self.provider.view.get(name)
         if chosen is None:  # removed while the views were taken: choose again
-            return await self.route(entry)
+            return await self.route(entry, exclude)
         return chosen
 
     async def _snapshot_views(self, entry: Entry) -> list[EngineView]:
@@ -171,10 +175,13 @@ class Dispatcher:
         async def view(engine: EngineClient) -> EngineView:
             if not engine.up:
                 return EngineView(engine.name, up=False)
-            try:
-                snapshot = await engine.status()
-            except ModelyardError:
-                return EngineView(engine.name, up=False)
+            # What the engine pushed (wire/lease.py State), else one /status round trip.
+            snapshot = engine.latest_status()
+            if snapshot is None:
+                try:
+                    snapshot = await engine.status()
+                except ModelyardError:
+                    return EngineView(engine.name, up=False)
             found = view_from_status(
                 engine.name, snapshot, want, self.inflight.get(engine.name, 0)
             )
@@ -298,22 +305,29 @@ class Dispatcher:
     async def _open_relay_elsewhere_if_down(
         self, entry: Entry, engine: EngineClient, limits: Limits, call: Call
     ) -> Relay:
-        """`_open_relay`; if its engine went down (silent, crashed) before the grant, nothing
-        was sent to the client yet: another engine that can serve it takes it, else 503."""
-        try:
-            return await self._open_relay(entry, engine, limits, call)
-        except EngineUnavailable:
-            if engine.up or len(self.engines) < 2:
-                raise
-        other = await self.route(entry)  # 503 engine_unavailable if no other engine can
-        return await self._open_relay(entry, other, self.limits(entry, other), call)
+        """`_open_relay`; if its engine went down (silent, crashed, removed) before the grant,
+        nothing was sent to the client yet: another engine that can serve it takes it, each
+        engine once, within the queue timeout (front/dispatch/reroute.py); else 503."""
+        tries = Reroutes(self.catalog.settings.queue_timeout_s)
+        while True:
+            try:
+                return await self._open_relay(entry, engine, limits, call,
+                                              timeout_s=tries.remaining_s())
+            except EngineUnavailable as exc:
+                tries.failed(engine.name, exc, entry.id)  # raises when out of tries
+                try:
+                    engine = await self.route(entry, exclude=frozenset(tries.tried))
+                except EngineUnavailable:
+                    raise exc from None  # no other engine: the first reason is the client's
+                limits = self.limits(entry, engine)
 
     async def _open_relay(
-        self, entry: Entry, engine: EngineClient, limits: Limits, call: Call
+        self, entry: Entry, engine: EngineClient, limits: Limits, call: Call,
+        timeout_s: float | None = None,
     ) -> Relay:
         acquiring = self.queues.acquire(
             entry.id, limits, priority=call.priority,
-            timeout_s=self.catalog.settings.queue_timeout_s,
+            timeout_s=self.catalog.settings.queue_timeout_s if timeout_s is None else timeout_s,
         )
         if self.queues.running(entry.id) < limits.max_concurrency and (
                 self.queues.queued(entry.id) == 0):

@@ -248,6 +248,23 @@ class Replicas:
                 else:
                     log.info("copy %s loaded on %s", name, copies.engines[name])
 
+    def pinned_placements(self) -> dict[str, str]:
+        """Each pinned copy (k ≤ `replicas`) that was loaded → the engine it was loaded on:
+        front/ops/replace.py loads one again when its engine leaves."""
+        return {m: e for c in self._models.values() for m, e in c.engines.items()
+                if _k(m) <= c.pinned and m in c.members}
+
+    async def replace_copy(self, entry: Entry) -> str:
+        """Load copy `entry` again, where its siblings are not (its engine left); the
+        engine's name."""
+        assert self.load is not None
+        found = self._of_copy(entry.id)
+        if found is not None:
+            found[0].engines.pop(entry.id, None)  # not there any more: no sibling to avoid
+        engine = await self.load(entry, None)
+        self.placed(entry.id, engine)
+        return engine
+
     # -- scale up ------------------------------------------------------------------------------
 
     @contextlib.contextmanager

@@ -210,6 +210,12 @@ class HttpEngineClient:
         return EngineStatus.from_json(
             await self._call("GET", "/status", timeout=self._report_timeout))
 
+    def latest_status(self) -> EngineStatus | None:
+        """The status the engine pushed on its lease channel (no round trip), while it is up;
+        None: ask `status()`."""
+        leases = self._leases
+        return leases.latest_status() if self.up and leases is not None else None
+
     async def diag(self) -> dict[str, Any]:
         return dict(await self._call("GET", "/diag", timeout=self._report_timeout))
 

@@ -35,8 +35,10 @@ from modelyard.wire.lease import (
     Progress,
     Refused,
     Release,
+    State,
     decode_engine_frame,
 )
+from modelyard.wire.status import EngineStatus
 
 log = logging.getLogger("modelyard.front.leases")
 
@@ -69,6 +71,8 @@ class LeaseClient:
         self._closed = False
         self.silent = False  # no line from the engine for heartbeat_timeout_s
         self.on_silent: Callable[[], None] | None = None
+        self._state: State | None = None  # the engine's latest pushed status, as sent
+        self._parsed: tuple[int, EngineStatus] | None = None  # (version, parsed) when read
         self._clock = asyncio.get_running_loop().time
         self._heard = self._clock()
         self._reading = asyncio.create_task(self._read(), name="lease-channel")
@@ -80,13 +84,14 @@ class LeaseClient:
     @classmethod
     async def connect(
         cls, host: str, port: int, secret: str, *, heartbeat_timeout_s: float = 0.0,
-        name: str = "engine",
+        name: str = "engine", state: bool = True,
     ) -> LeaseClient:
-        """Open the channel and say hello with the engine's secret; LeaseChannelRefused if the
-        engine does not answer it, EngineProtocolMismatch if it speaks another version."""
+        """Open the channel and say hello with the engine's secret (asking for its State
+        frames); LeaseChannelRefused if the engine does not answer it, EngineProtocolMismatch
+        if it speaks another version."""
         reader, writer = await asyncio.open_connection(host, port, limit=MAX_LINE_BYTES)
         try:
-            writer.write(Hello(secret, PROTOCOL).encode())
+            writer.write(Hello(secret, PROTOCOL, state).encode())
             answer = await asyncio.wait_for(reader.readline(), HELLO_TIMEOUT_S)
             reply = decode_engine_frame(answer) if answer else None
         except (TimeoutError, ConnectionError, ValueError) as exc:
@@ -106,6 +111,16 @@ class LeaseClient:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def latest_status(self) -> EngineStatus | None:
+        """The status the engine pushed last (None: none yet, or an engine that does not
+        push); parsed once per version, when routing first reads it."""
+        state = self._state
+        if state is None or self._closed:
+            return None
+        if self._parsed is None or self._parsed[0] != state.version:
+            self._parsed = (state.version, EngineStatus.from_json(state.status))
+        return self._parsed[1]
 
     def _send(self, frame: Acquire | Release | Cancel | Ping) -> None:
         if self._closed:
@@ -158,6 +173,9 @@ class LeaseClient:
                     listener = self._progress.get(reply.id)
                     if listener is not None:
                         listener(reply.text)
+                    continue
+                if isinstance(reply, State):
+                    self._state = reply
                     continue
                 if not isinstance(reply, Granted | Refused):
                     continue  # pong: the heartbeat's answer, nothing more to do

@@ -140,6 +140,9 @@ class LocalEngineClient:
     async def status(self) -> EngineStatus:
         return self.engine.status()
 
+    def latest_status(self) -> EngineStatus | None:
+        return self.engine.status()  # in this process: as cheap as a copy
+
     async def diag(self) -> dict[str, Any]:
         return self.engine.diag()
 
