@@ -109,9 +109,9 @@ class RayTestCluster:
 
         return NodeReport.from_json(ray.get(self.agent(host).report.remote(), timeout=30))
 
-    def front(self, *models: dict[str, Any], name: str = "front") -> Server:
+    def front(self, *models: dict[str, Any], name: str = "front", **settings: Any) -> Server:
         """`modelyard serve` as this cluster's front (a Ray driver at the head's address)."""
-        server = Server(self.base / name, self.front_config(*models))
+        server = Server(self.base / name, self.front_config(*models, **settings))
         self.fronts.append(server)
         try:
             server.wait_healthy(120)
@@ -120,8 +120,8 @@ class RayTestCluster:
             raise
         return server
 
-    def front_config(self, *models: dict[str, Any]) -> dict[str, Any]:
-        return {"scan_hf_cache": False, "node_address": HEAD,
+    def front_config(self, *models: dict[str, Any], **settings: Any) -> dict[str, Any]:
+        return {"scan_hf_cache": False, "node_address": HEAD, **settings,
                 "cluster": {"mode": "ray", "ray_address": self.address,
                             "token_file": str(self.token_file)},
                 "models": list(models)}
@@ -209,7 +209,8 @@ def wait_engines(server: Server, names: set[str], timeout_s: float = 60.0) -> No
 
 
 def in_flight(server: Server) -> int:
-    return sum(int(m.get("in_flight") or 0) for e in engines(server).values()
+    """Leases held on every engine the front lists (the engines' own count)."""
+    return sum(int(m.get("leases") or 0) for e in engines(server).values()
                for m in e.get("models", []))
 
 
