@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: run install llama-server demo-model demo-safetensors chromium test test-unit test-integration test-e2e check soak fuzz bench-proxy bench-sched bench-batch bench-session bench-swap bench-load bench-spec clean
+.PHONY: run install llama-server demo-model demo-safetensors chromium test test-unit test-integration test-e2e check soak fuzz bench-proxy bench-sched bench-batch bench-session bench-swap bench-load bench-spec bench-cluster clean
 
 install: $(STAMP)
 
@@ -90,3 +90,8 @@ bench-load: install
 # Tokens/s with and without a speculative-decoding draft (the demo model drafting for itself).
 bench-spec: install llama-server demo-model
 	$(BIN)/python bench/spec.py
+
+# A request relayed to a remote node's engine vs a local one, and failover time (a Ray cluster
+# of simulated nodes on loopback addresses; fake backends).
+bench-cluster: install
+	$(BIN)/python bench/cluster.py

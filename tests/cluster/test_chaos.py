@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
-from tests.cluster.conftest import (
+from tests.cluster.harness import (
     HELLO,
     NODES,
     RayTestCluster,

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from tests.cluster.conftest import (
+from tests.cluster.harness import (
     NODES,
     RayTestCluster,
     chat,
@@ -21,7 +21,6 @@ from tests.cluster.conftest import (
     model_on,
     ready_on,
     sim_model,
-    status,
     wait_engines,
 )
 from tests.support import Server

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from tests.cluster.conftest import NODES, RayTestCluster, engines, model_on, wait_engines
+from tests.cluster.harness import NODES, RayTestCluster, engines, model_on, wait_engines
 from tests.support import Server, require_e2e_artifact
 
 from modelyard.config import DEMO_MODEL_FILE, Settings, cache_dir
