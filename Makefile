@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: run install llama-server demo-model demo-safetensors chromium test test-unit test-integration test-e2e check soak fuzz bench-proxy bench-sched bench-batch bench-session bench-swap bench-load bench-spec bench-cluster clean
+.PHONY: run install llama-server demo-model demo-safetensors chromium test test-unit test-integration test-e2e test-cluster check soak fuzz bench-proxy bench-sched bench-batch bench-session bench-swap bench-load bench-spec bench-cluster clean
 
 install: $(STAMP)
 
@@ -49,6 +49,11 @@ test-integration: install
 
 test-e2e: install llama-server demo-model demo-safetensors chromium
 	MODELYARD_REQUIRE_E2E=1 MODELYARD_DEMO_SAFETENSORS=$(DEMO_ST) $(BIN)/python -m pytest -m e2e
+
+# A Ray cluster of simulated nodes on loopback addresses (127.0.0.2-4): discovery, routing, the
+# engine secret, node loss mid-stream, front restarts; its e2e test needs the demo model.
+test-cluster: install llama-server demo-model
+	MODELYARD_REQUIRE_E2E=1 $(BIN)/python -m pytest -m cluster tests/cluster
 
 # Five minutes of mixed load with client disconnects and an engine kill (SOAK_SECONDS=…).
 soak: install
