@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: run install llama-server demo-model demo-safetensors chromium test test-unit test-integration test-e2e check soak fuzz bench-proxy bench-sched bench-batch bench-session bench-swap bench-load bench-spec clean
+.PHONY: run install llama-server demo-model demo-safetensors chromium test test-unit test-integration test-e2e test-cluster check soak fuzz bench-proxy bench-sched bench-batch bench-session bench-swap bench-load bench-spec bench-cluster clean
 
 install: $(STAMP)
 
@@ -50,6 +50,11 @@ test-integration: install
 test-e2e: install llama-server demo-model demo-safetensors chromium
 	MODELYARD_REQUIRE_E2E=1 MODELYARD_DEMO_SAFETENSORS=$(DEMO_ST) $(BIN)/python -m pytest -m e2e
 
+# A Ray cluster of simulated nodes on loopback addresses (127.0.0.2-4): discovery, routing, the
+# engine secret, node loss mid-stream, front restarts; its e2e test needs the demo model.
+test-cluster: install llama-server demo-model
+	MODELYARD_REQUIRE_E2E=1 $(BIN)/python -m pytest -m cluster tests/cluster
+
 # Five minutes of mixed load with client disconnects and an engine kill (SOAK_SECONDS=…).
 soak: install
 	$(BIN)/python -m pytest -m soak -s tests/soak
@@ -90,3 +95,8 @@ bench-load: install
 # Tokens/s with and without a speculative-decoding draft (the demo model drafting for itself).
 bench-spec: install llama-server demo-model
 	$(BIN)/python bench/spec.py
+
+# A request relayed to a remote node's engine vs a local one, and failover time (a Ray cluster
+# of simulated nodes on loopback addresses; fake backends).
+bench-cluster: install
+	$(BIN)/python bench/cluster.py
