@@ -18,7 +18,7 @@ import aiohttp
 import orjson
 import pytest
 
-from modelyard.errors import ModelyardError, UpstreamError
+from modelyard.errors import EngineUnavailable, ModelyardError, UpstreamError
 from modelyard.front.dispatch.relay import (
     Relay,
     iter_sse_json,
@@ -59,12 +59,13 @@ async def crashing_backend() -> tuple[asyncio.Server, str]:
 
 
 class Engine:
-    """The relay's engine, as far as a relay uses it: watch and release."""
+    """The relay's engine, as far as a relay uses it: watch, release, and whether it is up."""
 
     name = "engine-0"
 
-    def __init__(self) -> None:
+    def __init__(self, up: bool = True) -> None:
         self.released: list[Lease] = []
+        self.up = up
 
     def watch(self, relay: object) -> Callable[[], None]:
         return lambda: None
@@ -121,3 +122,37 @@ async def test_a_translated_stream_reads_every_event_sent_before_the_crash(
         relay.close()
     assert words == WORDS
     assert engine.released == [relay.lease]
+
+
+async def test_a_stream_broken_because_its_engine_went_away_says_engine_unavailable(
+    backend: str,
+) -> None:
+    """Its node died: the backend's connection reset and the engine is gone (not up) by the
+    time the front tells why; the client hears engine_unavailable (retry elsewhere at once),
+    not a backend crash."""
+    engine = Engine(up=False)
+    async with new_upstream_session(30) as session:
+        relay = await broken_relay(session, backend, engine)
+
+        def error_event(exc: ModelyardError) -> bytes:
+            return b"ERROR " + exc.code.encode()
+
+        chunks = [chunk async for chunk in relay_raw(relay, error_event)]
+    assert b"".join(chunks) == b"".join(EVENTS) + b"ERROR engine_unavailable"
+    assert engine.released == [relay.lease]
+
+
+async def test_an_engine_that_goes_down_just_after_its_backend_broke_is_still_the_cause(
+    backend: str,
+) -> None:
+    """The order the processes of a dying node die in: the model server a moment before the
+    engine's lease channel closes."""
+    engine = Engine(up=True)
+    async with new_upstream_session(30) as session:
+        relay = await broken_relay(session, backend, engine)
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.2, setattr, engine, "up", False)
+        with pytest.raises(EngineUnavailable, match="went away"):
+            async for _ in iter_sse_json(relay):
+                pass
+        relay.close()

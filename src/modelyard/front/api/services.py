@@ -23,7 +23,7 @@ from starlette.routing import Route
 from modelyard.config import ServiceKind, ServiceModel
 from modelyard.errors import InvalidRequest
 from modelyard.front.archive import capture as archive_capture
-from modelyard.front.dispatch.relay import RELAY_ERRORS, LeasedStream, Relay, broken_stream
+from modelyard.front.dispatch.relay import RELAY_ERRORS, LeasedStream, Relay, stream_broke
 from modelyard.front.render import SERVICE_PATH_PREFIXES
 from modelyard.front.state import FrontState, read_json_object, request_priority, state_of
 from modelyard.store.registry import Entry
@@ -117,7 +117,7 @@ async def _passthrough(relay: Relay) -> AsyncIterator[bytes]:
         async for chunk in relay.iter_chunks():
             yield chunk
     except RELAY_ERRORS as exc:
-        error = broken_stream(relay.lease, exc)
+        error = await stream_broke(relay, exc)
         log.warning("%s", error.message)
         raise error from exc
     finally:

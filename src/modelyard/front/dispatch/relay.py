@@ -21,7 +21,12 @@ import orjson
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from modelyard.errors import ClientClosedRequest, ModelyardError, UpstreamError
+from modelyard.errors import (
+    ClientClosedRequest,
+    EngineUnavailable,
+    ModelyardError,
+    UpstreamError,
+)
 from modelyard.front.dispatch.drain import track_relay
 from modelyard.front.engines.client import EngineClient
 from modelyard.front.sse import DONE, read_event
@@ -114,7 +119,7 @@ class Relay:
                 return await self.response.read()
             return await self.watch.wait(self.response.read())
         except RELAY_ERRORS as exc:
-            raise broken_stream(self.lease, exc) from exc
+            raise await stream_broke(self, exc) from exc
         finally:
             self.close()
 
@@ -247,11 +252,33 @@ async def relay_raw(
     except RELAY_ERRORS as exc:
         if left := unread_bytes(relay.response.content):
             yield left  # what the backend sent before it broke is the client's too
-        yield on_error(stream_failed(broken_stream(relay.lease, exc)))
+        yield on_error(stream_failed(await stream_broke(relay, exc)))
     except ModelyardError as exc:  # aborted (shutdown)
         yield on_error(stream_failed(exc))
     finally:
         relay.close()
+
+
+# A backend whose engine is going (its node died, say) breaks its stream a moment before the
+# engine's lease channel closes: how long a broken stream waits to tell the two apart.
+ENGINE_GONE_SETTLE_S = 1.0
+
+
+async def stream_broke(relay: Relay, exc: BaseException) -> ModelyardError:
+    """Why `relay`'s upstream broke: its engine went away (engine_unavailable: the node or
+    the engine died, and the client may retry at once elsewhere) or only its backend broke the
+    stream (upstream_error). Only on the error path: a stream that ends well never waits."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + ENGINE_GONE_SETTLE_S
+    while relay.engine.up:
+        if loop.time() >= deadline:
+            return broken_stream(relay.lease, exc)
+        await asyncio.sleep(0.05)  # the engine's channel sends no event we could await here
+    return EngineUnavailable(
+        f"{relay.engine.name} went away while it served '{relay.lease.model}' "
+        f"({type(exc).__name__} from its backend); the request may be sent again",
+        model=relay.lease.model,
+    )
 
 
 def broken_stream(lease: Lease, exc: BaseException) -> UpstreamError:
@@ -281,7 +308,7 @@ async def iter_sse_json(relay: Relay) -> AsyncIterator[dict[str, Any]]:
                 return
             if event is not None:
                 yield event
-        raise broken_stream(relay.lease, exc) from exc
+        raise await stream_broke(relay, exc) from exc
 
 
 def _sse_event(relay: Relay, raw: bytes) -> dict[str, Any] | Literal["done"] | None:
@@ -338,7 +365,7 @@ async def translated_stream(
     except ModelyardError as exc:
         yield on_error(stream_failed(exc))
     except Exception as exc:  # the connection broke mid-stream
-        yield on_error(stream_failed(broken_stream(relay.lease, exc)))
+        yield on_error(stream_failed(await stream_broke(relay, exc)))
     finally:
         relay.close()
 
