@@ -29,9 +29,10 @@ def free_port() -> int:
 
 
 def fake_model(model_id: str, *flags: str, **fields: Any) -> dict[str, Any]:
-    """A config entry whose backend is the fake llama-server process with fault `flags`."""
+    """A config entry whose backend is the fake llama-server process with fault `flags`,
+    keyed as llama-server is (`--api-key-file`: a request without the load's key is a 401)."""
     argv = [sys.executable, str(FAKE_BACKEND), "--host", "$host", "--port", "$port",
-            "--alias", "$id", *flags]
+            "--alias", "$id", "--api-key-file", "$api_key_file", *flags]
     return {"id": model_id, "backend": "openai", "argv": argv, **fields}
 
 
