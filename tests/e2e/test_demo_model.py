@@ -307,6 +307,25 @@ def test_session_kv_survives_an_unload_in_real_llama_server(server: Server) -> N
     assert second["prompt_tokens"] - reused < 30
 
 
+def test_the_real_llama_server_takes_only_its_loads_key(server: Server) -> None:
+    """llama-server is started with `--api-key-file` (a 0600 file of the load's random key): a
+    request straight to it without that key is a 401; the front, which has it from the lease,
+    gets answers; its health route stays open for readiness probes."""
+    r = httpx.post(server.url + "/v1/chat/completions", timeout=120, json={
+        "model": "smollm2", "max_tokens": 2, "messages": PROMPT})
+    assert r.status_code == 200, r.text
+    status = httpx.get(server.url + "/status", headers=server.admin_headers, timeout=10).json()
+    [demo] = [m for e in status["engines"] for m in e["models"] if m["model"] == "smollm2"]
+    url, body = demo["upstream"] + "/v1/chat/completions", {"max_tokens": 2, "messages": PROMPT}
+    assert httpx.post(url, json=body, timeout=60).status_code == 401
+    [key_file] = (server.home / "run" / "backend-keys").iterdir()
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    keyed = httpx.post(url, json=body, timeout=60,
+                       headers={"Authorization": f"Bearer {key_file.read_text().strip()}"})
+    assert keyed.status_code == 200, keyed.text
+    assert httpx.get(demo["upstream"] + "/health", timeout=10).status_code == 200
+
+
 def test_the_tool_loop_runs_an_mcp_tool_for_the_real_model(server: Server) -> None:
     """The whole server-side loop with real parts: llama-server's parsed call of the MCP
     server's `add`, the call run over stdio, its result appended, the model resumed; the
