@@ -36,6 +36,18 @@ def fake_model(model_id: str, *flags: str, **fields: Any) -> dict[str, Any]:
     return {"id": model_id, "backend": "openai", "argv": argv, **fields}
 
 
+def backend_headers(home: Path, model: str) -> dict[str, str]:
+    """What a test needs to call `model`'s backend straight (the load's key, from the private
+    file the engine wrote under `home` for llama-server's `--api-key-file`): a keyed backend
+    answers its other routes than health with a 401 without it. Nothing when it runs no key."""
+    where = home / "run" / "backend-keys"
+    files = [f for f in where.glob("*.key") if f.name.rsplit("-", 1)[0] == model]
+    if not files:
+        return {}
+    [found] = files
+    return {"Authorization": f"Bearer {found.read_text().strip()}"}
+
+
 class Server:
     """A `modelyard serve` process on a free port, with its own MODELYARD_HOME."""
 
