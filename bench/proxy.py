@@ -214,6 +214,12 @@ class Inputs:
         settings.session_kv_dir.mkdir(parents=True, exist_ok=True)
         spec = LlamaCppModel(id=MODEL, path=self.model, extra_args=list(self.extra_args))
         template, values = llama_server_argv(spec, settings)
+        # The direct and router targets run keyless: the bench's clients call them straight.
+        # (modelyard's engine starts its own with a per-load key, which the front sends: that
+        # check is part of what the modelyard target measures.)
+        if "--api-key-file" in template:
+            i = template.index("--api-key-file")
+            del template[i:i + 2]
         return render_argv(template, {**values, "host": HOST, "port": str(port)})
 
     def shared_args(self) -> list[str]:

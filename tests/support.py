@@ -29,10 +29,23 @@ def free_port() -> int:
 
 
 def fake_model(model_id: str, *flags: str, **fields: Any) -> dict[str, Any]:
-    """A config entry whose backend is the fake llama-server process with fault `flags`."""
+    """A config entry whose backend is the fake llama-server process with fault `flags`,
+    keyed as llama-server is (`--api-key-file`: a request without the load's key is a 401)."""
     argv = [sys.executable, str(FAKE_BACKEND), "--host", "$host", "--port", "$port",
-            "--alias", "$id", *flags]
+            "--alias", "$id", "--api-key-file", "$api_key_file", *flags]
     return {"id": model_id, "backend": "openai", "argv": argv, **fields}
+
+
+def backend_headers(home: Path, model: str) -> dict[str, str]:
+    """What a test needs to call `model`'s backend straight (the load's key, from the private
+    file the engine wrote under `home` for llama-server's `--api-key-file`): a keyed backend
+    answers its other routes than health with a 401 without it. Nothing when it runs no key."""
+    where = home / "run" / "backend-keys"
+    files = [f for f in where.glob("*.key") if f.name.rsplit("-", 1)[0] == model]
+    if not files:
+        return {}
+    [found] = files
+    return {"Authorization": f"Bearer {found.read_text().strip()}"}
 
 
 class Server:

@@ -160,9 +160,11 @@ class LlamaCppModel(_ModelBase):
     argv: list[str] | None = Field(
         None,
         description="Replaces the default llama-server command line; `$path $port $host $id "
-        "$ctx $ctx_total $parallel $mmproj $chat_template $slot_dir $llama_server $draft` are "
-        "substituted, and the engine's placement as `$n_gpu_layers` (999: all, N: a partial "
-        "offload, 0: a CPU engine), `$split_mode` (none / layer) and `$tensor_split` (layers "
+        "$ctx $ctx_total $parallel $mmproj $chat_template $slot_dir $llama_server $draft "
+        "$api_key_file $api_key` are substituted (keep `--api-key-file $api_key_file`: without "
+        "it the server takes no key and anyone who reaches its port can call it), and the "
+        "engine's placement as `$n_gpu_layers` (999: all, N: a partial offload, 0: a CPU "
+        "engine), `$split_mode` (none / layer) and `$tensor_split` (layers "
         "per GPU, e.g. 38,42; empty on one GPU). A template gets no device flags of its own.",
     )
     # Speculative decoding (docs/multi-gpu.md "Speculative decoding"): one llama-server runs
@@ -223,7 +225,9 @@ class OpenAIServerModel(_ModelBase):
 
     backend: Literal["openai"] = "openai"
     argv: list[str] = Field(
-        description="Command line; `$path $port $host $id $ctx $slot_dir` are substituted, and "
+        description="Command line; `$path $port $host $id $ctx $slot_dir` are substituted, "
+        "`$api_key_file` (a private file holding the load's random key) and `$api_key` (the "
+        "key itself, visible in the process list: prefer the file or `api_key_env`), and "
         "the engine's placement as `$tensor_parallel_size` (its GPU count), `$n_gpu_layers`, "
         "`$split_mode` and `$tensor_split` (as for llamacpp's argv).",
         min_length=1,
@@ -240,6 +244,11 @@ class OpenAIServerModel(_ModelBase):
         False, description="A vLLM server run with `--enable-sleep-mode`: evicting it puts it "
         "to sleep (level 1: weights to host RAM, within `warm_tier_bytes`) instead of stopping "
         "it, and the next load wakes it. modelyard sets VLLM_SERVER_DEV_MODE=1 for its routes.",
+    )
+    api_key_env: str | None = Field(
+        None, description="An environment variable the child reads its API key from (vLLM: "
+        "VLLM_API_KEY): modelyard sets it to the load's random key and sends that key with "
+        "every request. Null (and no `$api_key_file`/`$api_key` in `argv`): no key.",
     )
 
 

@@ -36,11 +36,25 @@ class Lease:
     model: str
     upstream: str
     load_duration_ns: int
+    # The key `upstream` was started with for this load (DESIGN.md §3.12): whoever calls it
+    # sends `Authorization: Bearer <api_key>`. None: a server that takes no key (a registered
+    # service modelyard does not start, a user's argv template without `$api_key_file`).
+    api_key: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        d: dict[str, Any] = {
             "lease_id": self.id,
             "model": self.model,
             "upstream": self.upstream,
             "load_duration_ns": self.load_duration_ns,
         }
+        if self.api_key is not None:
+            d["api_key"] = self.api_key
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Lease:
+        key = d.get("api_key")
+        return cls(id=str(d["lease_id"]), model=str(d["model"]), upstream=str(d["upstream"]),
+                   load_duration_ns=int(d["load_duration_ns"]),
+                   api_key=str(key) if key is not None else None)

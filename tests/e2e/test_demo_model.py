@@ -16,7 +16,7 @@ import httpx
 import ollama
 import openai
 import pytest
-from tests.support import ROOT, Server, poll, require_e2e_artifact
+from tests.support import ROOT, Server, backend_headers, poll, require_e2e_artifact
 
 from modelyard.config import DEMO_MODEL_FILE, Settings, cache_dir
 
@@ -152,8 +152,9 @@ def _upstream(server: Server) -> str:
     return str(model["upstream"])
 
 
-def _busy_slots(upstream: str) -> int:
-    slots = httpx.get(upstream + "/slots", timeout=5).json()
+def _busy_slots(server: Server, upstream: str) -> int:
+    headers = backend_headers(server.home, "smollm2")  # /slots wants the load's key
+    slots = httpx.get(upstream + "/slots", headers=headers, timeout=5).json()
     return sum(1 for s in slots if s.get("is_processing"))
 
 
@@ -165,12 +166,12 @@ def test_client_disconnect_stops_generation(server: Server) -> None:
         got = [next(lines) for _ in range(6)]
         assert any(line.startswith("data:") for line in got)
         upstream = _upstream(server)
-        assert _busy_slots(upstream) == 1
+        assert _busy_slots(server, upstream) == 1
     # The connection is closed: llama-server must stop generating well before 4000 tokens.
     deadline = time.monotonic() + 20
-    while _busy_slots(upstream) and time.monotonic() < deadline:
+    while _busy_slots(server, upstream) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _busy_slots(upstream) == 0
+    assert _busy_slots(server, upstream) == 0
     status = httpx.get(server.url + "/status").json()
     model = next(m for m in status["engines"][0]["models"] if m["model"] == "smollm2")
     assert model["leases"] == 0
@@ -305,6 +306,24 @@ def test_session_kv_survives_an_unload_in_real_llama_server(server: Server) -> N
     # The whole of turn 1 (its prompt, most of its answer) came back from the file.
     assert reused >= first["prompt_tokens"], (first, second)
     assert second["prompt_tokens"] - reused < 30
+
+
+def test_the_real_llama_server_takes_only_its_loads_key(server: Server) -> None:
+    """llama-server is started with `--api-key-file` (a 0600 file of the load's random key): a
+    request straight to it without that key is a 401; the front, which has it from the lease,
+    gets answers; its health route stays open for readiness probes."""
+    r = httpx.post(server.url + "/v1/chat/completions", timeout=120, json={
+        "model": "smollm2", "max_tokens": 2, "messages": PROMPT})
+    assert r.status_code == 200, r.text
+    status = httpx.get(server.url + "/status", headers=server.admin_headers, timeout=10).json()
+    [demo] = [m for e in status["engines"] for m in e["models"] if m["model"] == "smollm2"]
+    url, body = demo["upstream"] + "/v1/chat/completions", {"max_tokens": 2, "messages": PROMPT}
+    assert httpx.post(url, json=body, timeout=60).status_code == 401
+    [key_file] = (server.home / "run" / "backend-keys").iterdir()
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    keyed = httpx.post(url, json=body, timeout=60, headers=backend_headers(server.home, "smollm2"))
+    assert keyed.status_code == 200, keyed.text
+    assert httpx.get(demo["upstream"] + "/health", timeout=10).status_code == 200
 
 
 def test_the_tool_loop_runs_an_mcp_tool_for_the_real_model(server: Server) -> None:

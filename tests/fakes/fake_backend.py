@@ -748,15 +748,39 @@ def build_app(fake: Fake) -> Any:
     extra = [(n.strip().lower().encode(), v.strip().encode())
              for n, _, v in (h.partition(":") for h in fake.opts.response_header)]
 
+    # `--api-key-file FILE`: llama-server's key check (middleware_validate_api_key): every
+    # route but its public ones needs `Authorization: Bearer KEY` (or `X-Api-Key: KEY`), else
+    # 401. The fake's own /stats and /requests stay open: tests read them.
+    keys = _read_keys(fake.opts.api_key_file) if fake.opts.api_key_file else None
+    unauthorized = error(401, "Invalid API Key", "authentication_error")
+    public = {"/health", "/v1/health", "/models", "/v1/models", "/stats", "/requests"}
+
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if extra:
             send = _adding_headers(send, extra)
-        if scope["type"] == "http" and not fake.ready and scope["path"] != "/stats":
+        if (keys is not None and scope["type"] == "http" and scope["path"] not in public
+                and _given_key(scope) not in keys):
+            await unauthorized(scope, receive, send)
+        elif scope["type"] == "http" and not fake.ready and scope["path"] != "/stats":
             await loading(scope, receive, send)  # llama-server's middleware_server_state
         else:
             await inner(scope, receive, send)
 
     return app
+
+
+def _read_keys(path: str) -> set[str]:
+    """llama-server's `--api-key-file`: one key a line, `#` lines are comments."""
+    with open(path) as f:
+        return {ln.strip() for ln in f if ln.strip() and not ln.startswith("#")}
+
+
+def _given_key(scope: Scope) -> str:
+    headers = dict(scope["headers"])
+    auth = headers.get(b"authorization", b"").decode("latin-1")
+    if auth.startswith("Bearer "):
+        return auth[len("Bearer "):]
+    return headers.get(b"x-api-key", b"").decode("latin-1")
 
 
 def _adding_headers(send: Send, extra: list[tuple[bytes, bytes]]) -> Send:
@@ -793,6 +817,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="a prompt of more words is refused as llama-server does (also -c)")
     p.add_argument("--response-header", action="append", default=[], metavar="NAME:VALUE",
                    help="a header added to every response (repeatable)")
+    p.add_argument("--api-key-file", default=None,
+                   help="keys (one a line): other routes than health/models need one (401)")
     p.add_argument("--crash-on-load", action="store_true")
     p.add_argument("--crash-after-tokens", type=int, default=None)
     p.add_argument("--silent-stall", action="store_true")

@@ -15,6 +15,8 @@ awake and `--asleep-bytes R` (the CUDA context a sleeping vLLM keeps) while asle
 makes a sleep show on /is_sleeping only S seconds after its POST returned (vLLM's own FIXME:
 with frontend multiprocessing the POST may return before the sleep is done).
 `GET /fake/calls` lists the sleep and wake-up calls received, in order.
+With VLLM_API_KEY in its environment, a /v1 route without `Authorization: Bearer <that key>`
+answers 401 `{"error": "Unauthorized"}` (vLLM's AuthenticationMiddleware checks /v1 routes only).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import socket
 import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import uvicorn
 
@@ -36,6 +39,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 
 class FakeVllm:
@@ -96,7 +100,21 @@ class FakeVllm:
     async def fake_calls(self, request: Request) -> Response:
         return JSONResponse(self.calls)
 
-    def app(self) -> Starlette:
+    def app(self) -> Any:
+        inner = self.routes()
+        key = os.environ.get("VLLM_API_KEY")
+
+        async def app(scope: Scope, receive: Receive, send: Send) -> None:
+            if (key and scope["type"] == "http" and scope["path"].startswith("/v1")
+                    and dict(scope["headers"]).get(b"authorization") != f"Bearer {key}".encode()):
+                await JSONResponse({"error": "Unauthorized"}, status_code=401)(
+                    scope, receive, send)
+                return
+            await inner(scope, receive, send)
+
+        return app
+
+    def routes(self) -> Starlette:
         return Starlette(routes=[
             Route("/sleep", self.sleep, methods=["POST"]),
             Route("/wake_up", self.wake_up, methods=["POST"]),

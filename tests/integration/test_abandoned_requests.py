@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 from tests.integration.harness import HELLO, config, model_status, module_server, starts
-from tests.support import Server, fake_model, poll
+from tests.support import Server, backend_headers, fake_model, poll
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -97,7 +97,8 @@ def test_a_client_leaving_a_non_streamed_request_stops_its_generation(
 
     stats = poll(cancelled, timeout_s=10, what="the backend to see the request cancelled")
     assert stats["requests_started"] == 2 and stats["requests_completed"] == 1
-    assert httpx.get(upstream + "/slots", timeout=10).json() == [{"id": 0, "is_processing": False}]
+    slots = httpx.get(upstream + "/slots", headers=backend_headers(server.home, model), timeout=10)
+    assert slots.json() == [{"id": 0, "is_processing": False}]
     poll(lambda: model_status(server, model)["leases"] == 0, timeout_s=10, what="lease released")
     poll(lambda: requests_counted(server, model, "client_closed_request") == 1, timeout_s=10,
          what="the request counted as closed by its client")

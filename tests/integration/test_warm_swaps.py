@@ -40,7 +40,7 @@ def vllm_model(model_id: str, files: Path, gib: float, asleep_gib: float) -> Ope
             # The POST returns before the sleep shows: the engine must wait for /is_sleeping.
             "--sleep-delay-s", "0.3", "--start-log", str(files / f"{model_id}.starts")]
     return OpenAIServerModel(id=model_id, argv=argv, path=weights, sleep_mode=True,
-                             vram_bytes=int(gib * GIB))
+                             vram_bytes=int(gib * GIB), api_key_env="VLLM_API_KEY")
 
 
 def llama_fake(model_id: str, gib: float) -> OpenAIServerModel:
@@ -99,7 +99,11 @@ async def test_an_evicted_vllm_sleeps_and_wakes_without_a_restart(
         assert (await http.get(first.upstream + "/fake/calls")).json() == ["sleep 1", "wake_up"]
         assert (files / "v.starts").read_text() == f"start {pid}\n"  # never restarted
         body = {"model": "v", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
-        answer = await http.post(again.upstream + "/v1/chat/completions", json=body)
+        url = again.upstream + "/v1/chat/completions"
+        assert (await http.post(url, json=body)).status_code == 401  # the load's key only
+        assert again.api_key is not None and again.api_key == first.api_key  # the same load
+        answer = await http.post(url, json=body,
+                                 headers={"Authorization": f"Bearer {again.api_key}"})
         assert answer.status_code == 200, answer.text  # awake: a sleeping fake answers 503
         status = engine.status()
         assert status.scheduler.count("warm_loads") == 1

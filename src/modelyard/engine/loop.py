@@ -271,6 +271,7 @@ class Engine:
             model=rt.entry.id,
             upstream=rt.server.url,
             load_duration_ns=load_duration_ns,
+            api_key=rt.server.api_key,  # the front calls the backend with it
         )
         rt.leases.add(lease.id)
         self._leases[lease.id] = rt.entry.id
@@ -293,7 +294,8 @@ class Engine:
             self._notify()
         counts = self._drafts.get(model_id)
         if counts is not None and rt.server is not None and counts.off_reason is None:
-            counts.poke(rt.server.url, self._spawn)  # after the answer: off the request path
+            # after the answer: off the request path
+            counts.poke(rt.server.url, self._spawn, api_key=rt.server.api_key)
 
     async def _wait_for(self, changed: asyncio.Event, timeout: float | None) -> None:
         """Wait for a change, counted, so releases know someone needs waking."""
@@ -1056,6 +1058,12 @@ class Engine:
         now = self.clock()
         return tuple(self.warm.report(self._model_status(rt, now))
                      for rt in self._models.values())
+
+    def backend_key(self, model_id: str) -> str | None:
+        """The key of `model_id`'s server, for the engine's own calls to it (slot save and
+        restore); None when it runs none or takes no key."""
+        rt = self._models.get(model_id)
+        return rt.server.api_key if rt is not None and rt.server is not None else None
 
     def model_status(self) -> list[dict[str, Any]]:
         """`model_statuses()` as the engine's /status carries them."""

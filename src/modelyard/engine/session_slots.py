@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 
 from modelyard.config import LlamaCppModel, OpenAIServerModel, Settings
+from modelyard.engine.backends.keys import auth_headers
 from modelyard.engine.backends.llamacpp import llama_server_argv
 from modelyard.engine.loop import Engine
 from modelyard.errors import InvalidRequest, ModelyardError
@@ -69,7 +70,8 @@ def _flag_value(argv: list[str], names: tuple[str, ...]) -> str | None:
 
 
 async def slot_action(
-    http: aiohttp.ClientSession, upstream: str, slot: int, action: str, filename: str
+    http: aiohttp.ClientSession, upstream: str, slot: int, action: str, filename: str,
+    api_key: str | None = None,
 ) -> bool:
     """POST /slots/{slot}?action=…; a failure is only a lost cache hit, so it is logged. A pooled
     connection the server closed while idle ("Server disconnected", "Can not write request
@@ -79,6 +81,7 @@ async def slot_action(
             async with http.post(
                 f"{upstream}/slots/{slot}", params={"action": action},
                 json={"filename": filename}, timeout=aiohttp.ClientTimeout(total=SLOT_TIMEOUT_S),
+                headers=auth_headers(api_key),  # /slots is not a public route of llama-server
             ) as response:
                 if response.status == 200:
                     return True
@@ -129,7 +132,8 @@ class SessionSlots:
             return False
         if self._http is None:
             self._http = aiohttp.ClientSession()
-        return await slot_action(self._http, upstream, slot, action, filename)
+        return await slot_action(self._http, upstream, slot, action, filename,
+                                 self.engine.backend_key(model))
 
     def drop(self, key: str) -> None:
         _check_key(key)

@@ -12,6 +12,7 @@ counters `modelyard_draft_tokens_total` / `modelyard_draft_accepted_total`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 import aiohttp
 
 from modelyard import metrics
+from modelyard.engine.backends.keys import auth_headers
 from modelyard.wire.speculative import SpeculativeStatus
 
 log = logging.getLogger("modelyard.engine")
@@ -58,13 +60,13 @@ def parse_draft_counts(text: str) -> tuple[int, int] | None:
     return found[DRAFTED], found[ACCEPTED]
 
 
-async def read_draft_counts(url: str) -> tuple[int, int] | None:
-    """The draft counts of the llama-server at `url`; None when it cannot tell (gone, no
-    --metrics)."""
+async def read_draft_counts(url: str, api_key: str | None = None) -> tuple[int, int] | None:
+    """The draft counts of the llama-server at `url` (called with its load's key: /metrics is
+    not one of its public routes); None when it cannot tell (gone, no --metrics)."""
     timeout = aiohttp.ClientTimeout(total=READ_TIMEOUT_S)
     try:
-        async with aiohttp.ClientSession(timeout=timeout) as session, \
-                session.get(f"{url}/metrics") as r:
+        async with aiohttp.ClientSession(timeout=timeout, headers=auth_headers(api_key)) as \
+                session, session.get(f"{url}/metrics") as r:
             if r.status != 200:
                 return None
             return parse_draft_counts(await r.text())
@@ -108,16 +110,20 @@ class DraftCounts:
         self,
         url: str,
         spawn: Callable[[Coroutine[Any, Any, None], str], object],
-        read: Callable[[str], Coroutine[Any, Any, tuple[int, int] | None]] = read_draft_counts,
+        read: Callable[[str], Coroutine[Any, Any, tuple[int, int] | None]] | None = None,
+        *,
+        api_key: str | None = None,
     ) -> None:
-        """Read `url`'s counts soon: one read in flight at a time, one more if poked meanwhile."""
+        """Read `url`'s counts soon (with its key; `read` replaces read_draft_counts): one read
+        in flight at a time, one more if poked meanwhile."""
+        reader = read or functools.partial(read_draft_counts, api_key=api_key)
         if self._reading is not None and not self._reading.done():
             self._again = True
             return
 
         async def reading() -> None:
             while True:
-                found = await read(url)
+                found = await reader(url)
                 if found is not None:
                     self.observe(*found)
                 if not self._again:  # a poke after this read began: its request is not in it

@@ -209,10 +209,7 @@ def decode_engine_frame(line: bytes) -> EngineFrame:
     try:
         m = orjson.loads(line)
         if "lease" in m:
-            d = m["lease"]
-            return Granted(int(m["id"]), Lease(id=str(d["lease_id"]), model=str(d["model"]),
-                                               upstream=str(d["upstream"]),
-                                               load_duration_ns=int(d["load_duration_ns"])))
+            return Granted(int(m["id"]), Lease.from_json(m["lease"]))
         if "progress" in m:
             return Progress(int(m["id"]), str(m["progress"]))
         if "error" in m:

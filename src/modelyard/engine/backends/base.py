@@ -21,6 +21,9 @@ from modelyard.placement.devices import Placement
 
 class Backend(Protocol):
     url: str  # where the front sends this model's requests
+    # This load's key (engine/backends/keys.py), sent as `Authorization: Bearer` by every
+    # caller; None for a server that takes none.
+    api_key: str | None
 
     @property
     def pid(self) -> int | None:
@@ -110,5 +113,5 @@ def vllm_spec(spec: TransformersModel) -> OpenAIServerModel:
     return OpenAIServerModel(
         id=spec.id, argv=argv + spec.vllm_args, path=spec.path, ctx_size=spec.ctx_size,
         health_path="/health", aliases=spec.aliases, vram_bytes=spec.vram_bytes,
-        sleep_mode=True,
+        sleep_mode=True, api_key_env="VLLM_API_KEY",
     )

@@ -53,6 +53,8 @@ DEFAULT_ARGV = [
     "--jinja",
     "--no-webui",
     "--slot-save-path", "$slot_dir",
+    # The load's key, from a private file (engine/backends/keys.py): not in the process list.
+    "--api-key-file", "$api_key_file",
 ]
 
 

@@ -1,12 +1,17 @@
 """A child server that speaks the OpenAI API (llama-server, vLLM, TGI…): start, ready, stop.
 
-The engine hands the front the server's loopback URL with each lease, so request bytes go from the
-front straight to the child; this class only owns the child's lifecycle.
+The engine hands the front the server's URL (on the node address) and its per-load key with each
+lease, so request bytes go from the front straight to the child; this class only owns the child's
+lifecycle. The key (keys.py) reaches the child as `$api_key_file` (a private file, llama-server's
+`--api-key-file`), as the environment variable `api_key_env` names (vLLM's VLLM_API_KEY), or as
+`$api_key` in an argv template (readable in the process list: a last resort); a template that
+uses none of them serves without a key, and its leases carry none.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import string
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -14,6 +19,7 @@ from pathlib import Path
 import aiohttp
 
 from modelyard.config import LlamaCppModel, OpenAIServerModel, Settings
+from modelyard.engine.backends.keys import key_dir, new_key, remove_key_file, write_key_file
 from modelyard.engine.backends.llamacpp import llama_server_argv, placement_values
 from modelyard.errors import ModelLoadFailed
 from modelyard.placement.devices import Placement
@@ -22,7 +28,17 @@ from modelyard.proc.process import ChildProcess
 from modelyard.proc.readiness import NotReady, wait_ready
 from modelyard.store.registry import served_name
 
-__all__ = ["LOOPBACK", "ChildServer", "free_port", "log_path", "on_gpus", "render_argv"]
+__all__ = ["LOOPBACK", "ChildServer", "free_port", "log_path", "on_gpus", "render_argv",
+           "url_host"]
+
+
+def url_host(address: str) -> str:
+    """`address` as a URL's host (an IPv6 address in brackets)."""
+    return f"[{address}]" if ":" in address else address
+
+
+def _uses(template: list[str], name: str) -> bool:
+    return any(f"${name}" in a or f"${{{name}}}" in a for a in template)
 
 
 def on_gpus(env: Mapping[str, str]) -> bool:
@@ -46,13 +62,21 @@ class ChildServer:
         self.spec = spec
         self.settings = settings
         self.placement: Placement | None = None  # told by the engine before start()
-        self.port = free_port()
-        self.url = f"http://{LOOPBACK}:{self.port}"
+        self.host = settings.node_address
+        self.port = free_port(self.host)
+        self.url = f"http://{url_host(self.host)}:{self.port}"
+        self._key = new_key()
+        self.key_file = key_dir(settings.home) / f"{_safe(spec.id)}-{secrets.token_hex(6)}.key"
+        key_env = spec.api_key_env if isinstance(spec, OpenAIServerModel) else None
+        if key_env:
+            env = {**(env if env is not None else os.environ), key_env: self._key}
         # Rendered now without a placement, so a model that cannot run here (no llama-server
         # binary) fails before anything is evicted for it; again in place().
         argv = self._render(None)
         if any("$slot_dir" in arg for arg in self._template):
             settings.session_kv_dir.mkdir(parents=True, exist_ok=True)
+        keyed = key_env or _uses(self._template, "api_key_file") or _uses(self._template, "api_key")
+        self.api_key: str | None = self._key if keyed else None
         self.process = ChildProcess(
             argv,
             name=spec.id,
@@ -75,7 +99,8 @@ class ChildServer:
                       "tensor_parallel_size": str(len(placement.devices) if placement else 1)}
             template = template + self.placement_args(placement, template)
         self._template = template
-        return render_argv(template, {**values, "host": LOOPBACK, "port": str(self.port)})
+        return render_argv(template, {**values, "host": self.host, "port": str(self.port),
+                                      "api_key_file": str(self.key_file), "api_key": self._key})
 
     def placement_args(self, placement: Placement | None, argv: list[str]) -> list[str]:
         """Flags a kind of OpenAI server needs for a placement (vLLM: tensor parallel); none
@@ -109,14 +134,18 @@ class ChildServer:
     async def start(self, on_spawn: Callable[[int], None] | None = None) -> None:
         """Spawn the child and return when it is ready; ModelLoadFailed (child stopped) if not."""
         try:
+            if _uses(self._template, "api_key_file"):
+                write_key_file(self.key_file, self._key)
             await self.process.start()
         except OSError as exc:
+            remove_key_file(self.key_file)
             raise ModelLoadFailed(
                 f"could not start '{self.spec.id}': {exc}", model=self.spec.id
             ) from exc
         if on_spawn is not None and self.process.pid is not None:
             on_spawn(self.process.pid)
         timeout = aiohttp.ClientTimeout(total=2.0)
+        # Unauthenticated: llama-server and vLLM answer their health route without the key.
         async with aiohttp.ClientSession(self.url, timeout=timeout) as session:
 
             async def probe() -> bool:
@@ -150,10 +179,15 @@ class ChildServer:
                 raise
 
     async def stop(self) -> None:
-        await self.process.stop(self.settings.stop_grace_s)
+        try:
+            await self.process.stop(self.settings.stop_grace_s)
+        finally:
+            remove_key_file(self.key_file)  # the load is over: its key with it
 
     async def wait_exit(self) -> int | None:
-        return await self.process.wait()
+        code = await self.process.wait()
+        remove_key_file(self.key_file)
+        return code
 
 
 def _safe(model_id: str) -> str:

@@ -22,6 +22,7 @@ class ServiceBackend:
         self.spec = spec
         self.settings = settings
         self.url = spec.url.rstrip("/")
+        self.api_key: str | None = None  # a service modelyard does not start takes no key of ours
         self._gone = asyncio.Event()  # never set: a service modelyard does not run cannot exit
         self._log: list[str] = []
 

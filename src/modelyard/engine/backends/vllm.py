@@ -25,6 +25,7 @@ from pathlib import Path
 import aiohttp
 
 from modelyard.config import OpenAIServerModel, Settings
+from modelyard.engine.backends.keys import auth_headers
 from modelyard.engine.backends.openai_server import ChildServer
 from modelyard.errors import ModelLoadFailed
 from modelyard.placement.devices import Placement
@@ -139,7 +140,8 @@ class SleepingServer(ChildServer):
     async def _switch(self, route: str, *, sleeping: bool) -> None:
         """POST `route`, then wait until /is_sleeping says `sleeping` (bounded)."""
         timeout = aiohttp.ClientTimeout(total=SWITCH_TIMEOUT_S)
-        async with aiohttp.ClientSession(self.url, timeout=timeout) as session:
+        async with aiohttp.ClientSession(self.url, timeout=timeout,
+                                         headers=auth_headers(self.api_key)) as session:
             async with session.post(route) as r:
                 if r.status != 200:
                     raise RuntimeError(f"POST {route}: HTTP {r.status} {await r.text()}")

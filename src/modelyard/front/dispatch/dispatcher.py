@@ -68,6 +68,8 @@ class Dispatcher:
         # (engine, model) → upstream when last granted: where to send before the grant
         # confirms it, and the routing hint "already resident".
         self.upstreams: dict[tuple[str, str], str] = {}
+        # (engine, model) → the key of that upstream's load, sent with the early request.
+        self.upstream_keys: dict[tuple[str, str], str | None] = {}
         self.queues = ModelQueues()
         # Requests in flight per engine: "least queued work" when routing a cold model.
         self.inflight: dict[str, int] = {}
@@ -364,8 +366,10 @@ class Dispatcher:
             lease = await engine.acquire(model_id, call.keep_alive_s, call.on_progress)
             response = None
         else:
-            lease, response = await self._lease_while_sending(engine, model_id, guess, call)
+            lease, response = await self._lease_while_sending(
+                engine, model_id, guess, self.upstream_keys.get(key), call)
         self.upstreams[key] = lease.upstream
+        self.upstream_keys[key] = lease.api_key
         self.session_kv.sending(lease.upstream, kv)
         if response is None:
             payload = call.payload
@@ -374,7 +378,7 @@ class Dispatcher:
                     payload = await kv.prepare(engine, lease.upstream, payload)
                 response = await send_upstream(
                     self.upstream, lease.upstream + call.path, payload, lease.model,
-                    call.content_type,
+                    call.content_type, lease.api_key,
                 )
             except BaseException:
                 if kv is not None:
@@ -387,19 +391,20 @@ class Dispatcher:
         return relay
 
     async def _lease_while_sending(
-        self, engine: EngineClient, model_id: str, guess: str, call: Call
+        self, engine: EngineClient, model_id: str, guess: str, guess_key: str | None, call: Call
     ) -> tuple[Lease, aiohttp.ClientResponse | None]:
         """Take the lease and, meanwhile, send the request where the model was last granted.
 
         An engine grants a ready model at once, so the grant nearly always names that upstream
         and the lease round trip adds no latency. The engine's answer always wins: if it names
-        another upstream (the model was reloaded) or refuses, the early request is dropped —
+        another upstream or key (the model was reloaded) or refuses, the early request is dropped —
         closing its connection stops the backend — and nothing of it reaches the client. A None
         response tells the caller to send the request itself.
         """
         early = asyncio.ensure_future(
             send_upstream(
-                self.upstream, guess + call.path, call.payload, model_id, call.content_type
+                self.upstream, guess + call.path, call.payload, model_id, call.content_type,
+                guess_key,
             )
         )
         try:
@@ -407,7 +412,7 @@ class Dispatcher:
         except BaseException:
             _drop(early)
             raise
-        if lease.upstream != guess:
+        if lease.upstream != guess or lease.api_key != guess_key:
             _drop(early)
             return lease, None
         try:

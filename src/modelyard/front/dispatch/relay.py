@@ -62,13 +62,20 @@ async def send_upstream(
     payload: bytes,
     model: str,
     content_type: str = "application/json",
+    api_key: str | None = None,
 ) -> aiohttp.ClientResponse:
     """POST the request and read the response headers.
+
+    The headers are built here, never copied from the client's request: its own Authorization
+    or x-api-key (its modelyard credentials) never reach a backend; the load's key (the
+    lease's `api_key`) does, as `Authorization: Bearer`.
 
     A pooled connection the backend closed while idle fails before the request reached it, so
     that one case is retried once, on a fresh connection.
     """
     headers = {"content-type": content_type, **outgoing_headers()}
+    if api_key is not None:
+        headers["authorization"] = f"Bearer {api_key}"
     try:
         try:
             return await session.post(url, data=payload, headers=headers)

@@ -1,5 +1,6 @@
 """The transformers backend as the engine sees it: a model loaded in this process, served on a
-loopback port of its own (server.py), started and stopped like any other backend.
+port of its own on the node address (server.py), behind the load's random key (keys.py), started
+and stopped like any other backend.
 
 Loading happens in a worker thread; the HTTP server runs on the engine's event loop; the
 generator's own thread owns the model during inference. Stopping frees the weights (and the
@@ -26,7 +27,8 @@ import uvicorn
 from starlette.applications import Starlette
 
 from modelyard.config import Settings, TransformersModel
-from modelyard.engine.backends.openai_server import LOOPBACK, free_port
+from modelyard.engine.backends.keys import RequireKey, new_key
+from modelyard.engine.backends.openai_server import free_port, url_host
 from modelyard.engine.backends.transformers.device_map import (
     device_map_kwargs,
     visible_indexes,
@@ -59,8 +61,10 @@ class TransformersBackend:
         self.spec = spec
         self.settings = settings
         self.precision = decide_precision(spec)  # a q4 that cannot run fails here: nothing evicted
-        self.port = free_port()
-        self.url = f"http://{LOOPBACK}:{self.port}"
+        self.host = settings.node_address
+        self.port = free_port(self.host)
+        self.url = f"http://{url_host(self.host)}:{self.port}"
+        self.api_key: str | None = new_key()
         self._server: _Server | None = None
         self._task: asyncio.Task[None] | None = None
         self._generator: Any = None
@@ -115,7 +119,9 @@ class TransformersBackend:
         )
 
     async def _serve_http(self, app: Starlette) -> None:
-        config = uvicorn.Config(app, host=LOOPBACK, port=self.port, log_level="warning",
+        assert self.api_key is not None
+        config = uvicorn.Config(RequireKey(app, self.api_key), host=self.host, port=self.port,
+                                log_level="warning",
                                 access_log=False, lifespan="off")
         self._server = _Server(config)
         self._task = asyncio.create_task(self._server.serve(), name=f"serve:{self.spec.id}")
@@ -283,8 +289,9 @@ class TransformersBackend:
         except (OSError, ValueError, RuntimeError) as exc:
             await self.stop()
             raise self._failed("failed to resume", exc) from exc
-        self.port = free_port()  # the old one may have been taken meanwhile
-        self.url = f"http://{LOOPBACK}:{self.port}"
+        self.port = free_port(self.host)  # the old one may have been taken meanwhile
+        self.api_key = new_key()  # a new serving, a new key
+        self.url = f"http://{url_host(self.host)}:{self.port}"
         self._suspending = False
         self._log.append(f"resumed on {loaded.device}")
         await self._serve_http(app)
