@@ -102,13 +102,6 @@ def test_the_lease_channel_without_the_cluster_secret_is_closed(
         assert b'"op":"hello"' in _hello(address, port, ray_cluster.secret).replace(b" ", b"")
 
 
-BACKEND_KEYS = (
-    "backend API keys and model servers on the node's address (issue 20, the backend-keys "
-    "helper) have not landed on this branch: model servers bind 127.0.0.1 and answer without "
-    "the lease's key; the lead removes this marker at merge")
-
-
-@pytest.mark.xfail(strict=True, reason=BACKEND_KEYS)
 def test_model_servers_listen_on_their_node_address(front: Server) -> None:
     assert chat(front, "b").status_code == 200
     host = ready_on(front)["b"].split("/")[0]
@@ -116,7 +109,6 @@ def test_model_servers_listen_on_their_node_address(front: Server) -> None:
     assert urlsplit(upstream).hostname == NODES[host], upstream
 
 
-@pytest.mark.xfail(strict=True, reason=BACKEND_KEYS)
 def test_a_backend_without_the_lease_api_key_is_refused(front: Server) -> None:
     assert chat(front, "b").status_code == 200
     upstream = model_on(front, "b")["upstream"]
