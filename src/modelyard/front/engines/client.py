@@ -29,9 +29,11 @@ from pydantic import BaseModel
 
 from modelyard.errors import EngineUnavailable, ModelyardError, from_native_body
 from modelyard.front.dispatch.drain import Abortable
+from modelyard.front.engines.catalog_feed import CatalogFeed
 from modelyard.front.engines.lease_client import LeaseClient
 from modelyard.serving import ENGINE_CLIENT_KEEPALIVE_S
 from modelyard.types import Lease
+from modelyard.wire.catalog import CatalogSnapshot
 from modelyard.wire.engines import EngineClient, SlotAction
 from modelyard.wire.logs import LogLine, LogSource
 
@@ -46,10 +48,12 @@ log = logging.getLogger("modelyard.front.engines.client")
 class HttpEngineClient:
     """An engine process on a loopback port, usually started by the front's supervisor."""
 
-    def __init__(self, name: str, index: int = 0, *, process_log: LogSource | None = None
-                 ) -> None:
+    def __init__(self, name: str, index: int = 0, *, process_log: LogSource | None = None,
+                 catalog: CatalogFeed | None = None) -> None:
         self.name = name
         self.index = index
+        # The front's catalog, pushed to the engine each time it attaches (before it is up).
+        self.catalog = catalog
         # The engine process's own output, read by whoever started it (its provider), so that
         # it can be read while the engine is down; None: the engine has no such log here.
         self.process_log = process_log
@@ -108,6 +112,12 @@ class HttpEngineClient:
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=ENGINE_CLIENT_KEEPALIVE_S),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
         )
+        snapshot = self.catalog.current if self.catalog is not None else None
+        if snapshot is not None:
+            try:
+                await self.rescan(snapshot)
+            except ModelyardError as exc:  # it serves what it read itself; the log says why
+                log.error("%s did not take the front's catalog: %s", self.name, exc)
 
     def watch(self, relay: Abortable) -> Callable[[], None]:
         self._relays.add(relay)
@@ -189,8 +199,8 @@ class HttpEngineClient:
     async def unload(self, model: str) -> dict[str, Any]:
         return dict(await self._call("POST", f"/models/{quote(model, safe='')}/unload"))
 
-    async def rescan(self) -> None:
-        await self._call("POST", "/rescan")
+    async def rescan(self, catalog: CatalogSnapshot | None = None) -> None:
+        await self._call("POST", "/rescan", catalog.to_json() if catalog is not None else None)
 
     async def reload(self, settings: BaseModel) -> dict[str, Any]:
         return dict(await self._call("POST", "/reload", settings.model_dump(mode="json")))
