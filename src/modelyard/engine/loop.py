@@ -461,8 +461,6 @@ class Engine:
             devices=tuple(DeviceStatus(index=i.index, kind=i.kind, total_bytes=i.total_bytes,
                                        free_bytes=i.free_bytes) for i in infos),
             host=self._host_status(),
-            storage_id=self.catalog.storage_id,
-            missing_files=self.catalog.missing,
             scheduler=SchedulerStatus(max_loaded_models=self._max_loaded(),
                                       placing=tuple(self._arrivals)),
             models=self._placed(exclude=rt),
@@ -1042,6 +1040,8 @@ class Engine:
             models=self.model_statuses(),
             devices=self._device_statuses(),
             host=self._host_status(),
+            storage_id=self.catalog.storage_id,
+            missing_files=self.catalog.missing,
         )
 
     def _device_statuses(self) -> tuple[DeviceStatus, ...]:

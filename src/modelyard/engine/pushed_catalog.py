@@ -53,9 +53,9 @@ class PushedCatalog:
         """The registry `snapshot` describes, None for one older than the last (two pushes
         crossed). Blocking (files are checked): run it in a thread. ValueError: an entry this
         version cannot read."""
+        registry = ModelRegistry.from_snapshot(snapshot)  # a bad one is refused, stale or not
         if self.snapshot is not None and snapshot.version < self.snapshot.version:
             return None
-        registry = ModelRegistry.from_snapshot(snapshot)
         self.snapshot = snapshot
         self.refresh(registry, settings.models_dir)
         return registry
