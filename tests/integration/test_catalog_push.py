@@ -11,7 +11,6 @@ import json
 import os
 import signal
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
