@@ -103,21 +103,30 @@ class HttpEngineClient:
             heartbeat_timeout_s=heartbeat_timeout_s, name=self.name,
         )
         leases.on_silent = self._fell_silent
-        self._leases = leases
         # No overall timeout: a lease waits for a model load, which may take minutes; the
         # engine bounds that wait itself.
-        self._session = aiohttp.ClientSession(
+        session = aiohttp.ClientSession(
             base_url=base_url,
             headers={"Authorization": f"Bearer {secret}"},
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=ENGINE_CLIENT_KEEPALIVE_S),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
         )
+        # The catalog first, while it is not up yet: no request reaches it with an older one.
+        await self._push_catalog(session)
+        self._leases, self._session = leases, session
+
+    async def _push_catalog(self, session: aiohttp.ClientSession) -> None:
         snapshot = self.catalog.current if self.catalog is not None else None
-        if snapshot is not None:
-            try:
-                await self.rescan(snapshot)
-            except ModelyardError as exc:  # it serves what it read itself; the log says why
-                log.error("%s did not take the front's catalog: %s", self.name, exc)
+        if snapshot is None:
+            return  # the front's catalog is not made yet: it pushes it once it is
+        try:
+            async with session.post("/rescan", data=orjson.dumps(snapshot.to_json()),
+                                    headers={"Content-Type": "application/json"}) as response:
+                if response.status >= 400:
+                    raise ModelyardError(f"{response.status}: {(await response.read())[:200]!r}")
+        except (aiohttp.ClientError, TimeoutError, ModelyardError) as exc:
+            # It serves what it read itself (a local engine) until the next push; the log says.
+            log.error("%s did not take the front's catalog: %s", self.name, exc)
 
     def watch(self, relay: Abortable) -> Callable[[], None]:
         self._relays.add(relay)
