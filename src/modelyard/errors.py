@@ -275,6 +275,14 @@ class ModelLoadFailed(ModelyardError):
     code = "model_load_failed"
 
 
+class ModelFilesMissing(ModelyardError):
+    """The engine's node does not have the model's files (no shared storage with the front,
+    and not pulled there): the front routes to engines that have them first."""
+
+    status = 503
+    code = "model_files_missing"
+
+
 class EngineUnavailable(ModelyardError):
     status = 503
     code = "engine_unavailable"
@@ -338,6 +346,7 @@ _BY_CODE: dict[str, type[ModelyardError]] = {
         MethodNotAllowed,
         BackendUnavailable,
         ModelLoadFailed,
+        ModelFilesMissing,
         EngineUnavailable,
         InsufficientMemory,
         EngineCooling,

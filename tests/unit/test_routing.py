@@ -32,6 +32,18 @@ E0, E1, E2 = "engine-0", "engine-1", "engine-2"
             None, E0, E2,
         ),
         ([EngineView(E1, queued=2), EngineView(E2, queued=1)], None, None, E2),
+        # the files of the model: after pin and residency, before default and load
+        ([EngineView(E0, has_files=False), EngineView(E1, queued=9)], None, E0, E1),
+        ([EngineView(E0, has_files=False), EngineView(E1, evictions_needed=3)], None, None, E1),
+        ([EngineView(E0, has_files=False, resident=frozenset({"m"})), EngineView(E1)],
+         None, None, E0),
+        ([EngineView(E0, has_files=False), EngineView(E1)], E0, None, E0),
+        # nobody has them: every usable engine is a candidate (it pulls them or says why)
+        ([EngineView(E0, has_files=False), EngineView(E1, has_files=False, queued=1)],
+         None, E1, E1),
+        ([EngineView(E0, has_files=False, queued=2),
+          EngineView(E1, has_files=False, up=False), EngineView(E2, compatible=False)],
+         None, None, E0),
         # nothing usable
         ([EngineView(E0, up=False)], None, E0, None),
         ([], None, None, None),

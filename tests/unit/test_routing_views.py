@@ -192,6 +192,19 @@ def test_view_from_a_minimal_snapshot() -> None:
     assert (view.compatible, view.resident, view.evictions_needed) == (False, frozenset(), 0)
 
 
+def test_an_engine_without_the_files_ranks_after_one_with_them() -> None:
+    """An engine reports the catalog's models whose files its node lacks (no shared
+    storage): a cold model goes to one that holds them, even one that must evict."""
+    want = W("cold", 5)
+    lacking = {**EMPTY, "missing_files": ["cold", "other"]}
+    views = [view_from_status("engine-0", lacking, want),
+             view_from_status("engine-1", IDLE_2, want, queued=3)]
+    assert [v.has_files for v in views] == [False, True]
+    assert pick_engine(views, "cold") == "engine-1"
+    other = view_from_status("engine-0", lacking, W("a", 1))
+    assert other.has_files  # what it lacks is named: another model is not
+
+
 # --- with pick_engine: a cold model on two engines -------------------------------------------
 
 IDLE_2 = S([M("a", 3, last_used=10), M("b", 3, last_used=20)], 2)  # needs 1 eviction for 5 GiB

@@ -100,6 +100,7 @@ STATUS: dict[str, Any] = {
     "host": {"kind": "host", "name": None, "total_bytes": 16, "used_bytes": 4, "free_bytes": 12,
              "temperature_c": None, "utilization_pct": None, "reserved_loading_bytes": 0,
              "warm_bytes": 0, "index": 0},
+    "storage_id": "5f0e", "missing_files": ["org/qwen:Q4_K_M"],
 }
 
 
@@ -108,6 +109,7 @@ def test_engine_status_round_trips_byte_for_byte() -> None:
     assert orjson.dumps(status.to_json()) == orjson.dumps(STATUS)
     assert status.models[0].memory.measured_bytes == 3
     assert status.scheduler.recent_swaps[0].unloaded == "a"
+    assert status.missing_files == ("org/qwen:Q4_K_M",)
     assert status.model("b") is status.models[0] and status.model("z") is None
     placement = status.models[0].placement
     assert placement is not None and placement.devices == (0, 1) and placement.host_bytes == 1
@@ -117,11 +119,13 @@ def test_engine_status_round_trips_byte_for_byte() -> None:
 
 def test_engine_status_from_an_engine_without_devices() -> None:
     """An engine that reports no device split (older, or one device) decodes leniently."""
-    old = {k: v for k, v in STATUS.items() if k not in ("devices", "host")}
+    old = {k: v for k, v in STATUS.items()
+           if k not in ("devices", "host", "storage_id", "missing_files")}
     old["models"] = [{k: v for k, v in STATUS["models"][0].items() if k != "placement"}]
     old["device"] = {k: v for k, v in STATUS["device"].items() if k != "index"}
     status = EngineStatus.from_json(old)
     assert status.devices == () and status.host is None
+    assert status.storage_id is None and status.missing_files == ()  # it has every file
     assert status.models[0].placement is None and status.device.index == 0
     # the keys it had keep their values and order; the new ones come after
     again = status.to_json()

@@ -135,6 +135,7 @@ def serve(
             raise typer.Exit(2)
         from modelyard.engine.app import create_engine_app
         from modelyard.engine.loop import Engine
+        from modelyard.engine.pushed_catalog import catalog_pushed
         from modelyard.store.registry import ModelRegistry
         from modelyard.wire.lease import SECRET_ENV
 
@@ -148,7 +149,9 @@ def serve(
             )
             raise typer.Exit(2)
         _setup_logging(settings, None, log_level, f"engine-{engine_index}")
-        engine = Engine(settings, ModelRegistry.build(settings), index=engine_index)
+        # A cluster's engine never opens the front's database: the front pushes its catalog.
+        registry = ModelRegistry.build(settings, database=not catalog_pushed(settings))
+        engine = Engine(settings, registry, index=engine_index)
         engine_app = create_engine_app(engine, secret=secret, watch_parent=True)
         serving.run(engine_app, host=settings.node_address, port=internal_port,
                     keep_alive_s=serving.ENGINE_SERVER_KEEPALIVE_S,

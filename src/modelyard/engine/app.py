@@ -6,7 +6,8 @@ only by the front.
     GET    /diag                        the device this engine owns
     POST   /models/{id}/load            load a model (evicting if needed) and keep it per keep-alive
     POST   /models/{id}/unload          unload a model once its requests in flight are done
-    POST   /rescan                      re-read the catalog (after a pull or an import)
+    POST   /rescan                      take the front's catalog (wire/catalog.py: the body), or
+                                        (empty body, a local engine) re-read it
     POST   /reload                      take up a new configuration (the front's, as JSON)
     GET    /logs?model=&after=&limit=   a model's backend log: {"lines": […], "next_after": seq}
     GET    /logs/stream?model=&after=   the same, followed: one JSON batch per line (NDJSON), an
@@ -56,6 +57,7 @@ from modelyard.errors import (
     Unauthorized,
     UnsupportedMediaType,
 )
+from modelyard.wire.catalog import CatalogSnapshot
 from modelyard.wire.logs import MAX_LIMIT
 
 
@@ -131,9 +133,15 @@ def create_engine_app(
         return JSONResponse({"model": lease.model, "status": "loaded",
                              "load_duration_ns": lease.load_duration_ns})
 
-    async def rescan(_: Request) -> Response:
-        await engine.rescan()
-        return JSONResponse({"models": len(engine.registry.entries())})
+    async def rescan(request: Request) -> Response:
+        body = await request.body()
+        try:
+            snapshot = CatalogSnapshot.from_json(orjson.loads(body)) if body else None
+            await engine.rescan(snapshot)
+        except (orjson.JSONDecodeError, ValueError) as exc:  # BadCatalog, a bad entry
+            return _error(InvalidRequest(f"rescan: not a catalog: {exc}"))
+        return JSONResponse({"models": len(engine.registry.entries()),
+                             "missing_files": list(engine.catalog.missing)})
 
     async def reload(request: Request) -> Response:
         try:

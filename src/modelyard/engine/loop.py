@@ -40,12 +40,14 @@ from modelyard.engine.backends.base import Backend, make_backend
 from modelyard.engine.backends.openai_server import ChildServer
 from modelyard.engine.device_group import DeviceGroup, make_device
 from modelyard.engine.ledger import Device, HostDevice, host_memory, wait_for_recovery
+from modelyard.engine.pushed_catalog import PushedCatalog, catalog_pushed
 from modelyard.engine.read_ahead import Fadvise, read_ahead
 from modelyard.engine.speculative import TRANSFORMERS_OFF, DraftCounts
 from modelyard.engine.warm_tier import Warmable, WarmEntry, WarmTier, fingerprint
 from modelyard.errors import (
     EngineCooling,
     InsufficientMemory,
+    ModelFilesMissing,
     ModelLoadFailed,
     ModelNotFound,
     ModelyardError,
@@ -63,6 +65,7 @@ from modelyard.store.draft import with_draft_path
 from modelyard.store.estimate import MemoryEstimate, estimate_model, serving_bytes
 from modelyard.store.registry import Entry, ModelRegistry, served_name
 from modelyard.types import Lease
+from modelyard.wire.catalog import CatalogSnapshot
 from modelyard.wire.status import (
     DeviceStatus,
     EngineStatus,
@@ -170,6 +173,8 @@ class Engine:
         self.started_at = time.time()
         self._reaper: asyncio.Task[None] | None = None
         self._drafts: dict[str, DraftCounts] = {}  # speculative decoding, by model id
+        # What the front pushed of its catalog (engine/pushed_catalog.py).
+        self.catalog = PushedCatalog(catalog_pushed(settings, env))
 
     # ---- leases ---------------------------------------------------------------------------
 
@@ -201,12 +206,25 @@ class Engine:
         """The entry for `name`; a name it does not know yet (just pulled, imported) makes it
         re-read the catalog once."""
         entry = self.registry.get(name)
-        if entry is None:
+        if entry is None and not self.catalog.pushed_only:
             await self.rescan()
-        return self.registry.resolve(name)
+        entry = self.registry.resolve(name)
+        if self.catalog.missing and entry.path is not None and not entry.path.exists():
+            raise ModelFilesMissing(
+                f"the files of '{entry.name}' are not on this node ({entry.path}): it does not "
+                "share the front's models_dir (same storage id at the same path)", model=name)
+        return entry
 
-    async def rescan(self) -> None:
-        self.registry = await asyncio.to_thread(ModelRegistry.build, self.settings)
+    async def rescan(self, snapshot: CatalogSnapshot | None = None) -> None:
+        """Take the catalog the front pushed; without one, rebuild it here (a local engine
+        only: one whose catalog is pushed only keeps the last one). ValueError: a snapshot whose
+        entries this version cannot read."""
+        if snapshot is not None:
+            registry = await asyncio.to_thread(self.catalog.accept, snapshot, self.settings)
+            if registry is not None:
+                self.registry = registry
+        elif not self.catalog.pushed_only:
+            self.registry = await asyncio.to_thread(ModelRegistry.build, self.settings)
 
     def _say(self, rt: _Runtime, text: str) -> None:
         for listener in list(rt.listeners):
@@ -632,7 +650,7 @@ class Engine:
         its requests in flight are done, and the next request loads the new spec; the others
         keep running. Settings that need a restart keep their running values."""
         settings = keep_running(settings, self.settings)
-        registry = await asyncio.to_thread(ModelRegistry.build, settings)
+        registry = await asyncio.to_thread(self.catalog.build, settings)
         running = list(self._models)  # context variants among them are compared too
         diff = diff_specs(spec_views(self.registry, self.settings, running),
                           spec_views(registry, settings, running))
@@ -1030,6 +1048,8 @@ class Engine:
             models=self.model_statuses(),
             devices=self._device_statuses(),
             host=self._host_status(),
+            storage_id=self.catalog.storage_id,
+            missing_files=self.catalog.missing,
         )
 
     def _device_statuses(self) -> tuple[DeviceStatus, ...]:

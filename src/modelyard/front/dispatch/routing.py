@@ -1,8 +1,9 @@
 """Which engine serves a request (DESIGN.md §1): pure, so it is tested as a table.
 
-Order: the model's pinned engine; an engine where it is already resident (no reload); the
-default engine; the least-loaded compatible engine (fewest evictions needed, then one without a
-sibling copy of the model, then least queued).
+Order: the model's pinned engine; an engine where it is already resident (no reload); then,
+among the engines that hold the model's files if any does (a node without the front's shared
+storage must pull them first), the default engine; the least-loaded compatible engine (fewest
+evictions needed, then one without a sibling copy of the model, then least queued).
 Engines that are down or cannot run the model's format are never chosen.
 """
 
@@ -27,6 +28,7 @@ class EngineView:
     resident: frozenset[str] = field(default_factory=frozenset)
     evictions_needed: int = 0
     queued: int = 0
+    has_files: bool = True  # its node sees the model's files (EngineStatus.missing_files)
 
 
 def pick_engine(
@@ -49,7 +51,10 @@ def pick_engine(
     resident = [e for e in usable if model in e.resident]
     if resident:
         return min(resident, key=lambda e: e.queued).name
-    if default is not None and default in by_name and default not in avoid:
+    with_files = [e for e in usable if e.has_files]
+    if with_files:
+        usable = with_files
+    if default is not None and any(e.name == default for e in usable) and default not in avoid:
         return default
     return min(usable, key=lambda e: (e.evictions_needed, e.name in avoid, e.queued)).name
 
@@ -74,5 +79,6 @@ def view_from_status(
     else:
         evictions = 0
     return EngineView(
-        name, compatible=compatible, resident=resident, evictions_needed=evictions, queued=queued
+        name, compatible=compatible, resident=resident, evictions_needed=evictions, queued=queued,
+        has_files=want.model not in status.missing_files,
     )

@@ -29,9 +29,11 @@ from pydantic import BaseModel
 
 from modelyard.errors import EngineUnavailable, ModelyardError, from_native_body
 from modelyard.front.dispatch.drain import Abortable
+from modelyard.front.engines.catalog_feed import CatalogFeed
 from modelyard.front.engines.lease_client import LeaseClient
 from modelyard.serving import ENGINE_CLIENT_KEEPALIVE_S
 from modelyard.types import Lease
+from modelyard.wire.catalog import CatalogSnapshot
 from modelyard.wire.engines import EngineClient, SlotAction
 from modelyard.wire.logs import LogLine, LogSource
 
@@ -46,10 +48,12 @@ log = logging.getLogger("modelyard.front.engines.client")
 class HttpEngineClient:
     """An engine process on a loopback port, usually started by the front's supervisor."""
 
-    def __init__(self, name: str, index: int = 0, *, process_log: LogSource | None = None
-                 ) -> None:
+    def __init__(self, name: str, index: int = 0, *, process_log: LogSource | None = None,
+                 catalog: CatalogFeed | None = None) -> None:
         self.name = name
         self.index = index
+        # The front's catalog, pushed to the engine each time it attaches (before it is up).
+        self.catalog = catalog
         # The engine process's own output, read by whoever started it (its provider), so that
         # it can be read while the engine is down; None: the engine has no such log here.
         self.process_log = process_log
@@ -99,15 +103,30 @@ class HttpEngineClient:
             heartbeat_timeout_s=heartbeat_timeout_s, name=self.name,
         )
         leases.on_silent = self._fell_silent
-        self._leases = leases
         # No overall timeout: a lease waits for a model load, which may take minutes; the
         # engine bounds that wait itself.
-        self._session = aiohttp.ClientSession(
+        session = aiohttp.ClientSession(
             base_url=base_url,
             headers={"Authorization": f"Bearer {secret}"},
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=ENGINE_CLIENT_KEEPALIVE_S),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
         )
+        # The catalog first, while it is not up yet: no request reaches it with an older one.
+        await self._push_catalog(session)
+        self._leases, self._session = leases, session
+
+    async def _push_catalog(self, session: aiohttp.ClientSession) -> None:
+        snapshot = self.catalog.current if self.catalog is not None else None
+        if snapshot is None:
+            return  # the front's catalog is not made yet: it pushes it once it is
+        try:
+            async with session.post("/rescan", data=orjson.dumps(snapshot.to_json()),
+                                    headers={"Content-Type": "application/json"}) as response:
+                if response.status >= 400:
+                    raise ModelyardError(f"{response.status}: {(await response.read())[:200]!r}")
+        except (aiohttp.ClientError, TimeoutError, ModelyardError) as exc:
+            # It serves what it read itself (a local engine) until the next push; the log says.
+            log.error("%s did not take the front's catalog: %s", self.name, exc)
 
     def watch(self, relay: Abortable) -> Callable[[], None]:
         self._relays.add(relay)
@@ -195,8 +214,8 @@ class HttpEngineClient:
     async def unload(self, model: str) -> dict[str, Any]:
         return dict(await self._call("POST", f"/models/{quote(model, safe='')}/unload"))
 
-    async def rescan(self) -> None:
-        await self._call("POST", "/rescan")
+    async def rescan(self, catalog: CatalogSnapshot | None = None) -> None:
+        await self._call("POST", "/rescan", catalog.to_json() if catalog is not None else None)
 
     async def reload(self, settings: BaseModel) -> dict[str, Any]:
         return dict(await self._call("POST", "/reload", settings.model_dump(mode="json")))

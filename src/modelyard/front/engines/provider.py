@@ -24,6 +24,7 @@ from pydantic import BaseModel
 from modelyard.config import Settings
 from modelyard.errors import InvalidRequest
 from modelyard.front.dispatch.drain import Abortable
+from modelyard.front.engines.catalog_feed import CatalogFeed
 from modelyard.front.engines.client import EngineClient, HttpEngineClient
 from modelyard.front.engines.supervisor import (
     EnginePlan,
@@ -38,6 +39,7 @@ from modelyard.proc.logfile import FileLog
 from modelyard.proc.process import ChildProcess
 from modelyard.store.registry import ModelRegistry
 from modelyard.types import Lease
+from modelyard.wire.catalog import CatalogSnapshot
 from modelyard.wire.engines import EngineSet, SlotAction
 from modelyard.wire.logs import LogLine
 from modelyard.wire.status import EngineStatus
@@ -127,8 +129,8 @@ class LocalEngineClient:
         unloaded = await self.engine.unload(model)
         return {"model": model, "status": "unloaded" if unloaded else "not_loaded"}
 
-    async def rescan(self) -> None:
-        await self.engine.rescan()
+    async def rescan(self, catalog: CatalogSnapshot | None = None) -> None:
+        await self.engine.rescan(catalog)
 
     async def reload(self, settings: BaseModel) -> dict[str, Any]:
         assert isinstance(settings, Settings)
@@ -250,10 +252,11 @@ class LocalEngines(_Published):
     """One supervised engine process per GPU (front/engines/supervisor.py), on this machine."""
 
     def __init__(self, settings: Settings, *, config_file: Path | None = None,
-                 gpu_count: int | None = None) -> None:
+                 gpu_count: int | None = None, catalog: CatalogFeed | None = None) -> None:
         super().__init__(count_gpus(settings) if gpu_count is None else gpu_count)
         self.settings = settings
         self.config_file = config_file
+        self.catalog = catalog  # what its clients push to their engine on each attach
         self._supervisors: dict[str, EngineSupervisor] = {}
         self._clients: dict[str, HttpEngineClient] = {}  # their clients, in the same order
 
@@ -269,6 +272,7 @@ class LocalEngines(_Published):
         client = HttpEngineClient(
             name, plan.index,
             process_log=FileLog(engine_log_path(self.settings, name), name),
+            catalog=self.catalog,
         )
         supervisor = EngineSupervisor(self.settings, plan, client, config_file=self.config_file,
                                       on_change=self._publish)

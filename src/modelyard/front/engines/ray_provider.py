@@ -33,6 +33,7 @@ from typing import Any
 
 from modelyard.config import Settings
 from modelyard.errors import EngineProtocolMismatch, NodeNotFound
+from modelyard.front.engines.catalog_feed import CatalogFeed
 from modelyard.front.engines.client import HttpEngineClient
 from modelyard.front.engines.provider import _Published
 from modelyard.wire.cluster import (
@@ -72,9 +73,10 @@ class _Node:
 class RayProvider(_Published):
     """Engines on every node of the Ray cluster (see the module's docstring)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, catalog: CatalogFeed | None = None) -> None:
         super().__init__(0)
         self.settings = settings
+        self.catalog = catalog  # pushed to each engine when it attaches (nodes have no database)
         self.token_file = default_token_file(settings)
         self._secret = ""
         self._nodes: dict[str, _Node] = {}
@@ -273,7 +275,8 @@ class RayProvider(_Published):
             if client is None:
                 name = engine_name(node.host, endpoint.index)
                 index = self._indexes.setdefault(name, len(self._indexes))
-                client = node.clients[endpoint.index] = HttpEngineClient(name, index)
+                client = node.clients[endpoint.index] = HttpEngineClient(
+                    name, index, catalog=self.catalog)
                 changed = True
             changed |= await self._attach(node, client, endpoint)
         for index in [i for i in node.clients if i not in seen]:

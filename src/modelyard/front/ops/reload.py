@@ -106,6 +106,7 @@ class ConfigReloader:
                 del dispatch.upstreams[key]  # no early send to a server about to stop
             engines = await asyncio.gather(*(_reload_engine(e, settings)
                                              for e in dispatch.engines))
+            await catalog.push()  # the new catalog: engines never build it from our database
             return {"status": "reloaded", **diff.to_json(),
                     "restart_required": restart_required(self._started, fresh),
                     "engines": engines}
