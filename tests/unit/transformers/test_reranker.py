@@ -66,7 +66,8 @@ async def test_an_engine_serves_the_cross_encoder_at_v1_rerank(repo: Path, tmp_p
     engine = Engine(settings, ModelRegistry.build(settings))
     try:
         lease = await engine.acquire("ce")
-        async with httpx.AsyncClient(base_url=lease.upstream, timeout=60) as client:
+        async with httpx.AsyncClient(base_url=lease.upstream, timeout=60, headers={
+                "Authorization": f"Bearer {lease.api_key}"}) as client:  # as the front sends
             r = await client.post("/v1/rerank", json={"query": QUERY, "documents": DOCS})
             assert r.status_code == 200, r.text
             body = r.json()

@@ -15,6 +15,7 @@ from modelyard.config import Settings, TransformersModel
 from modelyard.engine.backends.transformers import backend as tf_backend
 from modelyard.engine.loop import Engine
 from modelyard.store.registry import ModelRegistry
+from modelyard.types import Lease
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -49,10 +50,11 @@ def engine_for(repo: Path, home: Path, **settings: Any) -> Engine:
     return Engine(config, ModelRegistry.build(config))
 
 
-async def complete(upstream: str) -> str:
+async def complete(lease: Lease) -> str:
     body = {"model": "t", "prompt": "the quick brown fox", "max_tokens": 6, "temperature": 0}
-    async with httpx.AsyncClient(timeout=30) as client:
-        r = await client.post(upstream + "/v1/completions", json=body)
+    async with httpx.AsyncClient(timeout=30) as client:  # with the load's key, as the front
+        r = await client.post(lease.upstream + "/v1/completions", json=body,
+                              headers={"Authorization": f"Bearer {lease.api_key}"})
     assert r.status_code == 200, r.text
     return str(r.json()["choices"][0]["text"])
 
@@ -63,7 +65,7 @@ async def test_an_unloaded_model_comes_back_from_the_warm_tier_unread(
     engine = engine_for(repo, tmp_path)
     try:
         lease = await engine.acquire("t")
-        before = await complete(lease.upstream)
+        before = await complete(lease)
         engine.release(lease.id)
         assert await engine.unload("t")
         status = engine.status()
@@ -73,7 +75,7 @@ async def test_an_unloaded_model_comes_back_from_the_warm_tier_unread(
 
         lease = await engine.acquire("t")
         assert reads == ["t"]  # loaded once: the second load took the warm module
-        assert await complete(lease.upstream) == before  # the same weights answer the same
+        assert await complete(lease) == before  # the same weights answer the same
         assert engine.status().scheduler.count("warm_loads") == 1
         assert engine.status().device.warm_bytes == 0
         engine.release(lease.id)
