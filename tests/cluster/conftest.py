@@ -2,10 +2,26 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
 from tests.cluster.harness import RayTestCluster
+
+# The tier's share of `make test` (~4 min here): past it, every further cluster test fails, so a
+# slow-down shows as a failure to look at, not as a suite that quietly grows.
+TIER_BUDGET_S = 480.0
+_tier_started: list[float] = []
+
+
+@pytest.fixture(autouse=True)
+def _within_the_tier_budget() -> None:
+    if not _tier_started:
+        _tier_started.append(time.monotonic())
+    spent = time.monotonic() - _tier_started[0]
+    if spent > TIER_BUDGET_S:
+        pytest.fail(f"the cluster tier is over its budget: {spent:.0f} s > {TIER_BUDGET_S:.0f} s "
+                    "(tests/cluster/conftest.py TIER_BUDGET_S)")
 
 
 @pytest.fixture(scope="module")
