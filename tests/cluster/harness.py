@@ -16,6 +16,7 @@ the driver, the cluster (its raylets take the agents and, through them, engines 
 from __future__ import annotations
 
 import contextlib
+import os
 import secrets
 import time
 from pathlib import Path
@@ -109,7 +110,15 @@ class RayTestCluster:
 
     def front(self, *models: dict[str, Any], name: str = "front", **settings: Any) -> Server:
         """`modelyard serve` as this cluster's front (a Ray driver at the head's address)."""
-        server = Server(self.base / name, self.front_config(*models, **settings))
+        # As a user starts it: with only its config's token_file, none of Ray's RAY_AUTH_*
+        # variables (the provider sets them before Ray is imported: a front that did not was
+        # refused by a head with token auth).
+        saved = {k: os.environ.pop(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")
+                 if k in os.environ}
+        try:
+            server = Server(self.base / name, self.front_config(*models, **settings))
+        finally:
+            os.environ.update(saved)
         self.fronts.append(server)
         try:
             server.wait_healthy(120)

@@ -147,11 +147,12 @@ class RayProvider(_Published):
     # ---- Ray ------------------------------------------------------------------------------------
 
     def _connect(self) -> None:
-        import ray
-
-        # Ray's own token authentication reads the same file (docs/cluster.md).
+        # Ray's own token authentication reads the same file (docs/cluster.md). Set before Ray
+        # is first imported: it reads them once per process (a front started without them was
+        # refused by a head with token auth: "RAY_AUTH_MODE is currently 'disabled'").
         os.environ.setdefault("RAY_AUTH_MODE", "token")
         os.environ.setdefault("RAY_AUTH_TOKEN_PATH", str(self.token_file))
+        import ray
         node_ip = self.settings.node_address
         ray.init(
             address=self.settings.cluster.ray_address or "auto",
