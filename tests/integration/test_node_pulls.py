@@ -12,6 +12,7 @@ a hub still answers 503 model_files_missing.
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 from tests.fakes.hub_repos import HubServer
-from tests.integration.harness import config, status
+from tests.integration.harness import HELLO, config, status
 from tests.integration.pull_support import (
     demo_repo,
     hub_env,
@@ -58,7 +59,8 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     front_hf, node_hf = base / "front-hf", base / "node-hf"
     engine_env = {"HF_HOME": str(node_hf), TOKEN_FILE_ENV: str(base / "no-token-needed-here")}
     nofile = {"id": "nofile", "backend": "llamacpp", "path": str(base / "elsewhere.gguf")}
-    cfg = config(nofile, default_ctx_size=2048, engine_specs={0: {"env": engine_env}})
+    cfg = config(nofile, default_ctx_size=2048, engine_specs={0: {"env": engine_env}},
+                 notify_model_swap=True)
     with HubServer(root, log=base / "hub.jsonl") as hub, \
             running_server(base / "home", cfg, hub_env(hub, front_hf)) as server:
         yield {"server": server, "hub": hub, "front_hf": front_hf, "node_hf": node_hf,
@@ -76,6 +78,26 @@ def _push(server: Server, name: str) -> None:
     assert r.is_success, r.text
 
 
+def _streamed_chat(server: Server, model: str) -> tuple[list[str], str]:
+    """(the swap progress lines, the answer) of a streamed OpenAI chat."""
+    body = {"model": model, "messages": HELLO, "max_tokens": 12, "temperature": 0,
+            "stream": True}
+    progress: list[str] = []
+    answer = ""
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body,
+                      headers=server.admin_headers, timeout=120) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line.removeprefix("data: "))
+            assert "error" not in chunk, chunk
+            for choice in chunk["choices"]:
+                progress += (choice["delta"].get("reasoning_content") or "").splitlines()
+                answer += choice["delta"].get("content") or ""
+    return progress, answer
+
+
 def test_a_node_that_lacks_a_pulled_model_pulls_it_then_answers(node: dict[str, Any]) -> None:
     server: Server = node["server"]
     hub: HubServer = node["hub"]
@@ -89,9 +111,10 @@ def test_a_node_that_lacks_a_pulled_model_pulls_it_then_answers(node: dict[str, 
     assert MODEL in _missing(server)
     assert not repo_cache(node["node_hf"], REPO).exists()
 
-    r = chat(server, MODEL)
-    assert r.status_code == 200, r.text
-    assert r.json()["choices"][0]["message"]["content"].strip()
+    progress, answer = _streamed_chat(server, MODEL)
+    assert answer.strip()
+    assert f"pulling {MODEL} to this node" in progress, progress
+    assert f"pulling {MODEL} to this node: 100%" in progress, progress
     pulled = snapshot_files(node["node_hf"], REPO)
     assert set(pulled) == {FILE}  # in the node's own HF_HOME
     assert _sha256(pulled[FILE]) == _sha256(node["demo"])
