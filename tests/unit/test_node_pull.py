@@ -3,14 +3,16 @@ one to another path serves it from there, across later pushes (engine/node_pull.
 
 from __future__ import annotations
 
+import asyncio
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from modelyard.config import LlamaCppModel, Preset, Settings
 from modelyard.engine.loop import Engine
-from modelyard.engine.node_pull import LocalCopy, pull_argv, served_locally
+from modelyard.engine.node_pull import LocalCopy, pull_argv, pull_here, served_locally
 from modelyard.engine.pushed_catalog import PushedCatalog
 from modelyard.errors import ModelPullFailed, from_native_body
 from modelyard.store.registry import Entry, ModelRegistry, entry_from_json, entry_to_json
@@ -133,3 +135,31 @@ async def test_a_failed_pull_is_a_load_failure_with_the_pull_s_code(tmp_path: Pa
         await engine.acquire("org/smol-gguf:q4_1")  # the cooldown answers: no second pull
     assert again.value.message.startswith(first.value.message)
     assert engine.status().missing_files == ("org/smol-gguf:q4_1",)
+
+
+@pytest.mark.integration
+async def test_a_pull_that_says_nothing_is_stopped_as_stalled(tmp_path: Path) -> None:
+    """A hub that accepts the connection and never answers: the pull child is silent, and
+    after `stall_s` the pull is stopped and the load told why."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)  # never answered, closed at the end
+
+    hub = await asyncio.start_server(hold, "127.0.0.1", 0)
+    port = hub.sockets[0].getsockname()[1]
+    env = {"HF_ENDPOINT": f"http://127.0.0.1:{port}", "HF_HOME": str(tmp_path / "node-hf"),
+           "MODELYARD_PULL_ATTEMPTS": "1", "PATH": "/usr/bin:/bin"}
+    heard: list[str] = []
+    started = time.monotonic()
+    try:
+        with pytest.raises(ModelPullFailed, match="stalled: nothing from the pull for 2 s"):
+            await pull_here(_pulled(tmp_path / "front.gguf"), _settings(tmp_path), env,
+                            heard.append, stall_s=2.0)
+    finally:
+        for writer in held:
+            writer.close()
+        hub.close()
+        await hub.wait_closed()
+    assert time.monotonic() - started < 15  # not the child's own (longer) HTTP timeout
+    assert heard == ["pulling org/smol-gguf:q4_1 to this node"]
