@@ -79,7 +79,8 @@ def test_a_node_s_copy_is_served_from_its_path_across_later_pushes(tmp_path: Pat
 
     entry = registry.entries()[0]
     assert entry.hub is not None
-    registry = catalog.adopt(entry.hub, LocalCopy(mine), registry, settings.models_dir)
+    registry = catalog.adopt(entry.hub, LocalCopy(mine), registry)
+    catalog.refresh(registry, settings.models_dir)
     assert _path(registry) == mine
     assert not catalog.missing
 

@@ -873,9 +873,9 @@ class Engine:
             if copy is None or not await asyncio.to_thread(copy.path.exists):
                 copy = await pull_here(rt.entry, self.settings, self.env,
                                        lambda text: self._say(rt, text))
-            self.registry = await asyncio.to_thread(
-                self.catalog.adopt, hub, copy, self.registry, self.settings.models_dir)
-        rt.entry = served_locally(rt.entry, self.catalog.copies)
+            self.registry = self.catalog.adopt(hub, copy, self.registry)
+            rt.entry = served_locally(rt.entry, self.catalog.copies)
+            await asyncio.to_thread(self.catalog.refresh, self.registry, self.settings.models_dir)
 
     def _spawned(self, rt: _Runtime, pid: int) -> None:
         rt.pid = pid

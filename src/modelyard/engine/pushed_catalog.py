@@ -67,14 +67,11 @@ class PushedCatalog:
         self.refresh(registry, settings.models_dir)
         return registry
 
-    def adopt(self, hub: Hub, copy: LocalCopy, registry: ModelRegistry,
-              models_dir: Path) -> ModelRegistry:
-        """`registry` serving the model pulled to `copy` from there (and every later push).
-        Blocking (files are checked)."""
+    def adopt(self, hub: Hub, copy: LocalCopy, registry: ModelRegistry) -> ModelRegistry:
+        """`registry` serving the model pulled to `copy` from there, as every later push will.
+        No I/O: the loop applies it at once, so no push lands between (then `refresh`)."""
         self.copies[hub] = copy
-        registry = with_local_copies(registry, self.copies)
-        self.refresh(registry, models_dir)
-        return registry
+        return with_local_copies(registry, self.copies)
 
     def refresh(self, registry: ModelRegistry, models_dir: Path) -> None:
         """Look at the disk again (after a pull on this node)."""
