@@ -25,6 +25,7 @@
     ├── MethodNotAllowed            405 method_not_allowed
     ├── BackendUnavailable          503 backend_unavailable  (e.g. no llama-server binary)
     ├── ModelLoadFailed             503 model_load_failed    (carries the child's last log lines)
+    │   └── ModelPullFailed         503 model_pull_failed    (pulling it onto the engine's node)
     ├── EngineUnavailable           503 engine_unavailable   (with Retry-After)
     ├── InsufficientMemory          503 insufficient_memory  (no eviction can make room; why)
     ├── EngineCooling               503 engine_cooling       (thermal pause outlasted the wait)
@@ -275,6 +276,13 @@ class ModelLoadFailed(ModelyardError):
     code = "model_load_failed"
 
 
+class ModelPullFailed(ModelLoadFailed):
+    """Pulling a model's files onto the engine's node failed (engine/node_pull.py): the pull's
+    code and message. A load failure: the model cools down before the next try."""
+
+    code = "model_pull_failed"
+
+
 class ModelFilesMissing(ModelyardError):
     """The engine's node does not have the model's files (no shared storage with the front,
     and not pulled there): the front routes to engines that have them first."""
@@ -346,6 +354,7 @@ _BY_CODE: dict[str, type[ModelyardError]] = {
         MethodNotAllowed,
         BackendUnavailable,
         ModelLoadFailed,
+        ModelPullFailed,
         ModelFilesMissing,
         EngineUnavailable,
         InsufficientMemory,

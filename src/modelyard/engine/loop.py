@@ -40,6 +40,7 @@ from modelyard.engine.backends.base import Backend, make_backend
 from modelyard.engine.backends.openai_server import ChildServer
 from modelyard.engine.device_group import DeviceGroup, make_device
 from modelyard.engine.ledger import Device, HostDevice, host_memory, wait_for_recovery
+from modelyard.engine.node_pull import Hub, pull_here, served_locally
 from modelyard.engine.pushed_catalog import PushedCatalog, catalog_pushed
 from modelyard.engine.read_ahead import Fadvise, read_ahead
 from modelyard.engine.speculative import TRANSFORMERS_OFF, DraftCounts
@@ -175,6 +176,7 @@ class Engine:
         self._drafts: dict[str, DraftCounts] = {}  # speculative decoding, by model id
         # What the front pushed of its catalog (engine/pushed_catalog.py).
         self.catalog = PushedCatalog(catalog_pushed(settings, env))
+        self._pulls: dict[Hub, asyncio.Lock] = {}  # pulls onto this node, one per model
 
     # ---- leases ---------------------------------------------------------------------------
 
@@ -209,7 +211,8 @@ class Engine:
         if entry is None and not self.catalog.pushed_only:
             await self.rescan()
         entry = self.registry.resolve(name)
-        if self.catalog.missing and entry.path is not None and not entry.path.exists():
+        if (self.catalog.missing and entry.path is not None and entry.hub is None
+                and not entry.path.exists()):  # a pulled one is pulled here (`_pull_here`)
             raise ModelFilesMissing(
                 f"the files of '{entry.name}' are not on this node ({entry.path}): it does not "
                 "share the front's models_dir (same storage id at the same path)", model=name)
@@ -224,7 +227,7 @@ class Engine:
             if registry is not None:
                 self.registry = registry
         elif not self.catalog.pushed_only:
-            self.registry = await asyncio.to_thread(ModelRegistry.build, self.settings)
+            self.registry = await asyncio.to_thread(self.catalog.build, self.settings)
 
     def _say(self, rt: _Runtime, text: str) -> None:
         for listener in list(rt.listeners):
@@ -783,6 +786,9 @@ class Engine:
     async def _load(self, rt: _Runtime) -> None:
         started = self.clock()
         try:
+            if rt.entry.hub is not None and rt.entry.path is not None and not (
+                    await asyncio.to_thread(rt.entry.path.exists)):
+                await self._pull_here(rt)  # this node lacks the front's file (node_pull.py)
             # A draft is resolved (and a wrong one refused) before anything is evicted for it;
             # its memory then counts with this model's (store/draft.py, store/estimate.py).
             spec = self._paired(rt)
@@ -856,6 +862,20 @@ class Engine:
             self._spawn(self._watch_exit(rt, server), f"watch:{spec.id}")
         if rt.entry.id in self._drafts:
             self._drafts[rt.entry.id].new_server()
+
+    async def _pull_here(self, rt: _Runtime) -> None:
+        """Pull the model's files onto this node, one pull per hub origin at a time (a context
+        variant, a copy and a preset of one model share it), then serve it from there."""
+        hub = rt.entry.hub
+        assert hub is not None
+        async with self._pulls.setdefault(hub, asyncio.Lock()):
+            copy = self.catalog.copies.get(hub)
+            if copy is None or not await asyncio.to_thread(copy.path.exists):
+                copy = await pull_here(rt.entry, self.settings, self.env,
+                                       lambda text: self._say(rt, text))
+            self.registry = self.catalog.adopt(hub, copy, self.registry)
+            rt.entry = served_locally(rt.entry, self.catalog.copies)
+            await asyncio.to_thread(self.catalog.refresh, self.registry, self.settings.models_dir)
 
     def _spawned(self, rt: _Runtime, pid: int) -> None:
         rt.pid = pid

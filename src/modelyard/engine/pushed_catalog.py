@@ -6,7 +6,9 @@ there. A local engine (same home as its front) still builds its first catalog it
 included, so that it serves at once; the front's push then replaces it.
 
 It also tells the front which of the catalog's files it cannot see (store/storage_id.py): the
-front routes a model to engines that hold its files first (front/dispatch/routing.py).
+front routes a model to engines that hold its files first (front/dispatch/routing.py). A pulled
+model this node lacks is pulled here on its first load (engine/node_pull.py); where that copy
+lies elsewhere than the front's, every later push of the same ref and revision is served from it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from modelyard.config import Settings
+from modelyard.engine.node_pull import Hub, LocalCopy, with_local_copies
 from modelyard.store.registry import ModelRegistry, stored_of
 from modelyard.store.storage_id import read_storage_id
 from modelyard.wire.catalog import CatalogSnapshot
@@ -48,6 +51,9 @@ class PushedCatalog:
         self.snapshot: CatalogSnapshot | None = None
         self.storage_id: str | None = None  # the id this node reads in its models_dir
         self.missing: tuple[str, ...] = ()
+        # This node's own copies of pulled models (by ref, revision, quantize), where they lie
+        # elsewhere than the path the front pushes: they outlive every later push.
+        self.copies: dict[Hub, LocalCopy] = {}
 
     def accept(self, snapshot: CatalogSnapshot, settings: Settings) -> ModelRegistry | None:
         """The registry `snapshot` describes, None for one older than the last (two pushes
@@ -57,8 +63,15 @@ class PushedCatalog:
         if self.snapshot is not None and snapshot.version < self.snapshot.version:
             return None
         self.snapshot = snapshot
+        registry = with_local_copies(registry, self.copies)
         self.refresh(registry, settings.models_dir)
         return registry
+
+    def adopt(self, hub: Hub, copy: LocalCopy, registry: ModelRegistry) -> ModelRegistry:
+        """`registry` serving the model pulled to `copy` from there, as every later push will.
+        No I/O: the loop applies it at once, so no push lands between (then `refresh`)."""
+        self.copies[hub] = copy
+        return with_local_copies(registry, self.copies)
 
     def refresh(self, registry: ModelRegistry, models_dir: Path) -> None:
         """Look at the disk again (after a pull on this node)."""
@@ -69,8 +82,9 @@ class PushedCatalog:
         """The catalog for `settings` (a start, a reload): with the database unless the catalog
         is pushed only, then with the last snapshot's database part. Blocking."""
         if not self.pushed_only:
-            return ModelRegistry.build(settings)
+            return with_local_copies(ModelRegistry.build(settings), self.copies)
         stored = stored_of(self.snapshot) if self.snapshot is not None else None
-        registry = ModelRegistry.build(settings, database=False, stored=stored)
+        registry = with_local_copies(ModelRegistry.build(settings, database=False, stored=stored),
+                                     self.copies)
         self.refresh(registry, settings.models_dir)
         return registry

@@ -8,7 +8,7 @@ alias, then case-insensitively, and an Ollama-style `:latest` tag is ignored, so
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, cast, get_args
@@ -58,6 +58,16 @@ class Entry:
     source: Source
     preset: Preset | None = None
     template: str | None = None  # an Ollama TEMPLATE given to /api/create, shown by /api/show
+    # Where a pulled model came from (its `models` row): a node that lacks the file pulls it
+    # there from the same hub reference (engine/node_pull.py). None for every other source.
+    ref: str | None = None  # canonical hub reference, as the pull job wrote it
+    revision: str | None = None  # the commit the front pulled
+    quantize: str | None = None  # the pull's --quantize
+
+    @property
+    def hub(self) -> tuple[str, str | None, str | None] | None:
+        """(ref, revision, quantize) of a pulled model, None for one that cannot be pulled."""
+        return None if self.ref is None else (self.ref, self.revision, self.quantize)
 
     @property
     def id(self) -> str:
@@ -241,7 +251,7 @@ class ModelRegistry:
             spec = base.spec.model_copy(update={
                 "id": replica_name(base.id, parsed[1]), "aliases": [], "replicas": 1,
                 "max_replicas": None, "pinned": parsed[1] <= base.spec.replicas})
-            self._replicas[key] = Entry(spec, base.source, base.preset)
+            self._replicas[key] = replace(base, spec=spec, template=None)
         return self._replicas[key]
 
     def _context_variant(self, name: str) -> Entry | None:
@@ -256,7 +266,7 @@ class ModelRegistry:
             spec = base.spec.model_copy(update={
                 "id": context_variant_name(base.id, parsed[1]), "ctx_size": parsed[1],
                 "aliases": [], "replicas": 1, "max_replicas": None})
-            self._variants[key] = Entry(spec, base.source, base.preset)
+            self._variants[key] = replace(base, spec=spec, template=None)
         return self._variants[key]
 
     def resolve(self, name: str) -> Entry:
@@ -266,6 +276,11 @@ class ModelRegistry:
         if looks_like_hub_ref(name):
             raise ModelNotPulled(name)
         raise ModelNotFound(name)
+
+    def mapped(self, change: Callable[[Entry], Entry]) -> ModelRegistry:
+        """The same catalog with every entry passed through `change` (an engine serving some
+        models from its own node's copies: engine/node_pull.py)."""
+        return ModelRegistry([change(e) for e in self._entries.values()], self._given_aliases)
 
     def to_snapshot(self, version: int, storage_id: str | None = None,
                     models_dir: str | None = None) -> CatalogSnapshot:
@@ -366,6 +381,9 @@ def entry_to_json(entry: Entry) -> dict[str, Any]:
         "source": entry.source,
         "preset": entry.preset.model_dump(mode="json") if entry.preset is not None else None,
         "template": entry.template,
+        "ref": entry.ref,
+        "revision": entry.revision,
+        "quantize": entry.quantize,
     }
 
 
@@ -378,8 +396,12 @@ def entry_from_json(d: Mapping[str, Any]) -> Entry:
     template = d.get("template")
     if template is not None and not isinstance(template, str):
         raise ValueError("entry template must be a string")
+    hub = (d.get("ref"), d.get("revision"), d.get("quantize"))
+    if not all(v is None or isinstance(v, str) for v in hub):
+        raise ValueError("entry ref, revision and quantize must be strings or null")
     return Entry(_SPEC.validate_python(d.get("spec")), cast(Source, source),
-                 Preset.model_validate(preset) if preset is not None else None, template)
+                 Preset.model_validate(preset) if preset is not None else None, template,
+                 *cast(tuple[str | None, str | None, str | None], hub))
 
 
 _SOURCES: tuple[str, ...] = get_args(Source)
@@ -420,7 +442,10 @@ def _stored(settings: Settings) -> Stored:
         else:
             mmproj = Path(row["mmproj"]) if row["mmproj"] else None
             spec = LlamaCppModel(id=row["id"], path=path, mmproj=mmproj)
-        entries.append(Entry(spec, row["source"]))
+        pulled = row["source"] == "pulled" and row["ref"]
+        entries.append(Entry(spec, row["source"], ref=row["ref"] if pulled else None,
+                             revision=row["revision"] if pulled else None,
+                             quantize=row["quantize"] if pulled else None))
     return entries, aliases, presets
 
 
@@ -460,7 +485,7 @@ def created_presets(rows: list[dict[str, Any]], base: ModelRegistry) -> list[Ent
                                            "aliases": []})
         elif preset.ctx_size is not None and hasattr(spec, "ctx_size"):
             spec = spec.model_copy(update={"ctx_size": preset.ctx_size})
-        out.append(Entry(spec, "created", preset, row.get("template")))
+        out.append(Entry(spec, "created", preset, row.get("template"), *_hub_of(target)))
     return out
 
 
@@ -475,5 +500,10 @@ def _presets(settings: Settings, base: ModelRegistry) -> list[Entry]:
             # Another context is another server: the preset becomes a model of its own.
             spec = spec.model_copy(update={"id": preset.id, "ctx_size": preset.ctx_size,
                                            "aliases": []})
-        out.append(Entry(spec, target.source, preset))
+        out.append(Entry(spec, target.source, preset, None, *_hub_of(target)))
     return out
+
+
+def _hub_of(entry: Entry) -> tuple[str | None, str | None, str | None]:
+    """The hub origin a preset inherits from its model (it runs the same file)."""
+    return entry.ref, entry.revision, entry.quantize
