@@ -116,3 +116,33 @@ def test_a_backend_without_the_lease_api_key_is_refused(front: Server) -> None:
                    json={"model": "b", "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 401, r.text
 
+
+
+def _drain(front: Server, host: str, on: bool) -> httpx.Response:
+    return httpx.post(front.url + "/admin/cluster/drain", json={"host": host, "drain": on},
+                      headers=front.admin_headers, timeout=30)
+
+
+def test_a_draining_node_takes_no_new_load_and_serves_what_it_holds(front: Server) -> None:
+    """Both nodes hold one 13 GiB model; a cold one needs an eviction on either, and routing
+    breaks that tie by order: n2 — unless n2 is draining."""
+    for model in ("b", "c"):
+        assert chat(front, model).status_code == 200
+    held = ready_on(front)
+    assert set(held.values()) == ENGINES and "a" not in held, held
+    on_n2 = next(m for m, e in held.items() if e == "n2/engine-0")
+    r = _drain(front, "n2", True)
+    assert r.status_code == 200 and r.json()["draining"] is True, r.text
+    try:
+        listed = httpx.get(front.url + "/admin/cluster", headers=front.admin_headers, timeout=30)
+        assert {n["host"]: n["draining"] for n in listed.json()["nodes"]} == {
+            "n2": True, "n3": False}
+        assert chat(front, "a").status_code == 200
+        after = ready_on(front)
+        assert after["a"] == "n3/engine-0", after  # not on the draining node
+        assert after[on_n2] == "n2/engine-0"  # what n2 holds stays, and still serves
+        assert chat(front, on_n2).status_code == 200
+        assert ready_on(front)[on_n2] == "n2/engine-0"
+    finally:
+        assert _drain(front, "n2", False).status_code == 200
+    assert _drain(front, "nowhere", True).json()["error"] == "node_not_found"

@@ -109,6 +109,14 @@ class Dispatcher:
         backend_ok = spec.backends is None or entry.spec.backend in spec.backends
         return backend_ok and set(entry.spec.requires) <= set(spec.capabilities)
 
+    def _holds(self, engine: EngineClient, model: str) -> bool:
+        """Whether `engine` has `model` loaded now: its pushed status says (a grant's upstream
+        hint outlives an eviction), else the hint."""
+        status = engine.latest_status()
+        if status is not None:
+            return any(m.model == model and m.resident for m in status.models)
+        return (engine.name, model) in self.upstreams
+
     def _draining(self, engine: EngineClient) -> bool:
         """A cluster node being drained takes no new loads (its loaded models still serve)."""
         draining = getattr(self.provider, "draining", None)
@@ -133,7 +141,7 @@ class Dispatcher:
                     name=e.name,
                     up=e.up,
                     compatible=self._compatible(e, entry) and (
-                        (e.name, entry.id) in self.upstreams or not self._draining(e)),
+                        not self._draining(e) or self._holds(e, entry.id)),
                     resident=frozenset([entry.id]) if (e.name, entry.id) in self.upstreams
                     else frozenset(),
                     queued=self.inflight.get(e.name, 0),
