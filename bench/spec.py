@@ -57,7 +57,9 @@ async def _measure(name: str, server: ChildServer, prompts: list[str], max_token
     tokens, decode_s = 0, 0.0
     started = time.perf_counter()
     timeout = aiohttp.ClientTimeout(total=300)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    # the load's key, as the engine and the front send it (llama-server runs keyed)
+    headers = {"Authorization": f"Bearer {server.api_key}"} if server.api_key else None
+    async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:
         for prompt in prompts:
             body = {"messages": [{"role": "user", "content": prompt}],
                     "max_tokens": max_tokens, "temperature": 0}
@@ -67,7 +69,7 @@ async def _measure(name: str, server: ChildServer, prompts: list[str], max_token
             tokens += int(timings["predicted_n"])
             decode_s += float(timings["predicted_ms"]) / 1000
     wall_s = time.perf_counter() - started
-    counts = await read_draft_counts(server.url)
+    counts = await read_draft_counts(server.url, server.api_key)
     drafted, accepted = counts if counts is not None else (None, None)
     return Run(name, tokens, decode_s, wall_s, drafted, accepted)
 

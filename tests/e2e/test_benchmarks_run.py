@@ -87,6 +87,11 @@ BENCHES = [
          r"[\d.]+% \|$"),
         needs=("llama-server", "demo-model"),
     ),
+    Bench(
+        "bench-cluster", ("--requests", "20", "--warmup", "2"),
+        (r"^\| p50 \| [\d.]+ \| [\d.]+ \| [+-][\d.]+ \| [\d.]+x \|$",
+         r"^\| n\d/engine-0 \| n\d/engine-0 \| \d+ \| \d+ \|$"),
+    ),
 ]
 
 

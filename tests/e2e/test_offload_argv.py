@@ -48,7 +48,8 @@ async def test_a_placement_starts_and_answers(tmp_path: Path, placement: Placeme
     assert argv.count("--n-gpu-layers") == 1 and argv.count("--fit") == 1
     try:
         await server.start()
-        async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60, headers={
+                "Authorization": f"Bearer {server.api_key}"}) as http:  # the load's key
             health = await http.get("/health")
             assert health.status_code == 200
             r = await http.post("/v1/completions", json={
