@@ -170,7 +170,8 @@ async def test_transformers_offload_goes_through_device_map(tmp_path: Path) -> N
         model = backend._loaded.model
         where = {str(v) for v in model.hf_device_map.values()}
         assert "cpu" in where and where & {"0", "cuda:0"}, where
-        async with httpx.AsyncClient(base_url=backend.url, timeout=120) as http:
+        async with httpx.AsyncClient(base_url=backend.url, timeout=120, headers={
+                "Authorization": f"Bearer {backend.api_key}"}) as http:  # the load's key
             r = await http.post("/v1/chat/completions", json={
                 "model": "t", "max_tokens": 4, "temperature": 0,
                 "messages": [{"role": "user", "content": "Hi"}]})
