@@ -364,8 +364,25 @@ class Request:
     """One inference request as the front's middleware sees it (front/ops/metrics.py); handlers
     deeper down add what only they know through the hooks below (`current`)."""
 
-    __slots__ = ("api", "complete", "error", "first_at", "last", "model", "opened",
-                 "prev", "started", "status")
+    __slots__ = (
+        "api",
+        "cached_tokens",
+        "complete",
+        "ended",
+        "error",
+        "first_at",
+        "last",
+        "model",
+        "opened",
+        "prev",
+        "queue_wait_s",
+        "started",
+        "status",
+        "status_label",
+        "swapped",
+        "tokens_in",
+        "tokens_out",
+    )
 
     def __init__(self, api: str) -> None:
         self.api = api
@@ -378,6 +395,14 @@ class Request:
         self.complete = False
         self.prev: bytes = b""  # the last two body chunks, by reference: the tail with usage
         self.last: bytes = b""
+        # What `finish` found, for the request's record (front/ops/request_log.py).
+        self.queue_wait_s = 0.0  # time spent in the model's queue
+        self.swapped = False  # the request waited for its model to be loaded
+        self.tokens_in = 0
+        self.tokens_out = 0
+        self.cached_tokens = 0  # of tokens_in, those reused from the KV cache
+        self.status_label = ""
+        self.ended = 0.0
 
     def on_body(self, body: bytes, more: bool) -> None:
         if body:
@@ -389,7 +414,8 @@ class Request:
 
     def finish(self, exc: BaseException | None = None) -> None:
         """Record the request once its response is over (or raised `exc`)."""
-        status = self._status_label(exc)
+        status = self.status_label = self._status_label(exc)
+        self.ended = time.perf_counter()
         model, api = self.model, self.api
         _child("modelyard_requests_total", model, api, status).inc()
         if self.first_at is not None:
@@ -400,7 +426,10 @@ class Request:
         _child("modelyard_request_duration_seconds", model, api).observe(
             time.perf_counter() - self.started)
         if api != "service":
-            tokens_in, tokens_out = usage_from_tail(tail_of(self.prev, self.last))
+            tail = tail_of(self.prev, self.last)
+            tokens_in, tokens_out = usage_from_tail(tail)
+            self.tokens_in, self.tokens_out = tokens_in, tokens_out
+            self.cached_tokens = cached_from_tail(tail) if tokens_in else 0
             if tokens_in:
                 _child("modelyard_tokens_total", model, "in").inc(tokens_in)
             if tokens_out:
@@ -433,6 +462,20 @@ def note_model(model: str) -> None:
     request = current.get()
     if request is not None:
         request.model = model
+
+
+def note_queue_wait(seconds: float) -> None:
+    """The request being served waited `seconds` in its model's queue."""
+    request = current.get()
+    if request is not None:
+        request.queue_wait_s += seconds
+
+
+def note_swap() -> None:
+    """The request being served waited for its model to be loaded (a swap it caused or joined)."""
+    request = current.get()
+    if request is not None:
+        request.swapped = True
 
 
 def note_opened() -> None:
@@ -475,6 +518,19 @@ def tail_of(prev: bytes, last: bytes, limit: int = TAIL_BYTES) -> bytes:
     if len(last) >= limit:
         return last[-limit:]
     return prev[-(limit - len(last)):] + last if prev else last
+
+
+_CACHED = re.compile(rb'"(cached_tokens|cache_n|cache_read_input_tokens)"\s*:\s*(\d+)')
+
+
+def cached_from_tail(tail: bytes) -> int:
+    """Prompt tokens reused from the KV cache, from an answer's tail (OpenAI
+    `prompt_tokens_details.cached_tokens`, llama-server `timings.cache_n`, Anthropic
+    `cache_read_input_tokens`); the last figure wins, 0 when absent."""
+    found = 0
+    for match in _CACHED.finditer(tail):
+        found = int(match.group(2))
+    return found
 
 
 def usage_from_tail(tail: bytes) -> tuple[int, int]:

@@ -21,6 +21,7 @@ from starlette.requests import Request
 from modelyard.errors import InvalidRequest
 from modelyard.front.catalog import Catalog
 from modelyard.front.dispatch.dispatcher import Dispatcher
+from modelyard.front.ops.request_log import RequestLog
 
 if TYPE_CHECKING:
     from modelyard.front.archive.store import ArchiveStore
@@ -59,6 +60,8 @@ class Ops:
 
     reloader: ConfigReloader
     logs: LogBuffer
+    # Finished inference requests, fanned out to usage accounting and the activity view.
+    requests: RequestLog = field(default_factory=RequestLog)
 
 
 @dataclass(frozen=True)

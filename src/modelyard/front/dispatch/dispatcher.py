@@ -376,6 +376,8 @@ class Dispatcher:
         else:
             lease, response = await self._lease_while_sending(
                 engine, model_id, guess, self.upstream_keys.get(key), call)
+        if lease.load_duration_ns > 0:
+            metrics.note_swap()
         self.upstreams[key] = lease.upstream
         self.upstream_keys[key] = lease.api_key
         self.session_kv.sending(lease.upstream, kv)

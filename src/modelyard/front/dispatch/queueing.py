@@ -228,6 +228,7 @@ class ModelQueues:
         waited = max(0.0, granted_at - waiter.enqueued_at)
         state.avg_wait_s = _ewma(state.avg_wait_s, waited)
         metrics.queue_waited(model, waited)
+        metrics.note_queue_wait(waited)
         return slot
 
     def _dispatch(self, state: _ModelState) -> None:

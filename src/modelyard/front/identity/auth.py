@@ -61,7 +61,12 @@ from modelyard.errors import (
 from modelyard.front.identity import accounts, tokens
 from modelyard.front.identity.cors import is_default_origin
 from modelyard.front.identity.login_throttle import LoginThrottle
-from modelyard.front.identity.principal import ANONYMOUS_ADMIN, ANONYMOUS_INFERENCE, Principal
+from modelyard.front.identity.principal import (
+    ANONYMOUS_ADMIN,
+    ANONYMOUS_INFERENCE,
+    CURRENT_PRINCIPAL,
+    Principal,
+)
 from modelyard.front.render import error_response
 
 # The web login's cookie. Its name (and the signing salt below) keep the word "session" that
@@ -332,7 +337,11 @@ class AuthGate:
         scope["modelyard.principal"] = principal
         if who is not None and who.login is not None:
             scope["modelyard.login_session"] = who.login
-        await self.app(scope, receive, send)
+        owner = CURRENT_PRINCIPAL.set(principal)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            CURRENT_PRINCIPAL.reset(owner)
 
     def _check_host(self, headers: Headers) -> None:
         if self.hosts is None:

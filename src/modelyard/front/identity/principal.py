@@ -5,6 +5,7 @@ Handlers read it with `principal_of(request)`; they never look at cookies or hea
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Literal
 
@@ -25,6 +26,7 @@ class Principal:
     via: Via
     token_id: str | None = None
     archive_retention: str | None = None  # the token's or the user's default, else None
+    group: str | None = None  # the user's group (teams: limits and fair-share weights)
 
     def can(self, scope: Scope) -> bool:
         return scope in self.scopes
@@ -36,6 +38,17 @@ class Principal:
 
 ANONYMOUS_INFERENCE = Principal(None, False, frozenset({"inference"}), "anonymous")
 ANONYMOUS_ADMIN = Principal(None, True, frozenset({"inference", "admin"}), "anonymous")
+
+
+# The principal of the request being served, for code below the handlers that has no `Request`
+# (the dispatcher's fair share, the batch runner sets its batch's owner). None: no request.
+CURRENT_PRINCIPAL: ContextVar[Principal | None] = ContextVar("modelyard_principal", default=None)
+
+
+def owner_key(principal: Principal | None) -> str:
+    """Whom a request is accounted to for fair share and limits: the user's name, "" for
+    anonymous callers (one owner together)."""
+    return "" if principal is None or principal.user is None else principal.user
 
 
 def principal_of(request: Request) -> Principal:

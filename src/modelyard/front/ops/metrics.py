@@ -24,7 +24,9 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from modelyard import metrics as m
+from modelyard.front.ops.request_log import RequestLog, RequestRecord, wall_clock_of
 from modelyard.front.state import FrontState, state_of
+from modelyard.request_ids import REQUEST_ID
 from modelyard.wire.status import EngineReport
 
 # The inference routes and the API each belongs to (the `api` label).
@@ -72,11 +74,42 @@ class RequestMetrics:
             await self.app(scope, receive, watched)
         except BaseException as exc:
             request.finish(exc)
+            _record(scope, request)
             raise
         else:
             request.finish()
+            _record(scope, request)
         finally:
             m.current.reset(token)
+
+
+def _record(scope: Scope, request: m.Request) -> None:
+    """Hand the finished request to the front's request log (usage, activity), if any sink
+    listens; a front without its state (tests mounting the middleware alone) has none."""
+    state = getattr(getattr(scope.get("app"), "state", None), "front", None)
+    log: RequestLog | None = getattr(getattr(state, "ops", None), "requests", None)
+    if log is None or not log.active:
+        return
+    principal = scope.get("modelyard.principal")
+    first = request.first_at
+    log.emit(RequestRecord(
+        request_id=REQUEST_ID.get(),
+        started_at=wall_clock_of(request.started),
+        user=getattr(principal, "user", None),
+        token_id=getattr(principal, "token_id", None),
+        api=request.api,
+        path=scope["path"],
+        model=request.model,
+        status=request.status_label,
+        prompt_tokens=request.tokens_in,
+        cached_tokens=request.cached_tokens,
+        completion_tokens=request.tokens_out,
+        ttft_s=None if first is None else first - request.started,
+        duration_s=request.ended - request.started,
+        queue_wait_s=request.queue_wait_s,
+        swapped=request.swapped,
+        batch_id=scope.get("modelyard.batch_id"),
+    ))
 
 
 # ---- readings ---------------------------------------------------------------------------------
