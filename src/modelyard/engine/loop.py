@@ -29,6 +29,7 @@ import math
 import os
 import secrets
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -125,6 +126,11 @@ class _Runtime:
     # The device counts its backend can split it over (vLLM: divisors of the attention heads);
     # None: any.
     split_sizes: frozenset[int] | None = None
+    # Requests waiting for one of its `max_concurrency` lease slots, first come first served
+    # (several fronts each keep their own queue: the engine is where the model's concurrency
+    # holds for all of them), and the turns handed to waiters that have not taken them yet.
+    slot_queue: deque[asyncio.Future[None]] = field(default_factory=deque)
+    slots_handed: int = 0
 
     @property
     def spec(self) -> ModelSpec:
@@ -266,7 +272,45 @@ class Engine:
                 self._arrivals[rt.entry.id] = None
                 rt.load = self._spawn(self._load(rt), f"load:{rt.entry.id}")
             await asyncio.shield(rt.load)
+        if not self._slot_free(rt):
+            await self._wait_slot(rt)  # granted below with no await between: the turn holds
+            if rt.state is not ModelState.READY or rt.retiring is not None:
+                self._hand_slot(rt)  # it went away meanwhile: the next one looks too
+                return await self._lease(rt, keep_alive_s)
         return self._grant(rt, int((self.clock() - started) * 1e9))
+
+    def _max_concurrency(self, rt: _Runtime) -> int:
+        """Leases of `rt` at once: the model's `max_concurrency`, else its engine's, else the
+        server's (the front's queue uses the same rule, dispatcher.limits)."""
+        spec = self.settings.engine_specs.get(self.index)
+        return (rt.spec.max_concurrency or (spec.max_concurrency if spec else None)
+                or self.settings.max_concurrency)
+
+    def _slot_free(self, rt: _Runtime) -> bool:
+        return not rt.slot_queue and len(rt.leases) + rt.slots_handed < self._max_concurrency(rt)
+
+    async def _wait_slot(self, rt: _Runtime) -> None:
+        """Wait in `rt`'s slot queue until a release hands this request a turn."""
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        rt.slot_queue.append(turn)
+        try:
+            await turn
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():
+                rt.slots_handed -= 1
+                self._hand_slot(rt)  # handed a turn it will not take: the next one's
+            elif turn in rt.slot_queue:
+                rt.slot_queue.remove(turn)
+            raise
+        rt.slots_handed -= 1
+
+    def _hand_slot(self, rt: _Runtime) -> None:
+        """Hand free slots of `rt` to the waiters at the head of its queue."""
+        while rt.slot_queue and len(rt.leases) + rt.slots_handed < self._max_concurrency(rt):
+            turn = rt.slot_queue.popleft()
+            if not turn.done():
+                rt.slots_handed += 1
+                turn.set_result(None)
 
     def lease_ready(self, name: str, keep_alive_s: float | None = None) -> Lease | None:
         """A lease on `name` at once, without awaiting, if it is ready to serve now (the hot
@@ -277,7 +321,8 @@ class Engine:
         entry = self.registry.get(name)
         rt = None if entry is None else self._models.get(entry.id)
         if (rt is None or rt.state is not ModelState.READY or rt.retiring is not None
-                or rt.server is None or not rt.server.alive or not self._cool.is_set()):
+                or rt.server is None or not rt.server.alive or not self._cool.is_set()
+                or not self._slot_free(rt)):
             return None
         rt.keep_alive_s = keep_alive_s
         self._ensure_reaper()
@@ -305,6 +350,8 @@ class Engine:
         rt = self._models[model_id]
         rt.leases.discard(lease_id)
         rt.last_used = self.clock()
+        if rt.slot_queue:
+            self._hand_slot(rt)
         if rt.leases:
             return
         # Wake whoever must act now: a load waiting for this model to go idle, or the reaper if
