@@ -365,6 +365,7 @@ class Request:
     deeper down add what only they know through the hooks below (`current`)."""
 
     __slots__ = (
+        "answered_at",
         "api",
         "cached_tokens",
         "complete",
@@ -403,11 +404,16 @@ class Request:
         self.cached_tokens = 0  # of tokens_in, those reused from the KV cache
         self.status_label = ""
         self.ended = 0.0
+        # The first body byte of a successful answer (a whole JSON answer's TTFT is its
+        # latency; `first_at`, for the metric, counts streams only).
+        self.answered_at: float | None = None
 
     def on_body(self, body: bytes, more: bool) -> None:
         if body:
-            if self.first_at is None and more and self.opened and self.status < 400:
-                self.first_at = time.perf_counter()
+            if self.answered_at is None and self.opened and self.status < 400:
+                self.answered_at = time.perf_counter()
+                if more:
+                    self.first_at = self.answered_at
             self.prev, self.last = self.last, body
         if not more:
             self.complete = True

@@ -71,6 +71,8 @@ def test_a_request_ends_as_one_record_with_what_the_hooks_noted() -> None:
     assert record.queue_wait_s == pytest.approx(0.25)
     assert record.swapped
     assert record.duration_s >= 0 and record.started_at > 0
+    # a whole JSON answer: its first token came with its last
+    assert record.ttft_s is not None and 0 <= record.ttft_s <= record.duration_s
 
 
 def test_no_sink_no_record() -> None:

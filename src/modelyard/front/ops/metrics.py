@@ -91,7 +91,7 @@ def _record(scope: Scope, request: m.Request) -> None:
     if log is None or not log.active:
         return
     principal = scope.get("modelyard.principal")
-    first = request.first_at
+    first = request.first_at if request.first_at is not None else request.answered_at
     log.emit(RequestRecord(
         request_id=REQUEST_ID.get(),
         started_at=wall_clock_of(request.started),
