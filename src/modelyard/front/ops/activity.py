@@ -139,26 +139,27 @@ class Activity:
     def __init__(self, max_entries: int, *, feed_rows: int = FEED_QUEUE_ROWS) -> None:
         self._rows: deque[dict[str, Any]] = deque(maxlen=max_entries)
         self._in_flight: dict[int, _InFlight] = {}
-        self._captures: dict[str, str] = {}  # request id → archive item id, until its record
+        self._capture: str | None = None  # the archive item of the record emitted next
         self._feeds: set[Feed] = set()
         self.feed_rows = feed_rows
 
     # ---- fed by the metrics middleware and the request log --------------------------------
 
-    def begin(self, request: m.Request, scope: MutableMapping[str, Any], request_id: str | None) -> None:
+    def begin(self, request: m.Request, scope: MutableMapping[str, Any],
+              request_id: str | None) -> None:
         self._in_flight[id(request)] = _InFlight(request, scope, request_id)
 
     def end(self, request: m.Request) -> None:
         self._in_flight.pop(id(request), None)
 
-    def note_capture(self, request_id: str | None, item_id: str) -> None:
-        """The archive item the bodies of `request_id` go to (called just before its record)."""
-        if request_id is not None:
-            self._captures[request_id] = item_id
+    def note_capture(self, item_id: str) -> None:
+        """The archive item the bodies of the record emitted next go to: the middleware calls
+        this and then emits that record, with no await between (so no other record can)."""
+        self._capture = item_id
 
     def __call__(self, record: RequestRecord) -> None:
         """The RequestLog sink: on the event loop, no awaits, no I/O."""
-        capture = self._captures.pop(record.request_id, None) if record.request_id else None
+        capture, self._capture = self._capture, None
         row = row_of(record, capture)
         self._rows.append(row)
         for feed in list(self._feeds):

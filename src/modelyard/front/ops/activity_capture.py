@@ -49,7 +49,7 @@ def finish(state: Any, capture: Capture, principal: Principal | None, path: str,
     request_id = REQUEST_ID.get()
     item_id = capture.save(state.archive, principal, request_id=request_id, path=path,
                            model=request.model, status=request.status_label)
-    state.ops.activity.note_capture(request_id, item_id)
+    state.ops.activity.note_capture(item_id)
 
 
 def wanted(scope: Scope, enabled: bool) -> bool:
@@ -128,17 +128,16 @@ class Capture:
 
 def redact_body(data: bytes, *, whole: bool) -> str:
     """The body as text with its credentials replaced. A whole JSON body is redacted field by
-    field (any key that names a credential, at any depth), then as text like a log line; a cut
-    one (not parseable) only as text."""
-    text = data.decode("utf-8", "replace")
+    field (the value of any key that names a credential, at any depth; every string as a log
+    line is), so it stays JSON; anything else (a cut body, SSE, text) as text, like a log line."""
     if whole and data[:1] in (b"{", b"["):
         try:
             parsed = orjson.loads(data)
         except orjson.JSONDecodeError:
             pass
         else:
-            text = orjson.dumps(_redact_json(parsed)).decode()
-    return redact(text)
+            return orjson.dumps(_redact_json(parsed)).decode()
+    return redact(data.decode("utf-8", "replace"))
 
 
 def _redact_json(value: Any) -> Any:
@@ -147,4 +146,6 @@ def _redact_json(value: Any) -> Any:
                 else _redact_json(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_redact_json(v) for v in value]
+    if isinstance(value, str):
+        return redact(value)
     return value
