@@ -738,6 +738,19 @@ class Settings(BaseSettings):
         300.0, gt=0, description="The archive's sweeper wakes at the next expiry, and at least "
         "this often, to delete expired items.",
     )
+    activity_max_entries: int = Field(
+        1000, gt=0, description="Finished requests the activity view (GET /activity, the "
+        "Studio's Activity page) keeps in memory, newest last.",
+    )
+    activity_capture_bodies: bool = Field(
+        False, description="Capture every inference request's body and response (redacted, "
+        "bounded) into the archive, linked from its activity row; a request may ask alone "
+        "with `X-Modelyard-Capture: on`.",
+    )
+    activity_capture_max_bytes: int = Field(
+        64 * 1024, gt=0, description="Most bytes of each captured body (request, response) "
+        "kept; the rest is counted and marked truncated.",
+    )
     chat_session_max_count: int = Field(
         256, gt=0, description="Server-side chat sessions (`session_id`) kept at most; the "
         "least recently used is evicted first.",

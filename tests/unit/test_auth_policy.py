@@ -71,6 +71,8 @@ def login(user: User, csrf: str = "c" * 43) -> Identified:
     ("POST", "/auth/logout", RouteClass.USER),
     ("GET", "/archive/abc/content", RouteClass.USER),
     ("GET", "/studio/events", RouteClass.USER),
+    ("GET", "/activity", RouteClass.USER),  # admins see every request, users their own
+    ("GET", "/activity/stream", RouteClass.USER),
     ("GET", "/admin/engines", RouteClass.ADMIN),
     ("POST", "/pull", RouteClass.ADMIN),
     ("GET", "/jobs", RouteClass.ADMIN),

@@ -29,6 +29,7 @@ from modelyard import db, metrics
 from modelyard.config import Settings
 from modelyard.errors import ClientDisconnected, MethodNotAllowed, ModelyardError, RouteNotFound
 from modelyard.front.api import accounts as accounts_api
+from modelyard.front.api import activity as activity_api
 from modelyard.front.api import (
     admin,
     embeddings,
@@ -62,6 +63,7 @@ from modelyard.front.engines.provider import ChildProcess, InProcessEngines, Loc
 from modelyard.front.identity import accounts, auth, tokens
 from modelyard.front.identity.cors import OllamaCors
 from modelyard.front.ops import metrics as front_metrics
+from modelyard.front.ops.activity import Activity
 from modelyard.front.ops.draft_pulls import pull_drafts
 from modelyard.front.ops.jobs import PullJobs
 from modelyard.front.ops.logs import LogBuffer
@@ -151,10 +153,12 @@ def create_app(
             await sessions.start()  # reloads persisted ones; stopped (and flushed) first
             stack.push_async_callback(sessions.stop)
             reloader = ConfigReloader(catalog, dispatch, config_file)  # POST /admin/reload
+            activity = Activity(settings.activity_max_entries)  # GET /activity
             state = FrontState(
                 catalog, dispatch, identity, archive, Chat(sessions, session_kv, mcp),
-                Ops(reloader, logs), started_at=started_at,
+                Ops(reloader, logs, activity=activity), started_at=started_at,
             )
+            state.ops.requests.add_sink(activity)  # the activity view's ring and live feed
             app.state.front = state
             for directory in import_dirs:
                 added = await pulls.import_models(state, directory)
@@ -176,6 +180,7 @@ def create_app(
             *archive_api.routes, *studio_api.routes, *front_metrics.routes,
             *sessions_api.routes, *openapi_api.routes, *responses_api.routes,
             *rerank_api.routes, *anthropic_api.routes, *cluster_api.routes,
+            *activity_api.routes,
         ],
         middleware=_middleware(settings),
         lifespan=lifespan,

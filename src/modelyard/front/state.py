@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from modelyard.front.chat.sessions.store import SessionStore
     from modelyard.front.chat.tools.mcp import McpHub
     from modelyard.front.identity.auth import Auth
+    from modelyard.front.ops.activity import Activity
     from modelyard.front.ops.logs import LogBuffer
     from modelyard.front.ops.reload import ConfigReloader
 
@@ -62,6 +63,7 @@ class Ops:
     logs: LogBuffer
     # Finished inference requests, fanned out to usage accounting and the activity view.
     requests: RequestLog = field(default_factory=RequestLog)
+    activity: Activity | None = None  # the activity view (front/ops/activity.py); a sink above
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ RESTART_REQUIRED: tuple[str, ...] = (
     "log_file_max_bytes", "log_file_backups",
     "log_format", "log_buffer_lines", "startup_models", "max_concurrent_pulls",
     "reserve_free_bytes", "archive_retention", "archive_sweep_interval_s", "thermal",
+    "activity_max_entries",  # the activity view's ring is sized at start
     "chat_session_max_count", "chat_session_max_bytes", "chat_session_max_total_bytes",
     "chat_session_ttl_s", "chat_session_sweep_interval_s", "chat_session_persist",
     "mcp_servers",  # the tool loop's MCP connections are opened for the front's lifetime
@@ -47,6 +48,7 @@ RELOADABLE: tuple[str, ...] = (
     "notify_model_swap", "max_concurrency", "max_queue", "queue_timeout_s", "default_engine",
     "engine_specs", "auto_pull", "archive_service_outputs", "default_max_tokens",
     "replica_scale_up_wait_s", "replica_idle_s",  # read by the front at each scale decision
+    "activity_capture_bodies", "activity_capture_max_bytes",  # read at each request
 )
 
 # Model fields a running server does not depend on: a change applies without a restart.

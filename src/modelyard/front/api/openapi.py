@@ -144,6 +144,7 @@ _LOGS_QUERY = (("engine", _STR), ("model", _STR),
                ("after", {"type": "integer", "minimum": 0, "maximum": 2**62}),
                ("limit", {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}))
 _OWNER = (("owner", _STR),)
+_ACTIVITY_QUERY = (("model", _STR), *_OWNER, ("status", _STR), ("api", _STR))
 _CHAT_ANSWERS = (JSON, SSE)
 
 OPERATIONS: dict[tuple[str, str], Op] = {
@@ -232,6 +233,10 @@ OPERATIONS: dict[tuple[str, str], Op] = {
     ("DELETE", "/archive/{id}"): Op("archive", "Delete an archived item"),
     ("GET", "/archive/{id}/content"): Op(
         "archive", "An archived item's file", answers=("application/octet-stream",)),
+    ("GET", "/activity"): Op("archive", "Recent and in-flight inference requests", query=(
+        *_ACTIVITY_QUERY, ("limit", {"type": "integer", "minimum": 1}))),
+    ("GET", "/activity/stream"): Op("archive", "Finished requests, live (SSE)",
+                                    query=_ACTIVITY_QUERY, answers=(SSE,)),
     # accounts
     ("POST", "/auth/login"): Op("accounts", "Log in (sets the session cookie)", accounts.Login),
     ("GET", "/auth/me"): Op("accounts", "The caller"),

@@ -42,7 +42,7 @@ RETENTION_S: dict[str, float | None] = {
     "never": None,
 }
 assert set(RETENTION_S) == set(get_args(ArchiveRetention))
-KINDS = ("chat", "image", "speech", "transcription")
+KINDS = ("chat", "image", "speech", "transcription", "activity")  # activity: captured bodies
 MAX_LIST = 500
 _ID = re.compile(r"[0-9a-f]{32}")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")

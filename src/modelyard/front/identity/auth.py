@@ -6,7 +6,7 @@ Route classes (the whole policy is `route_class` plus `AuthGate._decide`):
     inference  the generating and listing APIs (/v1/*, Ollama's chat/generate/embed/tags/ps/show,
                native /chat /models /status /diag, /metrics): open on loopback with auth
                `auto` (/metrics shows what /status does: a scraper needs no admin token)
-    user       /auth/*, /archive*, /studio/events: need a real identity
+    user       /auth/*, /archive*, /studio/events, /activity*: need a real identity
     account    /tokens*, POST /auth/password: the account's keys; need a login
                session or an admin-scope token (an inference token must not mint, list or
                revoke tokens nor change the password of the user it belongs to)
@@ -98,7 +98,7 @@ _INFERENCE_EXACT = {
     ("POST", "/api/embeddings"), ("GET", "/api/tags"), ("GET", "/api/ps"), ("POST", "/api/show"),
     ("GET", "/api/version"), ("GET", "/metrics"), ("POST", "/rerank"),
 }
-_USER_PREFIXES = ("/auth/", "/archive", "/studio/events")
+_USER_PREFIXES = ("/auth/", "/archive", "/studio/events", "/activity")
 _ACCOUNT_EXACT = {("POST", "/auth/password")}
 # While a session must change its password it may do only this.
 _PASSWORD_CHANGE_ROUTES = {"/auth/me", "/auth/password", "/auth/logout"}

@@ -24,6 +24,9 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from modelyard import metrics as m
+from modelyard.front.ops import activity_capture
+from modelyard.front.ops.activity import Activity
+from modelyard.front.ops.activity_capture import Capture
 from modelyard.front.ops.request_log import RequestLog, RequestRecord, wall_clock_of
 from modelyard.front.state import FrontState, state_of
 from modelyard.request_ids import REQUEST_ID
@@ -61,11 +64,22 @@ class RequestMetrics:
             return
         request = m.Request(api)
         token = m.current.set(request)
+        # The activity view (front/ops/activity.py): what is in flight, and opt-in capture of
+        # the bodies, taken here where they pass anyway; off, it costs an attribute read.
+        activity = _activity_of(scope)
+        capture = None
+        if activity is not None:
+            activity.begin(request, scope, REQUEST_ID.get())
+            capture = activity_capture.begin(scope)
+            if capture is not None:
+                receive = capture.wrap(receive)
 
         async def watched(message: Message) -> None:
             kind = message["type"]
             if kind == "http.response.body":
                 request.on_body(message.get("body", b""), message.get("more_body", False))
+                if capture is not None:
+                    capture.on_response(message.get("body", b""))
             elif kind == "http.response.start":
                 request.status = message["status"]
             await send(message)
@@ -74,16 +88,24 @@ class RequestMetrics:
             await self.app(scope, receive, watched)
         except BaseException as exc:
             request.finish(exc)
-            _record(scope, request)
+            _record(scope, request, capture)
             raise
         else:
             request.finish()
-            _record(scope, request)
+            _record(scope, request, capture)
         finally:
             m.current.reset(token)
+            if activity is not None:
+                activity.end(request)
 
 
-def _record(scope: Scope, request: m.Request) -> None:
+def _activity_of(scope: Scope) -> Activity | None:
+    state = getattr(getattr(scope.get("app"), "state", None), "front", None)
+    activity: Activity | None = getattr(getattr(state, "ops", None), "activity", None)
+    return activity
+
+
+def _record(scope: Scope, request: m.Request, capture: Capture | None = None) -> None:
     """Hand the finished request to the front's request log (usage, activity), if any sink
     listens; a front without its state (tests mounting the middleware alone) has none."""
     state = getattr(getattr(scope.get("app"), "state", None), "front", None)
@@ -91,6 +113,8 @@ def _record(scope: Scope, request: m.Request) -> None:
     if log is None or not log.active:
         return
     principal = scope.get("modelyard.principal")
+    if capture is not None:
+        activity_capture.finish(state, capture, principal, scope["path"], request)
     first = request.first_at if request.first_at is not None else request.answered_at
     log.emit(RequestRecord(
         request_id=REQUEST_ID.get(),
