@@ -46,8 +46,7 @@ class Clock:
         return self.now
 
 
-@contextlib.asynccontextmanager
-async def front(home: Path, clock: Clock) -> AsyncIterator[tuple[httpx.AsyncClient, Starlette]]:
+def prepare(home: Path) -> Starlette:
     from modelyard.front.app import create_app
 
     home.mkdir(parents=True, exist_ok=True)
@@ -55,7 +54,12 @@ async def front(home: Path, clock: Clock) -> AsyncIterator[tuple[httpx.AsyncClie
     config_file.write_text(yaml.safe_dump({"models": [], "limits_refresh_s": 0.2,
                                            "scan_hf_cache": False, "devices": "cpu"}))
     settings = load_settings(config_file, home=home)
-    app = create_app(settings, provider=NoEngines(), config_file=config_file)
+    return create_app(settings, provider=NoEngines(), config_file=config_file)
+
+
+@contextlib.asynccontextmanager
+async def front(home: Path, clock: Clock) -> AsyncIterator[tuple[httpx.AsyncClient, Starlette]]:
+    app = prepare(home)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="on",
                                            log_level="warning"))
@@ -68,7 +72,7 @@ async def front(home: Path, clock: Clock) -> AsyncIterator[tuple[httpx.AsyncClie
             await asyncio.sleep(0.05)
         limiter: Limiter = app.state.limits
         limiter.clock = clock
-        token = (home / "cli-token").read_text().strip()
+        token = await asyncio.to_thread(lambda: (home / "cli-token").read_text().strip())
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10,
                                      headers={"Authorization": f"Bearer {token}"}) as http:
             yield http, app

@@ -171,3 +171,41 @@ async def test_which_limits_a_caller_is_held_to(engine: sa.Engine) -> None:
     assert usage["user:alice"]["tokens_today"] == 42
     assert usage["group:research"]["tokens_today"] == 42
     assert usage["token:t1"]["tokens_today"] == 0  # no tokens-per-day limit of its own
+
+
+def test_the_cli_sets_lists_and_removes_limits_and_groups(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from modelyard.cli.main import app
+    from modelyard.front.identity import accounts
+
+    monkeypatch.setenv("MODELYARD_HOME", str(tmp_path))
+    monkeypatch.delenv("MODELYARD_CONFIG", raising=False)
+    monkeypatch.setenv("COLUMNS", "200")
+    engine = db.connect(f"sqlite:///{tmp_path / 'modelyard.db'}")
+    accounts.add_user(engine, "ivan", "a-long-password")
+    runner = CliRunner()
+
+    def run(*args: str) -> str:
+        result = runner.invoke(app, list(args))
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    run("limits", "set", "user:ivan", "--rpm", "30", "--concurrent", "2")
+    [row] = store.list_limits(engine)
+    assert (row.requests_per_minute, row.tokens_per_day, row.max_concurrent) == (30, None, 2)
+    listed = run("limits", "ls")
+    assert "user:ivan" in listed and "0/30" in listed
+    bad = runner.invoke(app, ["limits", "set", "someone", "--rpm", "1"])
+    assert bad.exit_code == 1 and "subject" in bad.output
+    run("limits", "rm", "user:ivan")
+    assert store.list_limits(engine) == []
+    run("users", "set-group", "ivan", "research")
+    user = accounts.get_user(engine, "ivan")
+    assert user is not None and user.group == "research"
+    assert "research" in run("users", "ls")
+    run("users", "set-group", "ivan")
+    user = accounts.get_user(engine, "ivan")
+    assert user is not None and user.group is None
