@@ -14,12 +14,13 @@ const PAGES = {
   chat: { title: "Chat", icon: "chat", load: () => import("./pages/chat.js") },
   logs: { title: "Logs", icon: "logs", admin: true, load: () => import("./pages/logs.js") },
   archive: { title: "Archive", icon: "archive", load: () => import("./pages/archive.js") },
+  limits: { title: "Limits", icon: "gauge", admin: true, load: () => import("./pages/limits.js") },
   admin: { title: "Users & tokens", userTitle: "API tokens", icon: "users",
     load: () => import("./pages/admin.js") },
   password: { title: "Change password", hidden: true, load: () => import("./pages/login.js") },
 };
 const WORKSPACE = ["dashboard", "models", "chat"];
-const MANAGE = ["logs", "archive", "admin"];
+const MANAGE = ["logs", "archive", "admin", "limits"];
 
 const app = document.getElementById("app");
 let session = null; // GET /auth/me: {user, via, scopes, csrf_token}
