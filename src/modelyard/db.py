@@ -173,14 +173,14 @@ limits = sa.Table(
     sa.Column("updated_by", sa.String(64)),
 )
 
-# Counters every front shares: requests in a minute, tokens in a UTC day (`window` minute | day,
+# Counters every front shares: requests in a minute, tokens in a UTC day (`kind` minute | day,
 # `window_start` its start in epoch seconds); the row (`slots`, 0) of a subject is the lock
 # its concurrency slots are taken under. Old windows are pruned.
 rate_counters = sa.Table(
     "rate_counters",
     metadata,
     sa.Column("subject", sa.String(100), primary_key=True),
-    sa.Column("window", sa.String(8), primary_key=True),
+    sa.Column("kind", sa.String(8), primary_key=True),
     sa.Column("window_start", sa.BigInteger, primary_key=True),
     sa.Column("count", sa.BigInteger, nullable=False),
 )

@@ -161,7 +161,7 @@ def usage(engine: sa.Engine, subjects: Iterable[str], now: float,
         for kind, length, key in ((MINUTE, windows.minute_s, "requests_this_minute"),
                                   (DAY, windows.day_s, "tokens_today")):
             query = sa.select(c.subject, c.count).where(
-                c.subject.in_(wanted), c.window == kind,
+                c.subject.in_(wanted), c.kind == kind,
                 c.window_start == window_start(now, length))
             for subject, count in conn.execute(query):
                 out[subject][key] = int(count)
@@ -178,7 +178,7 @@ def usage(engine: sa.Engine, subjects: Iterable[str], now: float,
 def _insert_missing(conn: sa.Connection, subject: str, window: str, start: int) -> None:
     """The counter row, at 0, unless it is there (no failed INSERT: PostgreSQL would abort the
     transaction)."""
-    values = {"subject": subject, "window": window, "window_start": start, "count": 0}
+    values = {"subject": subject, "kind": window, "window_start": start, "count": 0}
     if conn.dialect.name == "postgresql":
         conn.execute(postgresql.insert(db.rate_counters).values(**values)
                      .on_conflict_do_nothing())
@@ -188,7 +188,7 @@ def _insert_missing(conn: sa.Connection, subject: str, window: str, start: int) 
 
 def _where(subject: str, window: str, start: int) -> sa.ColumnElement[bool]:
     c = db.rate_counters.c
-    return sa.and_(c.subject == subject, c.window == window, c.window_start == start)
+    return sa.and_(c.subject == subject, c.kind == window, c.window_start == start)
 
 
 def _count(conn: sa.Connection, subject: str, window: str, start: int) -> int:
@@ -223,6 +223,9 @@ def _admit(conn: sa.Connection, rules: list[Rule], now: float, front_id: str, sl
     for rule in rules:
         who = rule.subject
         if rule.tokens_per_day is not None:
+            # A write first: SQLite then holds its write lock from the transaction's first
+            # statement, and never fails upgrading a read lock while another front writes.
+            _insert_missing(conn, who, DAY, day)
             used = _count(conn, who, DAY, day)
             reset = until_next(now, w.day_s)
             if used >= rule.tokens_per_day:
@@ -307,7 +310,7 @@ def prune(engine: sa.Engine, now: float, windows: Windows = Windows()) -> None:
     c, s = db.rate_counters.c, db.concurrency_slots.c
     with engine.begin() as conn:
         conn.execute(db.rate_counters.delete().where(
-            c.window == MINUTE, c.window_start < window_start(now, windows.minute_s)))
+            c.kind == MINUTE, c.window_start < window_start(now, windows.minute_s)))
         conn.execute(db.rate_counters.delete().where(
-            c.window == DAY, c.window_start < window_start(now, windows.day_s)))
+            c.kind == DAY, c.window_start < window_start(now, windows.day_s)))
         conn.execute(db.concurrency_slots.delete().where(s.expires_at <= now))
