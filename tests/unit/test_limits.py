@@ -209,3 +209,21 @@ def test_the_cli_sets_lists_and_removes_limits_and_groups(
     run("users", "set-group", "ivan")
     user = accounts.get_user(engine, "ivan")
     assert user is not None and user.group is None
+
+
+def test_the_principal_carries_the_users_group(engine: sa.Engine) -> None:
+    from modelyard.front.identity import accounts, tokens
+    from modelyard.front.identity.auth import login_principal, token_principal
+
+    user = accounts.add_user(engine, "judy", "a-long-password")
+    _, secret = tokens.create_token(engine, "judy", "t", ["inference"])
+    assert login_principal(user).group is None
+    accounts.set_group(engine, "judy", "research")
+    user = accounts.get_user(engine, "judy")
+    assert user is not None and login_principal(user).group == "research"
+    found = tokens.find_token(engine, secret)
+    assert found is not None and token_principal(found).group == "research"
+    with pytest.raises(InvalidRequest):
+        accounts.set_group(engine, "judy", "no spaces")
+    with pytest.raises(accounts.UserNotFound):
+        accounts.set_group(engine, "nobody", "g")
