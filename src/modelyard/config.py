@@ -506,6 +506,11 @@ class Settings(BaseSettings):
         default_factory=list, description="Origins allowed to call the API from a browser "
         "(CORS); empty = same origin only.",
     )
+    limits_refresh_s: float = Field(
+        2.0, gt=0, description="How often the front rereads the quotas and rate limits "
+        "(`modelyard limits`) other fronts or the CLI may have changed; an edit made through "
+        "this front's API applies at once.",
+    )
     max_body_bytes: int = Field(
         16 * 1024 * 1024, gt=0, description="Largest request body accepted (413 beyond)."
     )

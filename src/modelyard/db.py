@@ -91,6 +91,7 @@ users = sa.Table(
     sa.Column("must_change_password", sa.Boolean, nullable=False, default=False),
     sa.Column("archive_retention", sa.String(8)),  # the user's default; None = server default
     sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("group_name", sa.String(64)),  # teams: limits and fair-share weights by group
 )
 
 # A web login session: the signed cookie carries only the id; logout or a password change deletes
@@ -155,6 +156,44 @@ chat_sessions = sa.Table(
     sa.Column("last_used_at", sa.Float, nullable=False, index=True),
     sa.Column("turns", sa.Integer, nullable=False),
     sa.Column("stats", sa.JSON, nullable=False, default=dict),
+)
+
+
+# ---- quotas and rate limits (front/identity/limits.py) ---------------------------------------
+# One row per limited subject: `token:<id>`, `user:<name>`, `group:<name>` or `default`; a
+# NULL field is no limit.
+limits = sa.Table(
+    "limits",
+    metadata,
+    sa.Column("subject", sa.String(100), primary_key=True),
+    sa.Column("requests_per_minute", sa.Integer),
+    sa.Column("tokens_per_day", sa.BigInteger),
+    sa.Column("max_concurrent", sa.Integer),
+    sa.Column("updated_at", sa.Float, nullable=False),
+    sa.Column("updated_by", sa.String(64)),
+)
+
+# Counters every front shares: requests in a minute, tokens in a UTC day (`kind` minute | day,
+# `window_start` its start in epoch seconds); the row (`slots`, 0) of a subject is the lock
+# its concurrency slots are taken under. Old windows are pruned.
+rate_counters = sa.Table(
+    "rate_counters",
+    metadata,
+    sa.Column("subject", sa.String(100), primary_key=True),
+    sa.Column("kind", sa.String(8), primary_key=True),
+    sa.Column("window_start", sa.BigInteger, primary_key=True),
+    sa.Column("count", sa.BigInteger, nullable=False),
+)
+
+# Requests running now of a subject with `max_concurrent`: a row each, owned by a front that
+# keeps pushing `expires_at` forward; a front that died leaves rows that expire.
+concurrency_slots = sa.Table(
+    "concurrency_slots",
+    metadata,
+    sa.Column("id", sa.String(32), primary_key=True),
+    sa.Column("subject", sa.String(100), nullable=False, index=True),
+    sa.Column("front_id", sa.String(32), nullable=False, index=True),
+    sa.Column("expires_at", sa.Float, nullable=False),
 )
 
 

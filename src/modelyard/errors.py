@@ -30,6 +30,7 @@
     ├── InsufficientMemory          503 insufficient_memory  (no eviction can make room; why)
     ├── EngineCooling               503 engine_cooling       (thermal pause outlasted the wait)
     ├── QueueFull                   429 queue_full           (with Retry-After)
+    ├── RateLimited                 429 rate_limited         (over a limit; X-RateLimit-*)
     ├── QueueTimeout                503 queue_timeout        (waited in a model's queue too long)
     ├── ServerShuttingDown          503 shutting_down        (did not finish within the grace)
     ├── ClientClosedRequest         499 client_closed_request (left while waiting)
@@ -43,6 +44,7 @@ process raised it.
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar
 
 
@@ -490,3 +492,34 @@ class ClusterOff(ModelyardError):
     def __init__(self) -> None:
         super().__init__("this server is not a cluster front (cluster.mode: off); start it with "
                          "`modelyard serve --cluster ray` (docs/cluster.md)")
+
+
+# ---- added by wave 2 · 7/7 (teams: quotas and rate limits, front/identity/limits.py) ---------
+
+
+class RateLimited(ModelyardError):
+    """429 rate_limited: a token, user or group is over its requests per minute, tokens per day
+    or concurrent requests. Carries Retry-After and the X-RateLimit-* headers of the limit that
+    refused it."""
+
+    status = 429
+    code = "rate_limited"
+    openai_type = "rate_limit_error"
+
+    def __init__(self, message: str, *, retry_after_s: float, limit: int, remaining: int,
+                 reset_s: float) -> None:
+        super().__init__(message, retry_after_s=retry_after_s)
+        self.limit = limit
+        self.remaining = remaining
+        self.reset_s = reset_s
+
+    def headers(self) -> dict[str, str]:
+        return {**super().headers(), **rate_limit_headers(self.limit, self.remaining,
+                                                          self.reset_s)}
+
+
+def rate_limit_headers(limit: int, remaining: int, reset_s: float) -> dict[str, str]:
+    """`X-RateLimit-Reset` is in seconds from now (rounded up), as Retry-After is."""
+    return {"X-RateLimit-Limit": str(limit), "X-RateLimit-Remaining": str(max(0, remaining)),
+            "X-RateLimit-Reset": str(max(0, math.ceil(reset_s)))}
+

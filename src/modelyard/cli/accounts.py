@@ -59,9 +59,9 @@ def _when(ts: float | None) -> str:
 @users_app.command("ls")
 def users_ls(config: ConfigOption = None) -> None:
     """List users."""
-    table = Table("NAME", "ADMIN", "MUST CHANGE PASSWORD", "CREATED")
+    table = Table("NAME", "ADMIN", "GROUP", "MUST CHANGE PASSWORD", "CREATED")
     for user in accounts.list_users(_database(config)):
-        table.add_row(user.name, "yes" if user.is_admin else "no",
+        table.add_row(user.name, "yes" if user.is_admin else "no", user.group or "-",
                       "yes" if user.must_change_password else "no", _when(user.created_at))
     console.print(table)
 
@@ -100,6 +100,20 @@ def users_passwd(
     except ModelyardError as exc:
         raise _fail(exc) from exc
     console.print(f"password of {name} set")
+
+
+@users_app.command("set-group")
+def users_set_group(
+    name: str,
+    group: Annotated[str | None, typer.Argument(help="The group; omitted: none.")] = None,
+    config: ConfigOption = None,
+) -> None:
+    """Put a user in a group (limits and fair-share weights may be set per group)."""
+    try:
+        accounts.set_group(_database(config), name, group)
+    except ModelyardError as exc:
+        raise _fail(exc) from exc
+    console.print(f"user {name} is in group {group}" if group else f"user {name} has no group")
 
 
 @users_app.command("rm")

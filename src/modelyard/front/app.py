@@ -44,6 +44,7 @@ from modelyard.front.api import (
 from modelyard.front.api import anthropic as anthropic_api
 from modelyard.front.api import archive as archive_api
 from modelyard.front.api import cluster as cluster_api
+from modelyard.front.api import limits as limits_api
 from modelyard.front.api import logs as logs_api
 from modelyard.front.api import openapi as openapi_api
 from modelyard.front.api import rerank as rerank_api
@@ -62,6 +63,7 @@ from modelyard.front.engines.client import EngineClient
 from modelyard.front.engines.provider import ChildProcess, InProcessEngines, LocalEngines
 from modelyard.front.identity import accounts, auth, tokens
 from modelyard.front.identity.cors import OllamaCors
+from modelyard.front.identity.limits import Limiter, RateLimits
 from modelyard.front.ops import metrics as front_metrics
 from modelyard.front.ops.activity import Activity
 from modelyard.front.ops.draft_pulls import pull_drafts
@@ -160,6 +162,12 @@ def create_app(
             )
             state.ops.requests.add_sink(activity)  # the activity view's ring and live feed
             app.state.front = state
+            # Quotas and rate limits (front/identity/limits.py): the RateLimits middleware
+            # finds it here; it counts finished requests' tokens from the request log.
+            limiter = app.state.limits = Limiter(identity.db, settings.limits_refresh_s)
+            await limiter.start()
+            stack.push_async_callback(limiter.stop)
+            state.ops.requests.add_sink(limiter.on_record)
             for directory in import_dirs:
                 added = await pulls.import_models(state, directory)
                 log.info("imported %d model(s) from %s", len(added), directory)
@@ -181,6 +189,7 @@ def create_app(
             *sessions_api.routes, *openapi_api.routes, *responses_api.routes,
             *rerank_api.routes, *anthropic_api.routes, *cluster_api.routes,
             *activity_api.routes,
+            *limits_api.routes,
         ],
         middleware=_middleware(settings),
         lifespan=lifespan,
@@ -201,7 +210,8 @@ def _middleware(settings: Settings) -> list[Middleware]:
     # Outermost: even a refused request has an id, and is counted.
     stack = [Middleware(RequestIdMiddleware), Middleware(front_metrics.RequestMetrics),
              Middleware(OllamaCors, settings=settings),
-             Middleware(auth.AuthGate, settings=settings)]
+             Middleware(auth.AuthGate, settings=settings),
+             Middleware(RateLimits)]  # inside the gate: it needs the caller
     return stack
 
 

@@ -36,6 +36,7 @@ from modelyard.front.api import (
 )
 from modelyard.front.api import anthropic as anthropic_api
 from modelyard.front.api import cluster as cluster_api
+from modelyard.front.api import limits as limits_api
 from modelyard.front.api import responses as responses_api
 from modelyard.front.archive.store import KINDS, MAX_LIST
 from modelyard.front.chat import anthropic_shapes
@@ -253,6 +254,11 @@ OPERATIONS: dict[tuple[str, str], Op] = {
     ("DELETE", "/admin/users/{name}"): Op("admin", "Remove a user"),
     ("POST", "/admin/users/{name}/password"): Op(
         "admin", "Reset a user's password", accounts.PasswordReset),
+    ("PATCH", "/admin/users/{name}"): Op("admin", "Set a user's group", limits_api.GroupChange),
+    ("GET", "/admin/limits"): Op("admin", "Quotas and rate limits, with their counters"),
+    ("PUT", "/admin/limits/{subject}"): Op(
+        "admin", "Set the limits of a token, user, group or `default`", limits_api.LimitValues),
+    ("DELETE", "/admin/limits/{subject}"): Op("admin", "Remove a subject's limits"),
     ("POST", "/admin/models/{model:path}/load"): Op(
         "admin", "Load a model", admin.LoadRequest, body_required=False),
     ("POST", "/admin/models/{model:path}/unload"): Op("admin", "Unload a model"),

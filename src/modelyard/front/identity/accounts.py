@@ -46,6 +46,7 @@ class User:
     must_change_password: bool
     archive_retention: str | None
     created_at: float
+    group: str | None = None  # teams: limits and fair-share weights may be set per group
 
     def public(self) -> dict[str, Any]:
         return {
@@ -54,6 +55,7 @@ class User:
             "must_change_password": self.must_change_password,
             "archive_retention": self.archive_retention,
             "created_at": self.created_at,
+            "group": self.group,
         }
 
 
@@ -67,7 +69,7 @@ class LoginSession:
 
 def _user(row: Any) -> User:
     return User(row.name, row.is_admin, row.must_change_password, row.archive_retention,
-                row.created_at)
+                row.created_at, row.group_name)
 
 
 def check_name(name: str) -> str:
@@ -153,6 +155,26 @@ def set_archive_retention(engine: sa.Engine, name: str, retention: str | None) -
     with engine.begin() as conn:
         updated = conn.execute(db.users.update().where(db.users.c.name == name)
                                .values(archive_retention=retention)).rowcount
+    if not updated:
+        raise UserNotFound(name)
+
+
+def check_group(group: str) -> str:
+    """A group name follows the rule of user names (it appears in limit subjects)."""
+    if not _NAME.match(group):
+        raise InvalidRequest(
+            "a group name is 1-64 letters, digits, '_', '.' or '-', starting with a letter or "
+            "digit", param="group")
+    return group
+
+
+def set_group(engine: sa.Engine, name: str, group: str | None) -> None:
+    """The user's group (None: none); a token's principal picks it up on its next lookup."""
+    if group is not None:
+        check_group(group)
+    with engine.begin() as conn:
+        updated = conn.execute(db.users.update().where(db.users.c.name == name)
+                               .values(group_name=group)).rowcount
     if not updated:
         raise UserNotFound(name)
 

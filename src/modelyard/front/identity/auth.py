@@ -238,14 +238,14 @@ class Auth:
 def login_principal(user: accounts.User) -> Principal:
     scopes = frozenset({"inference", "admin"} if user.is_admin else {"inference"})
     return Principal(user.name, user.is_admin, scopes, "session",
-                     archive_retention=user.archive_retention)
+                     archive_retention=user.archive_retention, group=user.group)
 
 
 def token_principal(token: tokens.Token) -> Principal:
     # An admin scope counts only while the owner is still an admin.
     scopes = frozenset(s for s in token.scopes if s != "admin" or token.owner_is_admin)
     return Principal(token.owner, "admin" in scopes, scopes, "token", token.id,
-                     token.archive_retention or token.owner_retention)
+                     token.archive_retention or token.owner_retention, token.owner_group)
 
 
 def _cookie(headers: Headers, name: str) -> str | None:

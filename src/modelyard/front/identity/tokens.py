@@ -52,6 +52,7 @@ class Token:
     last_used_at: float | None
     owner_retention: str | None = None  # the owner's default, used when the token has none
     parent_id: str | None = None  # the token it was minted with; revoked with it
+    owner_group: str | None = None  # the owner's group (teams: limits, fair share)
 
     def public(self) -> dict[str, Any]:
         return {
@@ -78,14 +79,15 @@ def check_scopes(scopes: list[str], *, owner_is_admin: bool) -> tuple[str, ...]:
 
 def _query() -> sa.Select[Any]:
     return (sa.select(*db.tokens.c, db.users.c.is_admin,
-                      db.users.c.archive_retention.label("owner_retention"))
+                      db.users.c.archive_retention.label("owner_retention"),
+                      db.users.c.group_name.label("owner_group"))
             .join(db.users, db.users.c.name == db.tokens.c.owner))
 
 
 def _token(row: Any) -> Token:
     return Token(row.id, row.name, row.owner, row.is_admin, row.prefix, tuple(row.scopes),
                  row.archive_retention, row.created_at, row.expires_at, row.last_used_at,
-                 row.owner_retention, row.parent_id)
+                 row.owner_retention, row.parent_id, row.owner_group)
 
 
 def create_token(engine: sa.Engine, owner: str, name: str, scopes: list[str], *,

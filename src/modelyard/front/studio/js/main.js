@@ -15,12 +15,13 @@ const PAGES = {
   logs: { title: "Logs", icon: "logs", admin: true, load: () => import("./pages/logs.js") },
   archive: { title: "Archive", icon: "archive", load: () => import("./pages/archive.js") },
   activity: { title: "Activity", icon: "activity", load: () => import("./pages/activity.js") },
+  limits: { title: "Limits", icon: "gauge", admin: true, load: () => import("./pages/limits.js") },
   admin: { title: "Users & tokens", userTitle: "API tokens", icon: "users",
     load: () => import("./pages/admin.js") },
   password: { title: "Change password", hidden: true, load: () => import("./pages/login.js") },
 };
 const WORKSPACE = ["dashboard", "models", "chat"];
-const MANAGE = ["activity", "logs", "archive", "admin"];
+const MANAGE = ["activity", "logs", "archive", "admin", "limits"];
 
 const app = document.getElementById("app");
 let session = null; // GET /auth/me: {user, via, scopes, csrf_token}

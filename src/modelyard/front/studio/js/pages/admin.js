@@ -79,6 +79,7 @@ export function render(container, { isAdmin, session }) {
       rows.push(h("tr", { dataset: { user: u.name } },
         h("td", h("div.cell-title", u.name, u.name === session.user.name ? h("span.faint", " (you)") : null)),
         h("td", u.is_admin ? badge("admin", "accent") : badge("user")),
+        h("td", u.group ? badge(u.group) : h("span.faint", "—")),
         h("td", u.must_change_password ? badge("must change password", "warn") : h("span.faint", "—")),
         h("td.nowrap", { title: fmtDate(u.created_at) }, fmtAgo(u.created_at)),
         h("td.actions",
@@ -88,10 +89,10 @@ export function render(container, { isAdmin, session }) {
             disabled: u.name === session.user.name, title: u.name === session.user.name ? "You cannot delete yourself" : "",
             onclick: (e) => removeUser(e.currentTarget, u) }, "Delete"))));
       if (rowErrors.has(`user:${u.name}`)) {
-        rows.push(h("tr.row-error", h("td", { colspan: 5 }, errorBox(rowErrors.get(`user:${u.name}`)))));
+        rows.push(h("tr.row-error", h("td", { colspan: 6 }, errorBox(rowErrors.get(`user:${u.name}`)))));
       }
     }
-    clear(usersBox, users.length ? table(["Name", "Role", "Password", "Created", h("th", "")], rows)
+    clear(usersBox, users.length ? table(["Name", "Role", "Group", "Password", "Created", h("th", "")], rows)
       : emptyState("No users", "Add one above.", null, "users"));
   }
 

@@ -1,0 +1,316 @@
+"""Quotas and rate limits in the database: the `limits` table and the counters every front shares.
+
+Everything that must hold for all fronts sharing one database is decided by the database in one
+transaction per request (`admit`): a conditional `UPDATE … SET count = count + 1 WHERE count <
+limit` for requests per minute, a read of the day's token counter, and concurrency slots taken
+under a per-subject lock row (an UPDATE of it holds SQLite's write lock or PostgreSQL's row
+lock until commit, so two fronts cannot both take the last slot). A refusal rolls the whole
+transaction back: a request refused by one limit spends nothing of another.
+
+Calls are blocking; the front runs them with `asyncio.to_thread`, the CLI directly.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+
+from modelyard import db
+from modelyard.errors import InvalidRequest, ModelyardError, RateLimited
+
+DEFAULT = "default"
+MINUTE = "minute"
+DAY = "day"
+SLOTS = "slots"  # the lock row of a subject's concurrency slots (window_start 0)
+_SUBJECT = re.compile(r"^(token:[A-Za-z0-9_-]{1,32}|(user|group):[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
+                      r"|default)$")
+FIELDS = ("requests_per_minute", "tokens_per_day", "max_concurrent")
+
+
+class LimitNotFound(ModelyardError):
+    status = 404
+    code = "limit_not_found"
+
+    def __init__(self, subject: str) -> None:
+        super().__init__(f"no limit for {subject!r}; GET /admin/limits lists them",
+                         param="subject")
+
+
+@dataclass(frozen=True)
+class Limit:
+    subject: str
+    requests_per_minute: int | None = None
+    tokens_per_day: int | None = None
+    max_concurrent: int | None = None
+    updated_at: float = 0.0
+    updated_by: str | None = None
+
+    def public(self) -> dict[str, Any]:
+        return {"subject": self.subject, "requests_per_minute": self.requests_per_minute,
+                "tokens_per_day": self.tokens_per_day, "max_concurrent": self.max_concurrent,
+                "updated_at": self.updated_at, "updated_by": self.updated_by}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What one request is held to for one counter subject (`token:…`, `user:…`, `group:…`,
+    `anonymous`); None: no limit on that field."""
+
+    subject: str
+    requests_per_minute: int | None = None
+    tokens_per_day: int | None = None
+    max_concurrent: int | None = None
+
+    @property
+    def empty(self) -> bool:
+        return (self.requests_per_minute is None and self.tokens_per_day is None
+                and self.max_concurrent is None)
+
+
+@dataclass(frozen=True)
+class Windows:
+    """Window lengths (tests shorten nothing: they move the clock instead)."""
+
+    minute_s: float = 60.0
+    day_s: float = 86400.0
+    slot_ttl_s: float = 60.0  # a dead front's slots free within this
+
+
+def window_start(now: float, length_s: float) -> int:
+    """The start (epoch seconds) of the fixed window holding `now`; days are UTC days."""
+    return int(now // length_s * length_s)
+
+
+def until_next(now: float, length_s: float) -> float:
+    """Seconds from `now` until the window holding it ends."""
+    return window_start(now, length_s) + length_s - now
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A request let through: its slots (released when it ends) and the tightest limit it has
+    left, for the X-RateLimit-* headers of its answer (None: only a concurrency limit)."""
+
+    slots: tuple[str, ...]
+    limit: int | None = None
+    remaining: int = 0
+    reset_s: float = 0.0
+
+
+def check_subject(subject: str) -> str:
+    if not _SUBJECT.match(subject):
+        raise InvalidRequest(
+            "a limit's subject is `token:<id>`, `user:<name>`, `group:<name>` or `default`",
+            param="subject")
+    return subject
+
+
+# ---- the limits table ----------------------------------------------------------------------
+
+
+def _limit(row: Any) -> Limit:
+    return Limit(row.subject, row.requests_per_minute, row.tokens_per_day, row.max_concurrent,
+                 row.updated_at, row.updated_by)
+
+
+def list_limits(engine: sa.Engine) -> list[Limit]:
+    with engine.connect() as conn:
+        return [_limit(r) for r in conn.execute(sa.select(db.limits)
+                                                .order_by(db.limits.c.subject))]
+
+
+def set_limit(engine: sa.Engine, subject: str, *, requests_per_minute: int | None,
+              tokens_per_day: int | None, max_concurrent: int | None,
+              by: str | None) -> Limit:
+    """Creates or replaces the subject's limits (every field: None is no limit)."""
+    check_subject(subject)
+    for name, value in zip(FIELDS, (requests_per_minute, tokens_per_day, max_concurrent),
+                           strict=True):
+        if value is not None and value < 0:
+            raise InvalidRequest(f"{name} is a count, 0 or more (null: no limit)", param=name)
+    stamp = time.time()
+    values = {"requests_per_minute": requests_per_minute, "tokens_per_day": tokens_per_day,
+              "max_concurrent": max_concurrent, "updated_at": stamp, "updated_by": by}
+    with engine.begin() as conn:  # update, else insert: one transaction, any dialect
+        done = conn.execute(db.limits.update().where(db.limits.c.subject == subject)
+                            .values(**values)).rowcount
+        if not done:
+            conn.execute(db.limits.insert().values(subject=subject, **values))
+    return Limit(subject, requests_per_minute, tokens_per_day, max_concurrent, stamp, by)
+
+
+def remove_limit(engine: sa.Engine, subject: str) -> None:
+    with engine.begin() as conn:
+        if not conn.execute(db.limits.delete().where(db.limits.c.subject == subject)).rowcount:
+            raise LimitNotFound(subject)
+
+
+def usage(engine: sa.Engine, subjects: Iterable[str], now: float,
+          windows: Windows = Windows()) -> dict[str, dict[str, int]]:
+    """What each subject's counters hold now: requests this minute, tokens today, running."""
+    wanted = list(subjects)
+    out = {s: {"requests_this_minute": 0, "tokens_today": 0, "concurrent": 0} for s in wanted}
+    c, slots = db.rate_counters.c, db.concurrency_slots.c
+    with engine.connect() as conn:
+        for kind, length, key in ((MINUTE, windows.minute_s, "requests_this_minute"),
+                                  (DAY, windows.day_s, "tokens_today")):
+            query = sa.select(c.subject, c.count).where(
+                c.subject.in_(wanted), c.kind == kind,
+                c.window_start == window_start(now, length))
+            for subject, count in conn.execute(query):
+                out[subject][key] = int(count)
+        query = (sa.select(slots.subject, sa.func.count()).where(
+            slots.subject.in_(wanted), slots.expires_at > now).group_by(slots.subject))
+        for subject, count in conn.execute(query):
+            out[subject]["concurrent"] = int(count)
+    return out
+
+
+# ---- counters -------------------------------------------------------------------------------
+
+
+def _insert_missing(conn: sa.Connection, subject: str, window: str, start: int) -> None:
+    """The counter row, at 0, unless it is there (no failed INSERT: PostgreSQL would abort the
+    transaction)."""
+    values = {"subject": subject, "kind": window, "window_start": start, "count": 0}
+    if conn.dialect.name == "postgresql":
+        conn.execute(postgresql.insert(db.rate_counters).values(**values)
+                     .on_conflict_do_nothing())
+    else:
+        conn.execute(sqlite.insert(db.rate_counters).values(**values).on_conflict_do_nothing())
+
+
+def _where(subject: str, window: str, start: int) -> sa.ColumnElement[bool]:
+    c = db.rate_counters.c
+    return sa.and_(c.subject == subject, c.kind == window, c.window_start == start)
+
+
+def _count(conn: sa.Connection, subject: str, window: str, start: int) -> int:
+    value = conn.execute(sa.select(db.rate_counters.c.count)
+                         .where(_where(subject, window, start))).scalar()
+    return int(value or 0)
+
+
+class _Refused(Exception):
+    def __init__(self, error: RateLimited) -> None:
+        self.error = error
+
+
+def admit(engine: sa.Engine, rules: list[Rule], *, now: float, front_id: str, slot_id: str,
+          windows: Windows = Windows()) -> Admission:
+    """Counts the request against every rule, or raises RateLimited and counts nothing."""
+    try:
+        with engine.begin() as conn:
+            return _admit(conn, sorted(rules, key=lambda r: r.subject), now, front_id, slot_id,
+                          windows)
+    except _Refused as refused:  # the transaction rolled back
+        raise refused.error from None
+
+
+def _admit(conn: sa.Connection, rules: list[Rule], now: float, front_id: str, slot_id: str,
+           w: Windows) -> Admission:
+    # (limit, remaining, reset) of each limit counted, to report the tightest.
+    left: list[tuple[int, int, float]] = []
+    slots: list[str] = []
+    day = window_start(now, w.day_s)
+    minute = window_start(now, w.minute_s)
+    for rule in rules:
+        who = rule.subject
+        if rule.tokens_per_day is not None:
+            # A write first: SQLite then holds its write lock from the transaction's first
+            # statement, and never fails upgrading a read lock while another front writes.
+            _insert_missing(conn, who, DAY, day)
+            used = _count(conn, who, DAY, day)
+            reset = until_next(now, w.day_s)
+            if used >= rule.tokens_per_day:
+                raise _Refused(RateLimited(
+                    f"{who} used {used} of its {rule.tokens_per_day} tokens per day; it gets "
+                    f"more in {round(reset)} s", retry_after_s=reset,
+                    limit=rule.tokens_per_day, remaining=0, reset_s=reset))
+            left.append((rule.tokens_per_day, rule.tokens_per_day - used, reset))
+        if rule.requests_per_minute is not None:
+            _insert_missing(conn, who, MINUTE, minute)
+            c = db.rate_counters.c
+            taken = conn.execute(db.rate_counters.update()
+                                 .where(_where(who, MINUTE, minute),
+                                        c.count < rule.requests_per_minute)
+                                 .values(count=c.count + 1)).rowcount
+            reset = until_next(now, w.minute_s)
+            if not taken:
+                raise _Refused(RateLimited(
+                    f"{who} sent its {rule.requests_per_minute} requests of this minute; try "
+                    f"again in {max(1, round(reset))} s", retry_after_s=reset,
+                    limit=rule.requests_per_minute, remaining=0, reset_s=reset))
+            used = _count(conn, who, MINUTE, minute)
+            left.append((rule.requests_per_minute, rule.requests_per_minute - used, reset))
+        if rule.max_concurrent is not None:
+            slots.append(_take_slot(conn, rule, now, front_id, f"{slot_id}-{len(slots)}", w))
+    if not left:
+        return Admission(tuple(slots))
+    limit, remaining, reset = min(left, key=lambda item: (item[1], item[2]))
+    return Admission(tuple(slots), limit, remaining, reset)
+
+
+def _take_slot(conn: sa.Connection, rule: Rule, now: float, front_id: str, slot_id: str,
+               w: Windows) -> str:
+    assert rule.max_concurrent is not None
+    who, s = rule.subject, db.concurrency_slots.c
+    _insert_missing(conn, who, SLOTS, 0)
+    c = db.rate_counters.c  # lock the subject's slots until commit (SQLite: the write lock)
+    conn.execute(db.rate_counters.update().where(_where(who, SLOTS, 0)).values(count=c.count))
+    conn.execute(db.concurrency_slots.delete().where(s.subject == who, s.expires_at <= now))
+    running = conn.execute(sa.select(sa.func.count()).select_from(db.concurrency_slots)
+                           .where(s.subject == who)).scalar() or 0
+    if running >= rule.max_concurrent:
+        raise _Refused(RateLimited(
+            f"{who} has {running} requests running, its limit of concurrent requests; try again "
+            "when one ends", retry_after_s=1.0, limit=rule.max_concurrent, remaining=0,
+            reset_s=1.0))
+    conn.execute(db.concurrency_slots.insert().values(
+        id=slot_id, subject=who, front_id=front_id, expires_at=now + w.slot_ttl_s))
+    return slot_id
+
+
+def release(engine: sa.Engine, slots: Iterable[str]) -> None:
+    ids = list(slots)
+    if ids:
+        with engine.begin() as conn:
+            conn.execute(db.concurrency_slots.delete().where(db.concurrency_slots.c.id.in_(ids)))
+
+
+def keep_slots(engine: sa.Engine, front_id: str, expires_at: float) -> None:
+    """Pushes this front's running slots' expiry forward (it is alive)."""
+    s = db.concurrency_slots.c
+    with engine.begin() as conn:
+        conn.execute(db.concurrency_slots.update().where(s.front_id == front_id)
+                     .values(expires_at=expires_at))
+
+
+def add_tokens(engine: sa.Engine, counts: dict[str, int], now: float,
+               windows: Windows = Windows()) -> None:
+    """Adds each subject's finished requests' tokens to today's counter (atomic increments, so
+    fronts adding at once lose nothing)."""
+    day = window_start(now, windows.day_s)
+    c = db.rate_counters.c
+    with engine.begin() as conn:
+        for subject, n in sorted(counts.items()):
+            _insert_missing(conn, subject, DAY, day)
+            conn.execute(db.rate_counters.update().where(_where(subject, DAY, day))
+                         .values(count=c.count + n))
+
+
+def prune(engine: sa.Engine, now: float, windows: Windows = Windows()) -> None:
+    """Drops counters of windows long over, and slots that expired (a front that died)."""
+    c, s = db.rate_counters.c, db.concurrency_slots.c
+    with engine.begin() as conn:
+        conn.execute(db.rate_counters.delete().where(
+            c.kind == MINUTE, c.window_start < window_start(now, windows.minute_s)))
+        conn.execute(db.rate_counters.delete().where(
+            c.kind == DAY, c.window_start < window_start(now, windows.day_s)))
+        conn.execute(db.concurrency_slots.delete().where(s.expires_at <= now))
