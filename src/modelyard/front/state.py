@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from modelyard.front.identity.auth import Auth
     from modelyard.front.ops.logs import LogBuffer
     from modelyard.front.ops.reload import ConfigReloader
+    from modelyard.front.ops.usage import UsageRecorder
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -62,6 +63,7 @@ class Ops:
     logs: LogBuffer
     # Finished inference requests, fanned out to usage accounting and the activity view.
     requests: RequestLog = field(default_factory=RequestLog)
+    usage: UsageRecorder | None = None  # usage accounting (GET /v1/usage), one of the sinks
 
 
 @dataclass(frozen=True)
