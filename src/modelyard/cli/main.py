@@ -505,12 +505,14 @@ def _register_account_commands() -> None:
     from modelyard.cli.accounts import tokens_app, users_app
     from modelyard.cli.cluster import cluster_app, join
     from modelyard.cli.db import db_app
+    from modelyard.cli.usage import usage
 
     app.add_typer(cluster_app, name="cluster")
     app.command()(join)
     app.add_typer(users_app, name="users")
     app.add_typer(tokens_app, name="tokens")
     app.add_typer(db_app, name="db")
+    app.command()(usage)
 
 
 _register_account_commands()

@@ -11,6 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 from modelyard import db, metrics
+from modelyard.cli.usage import since_start
 from modelyard.errors import Forbidden, InvalidRequest
 from modelyard.front.api.usage import parse_group_by, parse_time, to_csv
 from modelyard.front.ops.request_log import RequestRecord
@@ -193,3 +194,9 @@ async def test_filters_groups_and_csv(tmp_path: Path) -> None:
         await recorder.stop()
     finally:
         database.dispose()
+
+
+def test_cli_since_is_a_duration_back_or_a_time() -> None:
+    assert since_start("24h", T0) == str(int(T0 - 86400))
+    assert since_start("30m", T0) == str(int(T0 - 1800))
+    assert since_start("2027-01-01", T0) == "2027-01-01"  # the server parses it

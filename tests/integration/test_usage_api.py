@@ -9,6 +9,9 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -176,3 +179,24 @@ def test_restart_keeps_the_counts(start_server: Any) -> None:
             (1, reported["prompt_tokens"], reported["completion_tokens"])
     finally:
         second.stop()
+
+
+def test_the_cli(server: Server, bearer: Any, reported: dict[str, dict[str, int]]) -> None:
+    def cli(*args: str, token: str) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "MODELYARD_TOKEN": token, "MODELYARD_HOME": str(server.home)}
+        return subprocess.run([sys.executable, "-m", "modelyard", "usage", "--url", server.url,
+                               *args], env=env, capture_output=True, text=True, timeout=60,
+                              check=False)
+
+    admin = server.admin_headers["Authorization"].removeprefix("Bearer ")
+    done = cli("--csv", "--since", "2h", token=admin)
+    assert done.returncode == 0, done.stderr
+    rows = list(csv.DictReader(io.StringIO(done.stdout)))
+    assert {x["owner"]: int(x["completion_tokens"]) for x in rows} == \
+        {k: v["completion"] for k, v in reported.items()}
+    carol = bearer["carol"]["Authorization"].removeprefix("Bearer ")
+    done = cli("--group-by", "user", token=carol)
+    assert done.returncode == 0, done.stderr
+    assert "carol" in done.stdout and "dave" not in done.stdout
+    done = cli("--owner", "dave", token=carol)
+    assert done.returncode == 1 and "your own usage" in done.stderr
