@@ -1,5 +1,5 @@
 // The Studio's shell: who is logged in, the left navigation, and hash routing to the pages.
-//   #/dashboard #/models #/chat #/logs #/archive #/admin   (after login)
+//   #/dashboard #/models #/chat #/logs #/archive #/usage #/admin   (after login)
 //   #/password (inside the shell; alone, without navigation, while a change is required)
 //   #/login
 
@@ -14,12 +14,13 @@ const PAGES = {
   chat: { title: "Chat", icon: "chat", load: () => import("./pages/chat.js") },
   logs: { title: "Logs", icon: "logs", admin: true, load: () => import("./pages/logs.js") },
   archive: { title: "Archive", icon: "archive", load: () => import("./pages/archive.js") },
+  usage: { title: "Usage", icon: "chart", load: () => import("./pages/usage.js") },
   admin: { title: "Users & tokens", userTitle: "API tokens", icon: "users",
     load: () => import("./pages/admin.js") },
   password: { title: "Change password", hidden: true, load: () => import("./pages/login.js") },
 };
 const WORKSPACE = ["dashboard", "models", "chat"];
-const MANAGE = ["logs", "archive", "admin"];
+const MANAGE = ["logs", "archive", "usage", "admin"];
 
 const app = document.getElementById("app");
 let session = null; // GET /auth/me: {user, via, scopes, csrf_token}
