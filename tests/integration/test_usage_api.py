@@ -120,6 +120,7 @@ def test_a_user_sees_only_their_own(server: Server, bearer: Any, reported: Any) 
     ({"end": "nan"}, "end"),
     ({"start": "2030-01-02", "end": "2030-01-01"}, "start"),
     ({"format": "xml"}, "format"),
+    ({"model": "a\x00b"}, "model"),
 ])
 def test_bad_filters_are_400(server: Server, bearer: Any, params: dict[str, str],
                              param: str) -> None:

@@ -78,6 +78,9 @@ def parse_group_by(raw: str | None) -> tuple[str, ...]:
 
 def parse_query(request: Request, now: float) -> Query:
     params = request.query_params
+    for name in ("owner", "model"):
+        if "\x00" in params.get(name, ""):  # PostgreSQL refuses NUL in a text parameter
+            raise InvalidRequest(f"{name}: must not contain NUL characters", param=name)
     principal = principal_of(request)
     mine = owner_key(principal)
     owner: str | None = params.get("owner")
