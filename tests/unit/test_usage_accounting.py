@@ -9,11 +9,13 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 
 from modelyard import db, metrics
 from modelyard.cli.usage import since_start
 from modelyard.errors import Forbidden, InvalidRequest
 from modelyard.front.api.usage import parse_group_by, parse_time, to_csv
+from modelyard.front.ops import usage_store
 from modelyard.front.ops.request_log import RequestRecord
 from modelyard.front.ops.usage import OwnerLabels, UsageRecorder, add_record, hour_of
 from modelyard.front.ops.usage_store import Bucket, Key, Query
@@ -200,3 +202,15 @@ def test_cli_since_is_a_duration_back_or_a_time() -> None:
     assert since_start("24h", T0) == str(int(T0 - 86400))
     assert since_start("30m", T0) == str(int(T0 - 1800))
     assert since_start("2027-01-01", T0) == "2027-01-01"  # the server parses it
+
+
+def test_the_sql_is_postgresql_too() -> None:
+    """The upsert increments on PostgreSQL as on SQLite, and the day grouping is integer
+    arithmetic there too (the SQLite runs above execute it; this checks PostgreSQL's text)."""
+    pg = postgresql.dialect()
+    text = str(usage_store.upsert("postgresql").compile(dialect=pg))
+    assert "ON CONFLICT (hour, owner, token_id, model, api) DO UPDATE SET" in text
+    assert "requests = (usage_hourly.requests + excluded.requests)" in text
+    day = str(usage_store.select(Query(0, 1, owner="a", group_by=("day", "user"))).compile(
+        dialect=pg))
+    assert "GROUP BY" in day and "usage_hourly.hour / %(hour_1)s" in day

@@ -76,44 +76,36 @@ class Query:
                 and (self.model is None or key.model == self.model))
 
 
-def add(database: sa.Engine, buckets: dict[Key, Bucket]) -> None:
-    """Add every bucket to its row, in one transaction (all of a flush or none of it)."""
+def upsert(name: str) -> Any:
+    """The incrementing upsert for the dialect `name` (sqlite or postgresql)."""
     table = db.usage_hourly
-    name = database.dialect.name
     if name == "postgresql":
         insert: Any = postgresql.insert(table)
     elif name == "sqlite":
         insert = sqlite.insert(table)
     else:  # pragma: no cover - modelyard speaks SQLite and PostgreSQL only
         raise RuntimeError(f"usage accounting does not support the {name} dialect")
-    upsert = insert.on_conflict_do_update(
+    return insert.on_conflict_do_update(
         index_elements=[c.name for c in table.primary_key.columns],
         set_={c: table.c[c] + insert.excluded[c] for c in COUNTERS},
     )
+
+
+def add(database: sa.Engine, buckets: dict[Key, Bucket]) -> None:
+    """Add every bucket to its row, in one transaction (all of a flush or none of it)."""
     rows = [{**key._asdict(), **{c: getattr(b, c) for c in COUNTERS}}
             for key, b in buckets.items()]
     with database.begin() as conn:
-        conn.execute(upsert, rows)
+        conn.execute(upsert(database.dialect.name), rows)
 
 
 def query(database: sa.Engine, q: Query, memory: dict[Key, Bucket]) -> list[dict[str, Any]]:
     """The sums of the rows `q` selects, grouped by `q.group_by`, the database's and `memory`'s
     (what the front has not flushed yet) together; ordered by period then keys."""
-    table = db.usage_hourly
     groups = [GROUPS[g] for g in q.group_by]
-    columns = [expr().label(out) for out, expr, _ in groups]
-    sums = [sa.func.sum(table.c[c]).label(c) for c in COUNTERS]
-    where = [table.c.hour > q.start - HOUR_S, table.c.hour < q.end]
-    if q.owner is not None:
-        where.append(table.c.owner == q.owner)
-    if q.model is not None:
-        where.append(table.c.model == q.model)
-    stmt = sa.select(*columns, *sums).where(*where)
-    if columns:
-        stmt = stmt.group_by(*columns)
     totals: dict[tuple[Any, ...], Bucket] = {}
     with database.connect() as conn:
-        for row in conn.execute(stmt).mappings():
+        for row in conn.execute(select(q)).mappings():
             if row["requests"] is None:  # no group_by and no rows: one row of NULL sums
                 continue
             keys = tuple(_plain(row[out]) for out, _, _ in groups)
@@ -130,6 +122,21 @@ def query(database: sa.Engine, q: Query, memory: dict[Key, Bucket]) -> list[dict
         have.add(bucket)
     names = [out for out, _, _ in groups]
     return [_answer(names, keys, totals[keys]) for keys in sorted(totals)]
+
+
+def select(q: Query) -> sa.Select[Any]:
+    """The database's sums for `q`, grouped (the same SQL on SQLite and PostgreSQL)."""
+    table = db.usage_hourly
+    groups = [GROUPS[g] for g in q.group_by]
+    columns = [expr().label(out) for out, expr, _ in groups]
+    sums = [sa.func.sum(table.c[c]).label(c) for c in COUNTERS]
+    where = [table.c.hour > q.start - HOUR_S, table.c.hour < q.end]
+    if q.owner is not None:
+        where.append(table.c.owner == q.owner)
+    if q.model is not None:
+        where.append(table.c.model == q.model)
+    stmt = sa.select(*columns, *sums).where(*where)
+    return stmt.group_by(*columns) if columns else stmt
 
 
 def _plain(value: Any) -> Any:
