@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+from tests.e2e.compat.table import covers
 from tests.integration.harness import HELLO, config, module_server
 from tests.support import Server, fake_model
 
@@ -201,3 +202,42 @@ def test_the_cli(server: Server, bearer: Any, reported: dict[str, dict[str, int]
     assert "carol" in done.stdout and "dave" not in done.stdout
     done = cli("--owner", "dave", token=carol)
     assert done.returncode == 1 and "your own usage" in done.stderr
+
+
+@covers("Usage per user and token (`GET /v1/usage`)", "OpenAI", "Ollama", "Anthropic")
+def test_every_api_is_counted_with_the_tokens_it_reported(server: Server, bearer: Any,
+                                                          reported: Any) -> None:
+    """One request through each API family, as erin: each is a row of its `api` whose tokens are
+    those that API's answer reported to the client."""
+    admin = httpx.Client(base_url=server.url, headers=server.admin_headers, timeout=60)
+    with admin:
+        r = admin.post("/admin/users", json={"name": "erin", "password": "erin-pw-123",
+                                              "must_change_password": False})
+        assert r.status_code in (200, 201), r.text
+        token = admin.post("/tokens", json={"name": "erin-t", "owner": "erin"}).json()["token"]
+    erin = {"Authorization": f"Bearer {token}"}
+    said: dict[str, tuple[int, int]] = {}
+    r = httpx.post(server.url + "/v1/chat/completions", headers=erin, timeout=60,
+                   json={"model": "m", "messages": HELLO, "max_tokens": 2})
+    said["openai"] = (r.json()["usage"]["prompt_tokens"], r.json()["usage"]["completion_tokens"])
+    r = httpx.post(server.url + "/api/chat", headers=erin, timeout=60,
+                   json={"model": "m", "messages": HELLO, "stream": False,
+                         "options": {"num_predict": 3}})
+    said["ollama"] = (r.json()["prompt_eval_count"], r.json()["eval_count"])
+    r = httpx.post(server.url + "/v1/messages", headers=erin, timeout=60,
+                   json={"model": "m", "messages": HELLO, "max_tokens": 4})
+    assert r.status_code == 200, r.text
+    u = r.json()["usage"]
+    # Anthropic's input_tokens leaves out the cached ones (cache_read_input_tokens).
+    said["anthropic"] = (u["input_tokens"] + u.get("cache_read_input_tokens", 0),
+                         u["output_tokens"])
+    r = httpx.post(server.url + "/v1/responses", headers=erin, timeout=60,
+                   json={"model": "m", "input": HELLO, "max_output_tokens": 5, "store": False})
+    assert r.status_code == 200, r.text
+    u = r.json()["usage"]
+    said["openai"] = (said["openai"][0] + u["input_tokens"], said["openai"][1] + u["output_tokens"])
+    rows = usage(server, erin, group_by="api").json()["data"]
+    assert {x["api"]: (x["prompt_tokens"], x["completion_tokens"]) for x in rows} == said
+    assert [said[a][1] for a in ("openai", "ollama", "anthropic")] == [2 + 5, 3, 4]
+    [total] = usage(server, erin, group_by="").json()["data"]
+    assert total["requests"] == 4

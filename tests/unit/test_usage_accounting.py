@@ -72,6 +72,13 @@ def test_owner_label_is_bounded() -> None:
          b'{"cached_tokens":6}},"timings":{"cache_n":6,"prompt_n":3,"predicted_n":2}}', (9, 2)),
         # Ollama's figures (modelyard's renderer already counts the cached ones in)
         (b'{"done":true,"prompt_eval_count":9,"eval_count":2}', (9, 2)),
+        # Anthropic's stream: message_start's input_tokens, then message_delta's (cache apart)
+        (b'event: message_start\ndata: {"usage":{"input_tokens":9,"output_tokens":0}}\n\n'
+         b'event: message_delta\ndata: {"usage":{"input_tokens":3,"cache_read_input_tokens":6,'
+         b'"cache_creation_input_tokens":0,"output_tokens":2}}\n\n', (9, 2)),
+        # OpenAI Responses: input_tokens counts the cached ones already
+        (b'{"usage":{"input_tokens":9,"input_tokens_details":{"cached_tokens":6},'
+         b'"output_tokens":2,"total_tokens":11}}', (9, 2)),
     ],
 )
 def test_prompt_tokens_from_a_tail_include_the_cached(tail: bytes,
