@@ -779,6 +779,18 @@ class Settings(BaseSettings):
         False, description="Keep chat sessions in the database (table `chat_sessions`) so they "
         "survive a restart.",
     )
+    usage_flush_interval_s: float = Field(
+        5.0, gt=0, description="Usage accounting: how often the front adds the requests it "
+        "counted to the database (table usage_hourly); also at shutdown.",
+    )
+    usage_metric_owners: list[str] = Field(
+        default_factory=list, description="Owners (user names) whose usage metrics carry "
+        "their own `owner` label, whatever the top-N.",
+    )
+    usage_metric_top_owners: int = Field(
+        10, ge=0, description="Besides usage_metric_owners, the first N other owners a front "
+        "sees get their own `owner` label in the usage metrics; the rest are `other`.",
+    )
     thermal: ThermalSettings = Field(
         default_factory=ThermalSettings, description="Thermal protection."
     )

@@ -196,6 +196,30 @@ concurrency_slots = sa.Table(
     sa.Column("expires_at", sa.Float, nullable=False),
 )
 
+# ---- usage accounting (front/ops/usage.py) ------------------------------------------------------
+# Inference requests summed per hour (UTC, `hour` = the hour's start in unix seconds) and per
+# owner ("" anonymous), API token ("" none), model ("" never routed) and API. Every front adds to
+# the same rows (an upsert that increments), so the sums hold across several fronts.
+usage_hourly = sa.Table(
+    "usage_hourly",
+    metadata,
+    sa.Column("hour", sa.BigInteger, primary_key=True),
+    sa.Column("owner", sa.String(64), primary_key=True),
+    sa.Column("token_id", sa.String(32), primary_key=True),
+    sa.Column("model", sa.String(255), primary_key=True),
+    sa.Column("api", sa.String(16), primary_key=True),
+    sa.Column("requests", sa.BigInteger, nullable=False, default=0),
+    sa.Column("errors", sa.BigInteger, nullable=False, default=0),
+    sa.Column("prompt_tokens", sa.BigInteger, nullable=False, default=0),  # cached included
+    sa.Column("cached_tokens", sa.BigInteger, nullable=False, default=0),
+    sa.Column("completion_tokens", sa.BigInteger, nullable=False, default=0),
+    sa.Column("ttft_sum_s", sa.Float, nullable=False, default=0.0),
+    sa.Column("ttft_count", sa.BigInteger, nullable=False, default=0),  # records with a TTFT
+    sa.Column("duration_sum_s", sa.Float, nullable=False, default=0.0),
+    sa.Column("queue_wait_sum_s", sa.Float, nullable=False, default=0.0),
+    sa.Column("swaps", sa.BigInteger, nullable=False, default=0),
+)
+
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()

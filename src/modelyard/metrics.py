@@ -81,6 +81,13 @@ SPECS: tuple[Spec, ...] = (
          "prompt tokens) or miss.", ("model", "cache")),
     Spec("modelyard_session_cached_tokens_total", "counter",
          "Prompt tokens the backends reused from cache in chat session turns.", ("model",)),
+    Spec("modelyard_usage_tokens_total", "counter",
+         "Tokens per owner (usage accounting): kind prompt (all prompt tokens), cached (of "
+         "those, reused from the KV cache) or completion. `owner` is bounded: the names in "
+         "usage_metric_owners, the first usage_metric_top_owners others, then other; "
+         "anonymous callers are anonymous.", ("owner", "model", "kind")),
+    Spec("modelyard_usage_requests_total", "counter",
+         "Inference requests per owner (the same bounded `owner` label).", ("owner", "model")),
     Spec("modelyard_pull_bytes_total", "counter",
          "Bytes pull jobs downloaded (a resumed file counts only what was fetched again)."),
     Spec("modelyard_pull_jobs_total", "counter",
@@ -351,6 +358,14 @@ def session_turn(model: str, cached_tokens: int | None) -> None:
         _child("modelyard_session_cached_tokens_total", model).inc(cached_tokens)
 
 
+def usage_counted(owner: str, model: str, prompt: int, cached: int, completion: int) -> None:
+    """One finished request in the usage families (`owner` already bounded by the caller)."""
+    _child("modelyard_usage_requests_total", owner, model).inc()
+    for kind, n in (("prompt", prompt), ("cached", cached), ("completion", completion)):
+        if n:
+            _child("modelyard_usage_tokens_total", owner, model, kind).inc(n)
+
+
 def pull_fetched(nbytes: int) -> None:
     if nbytes > 0:
         _child("modelyard_pull_bytes_total").inc(nbytes)
@@ -512,11 +527,14 @@ def counting_errors(render: Callable[[E], T]) -> Callable[[E], T]:
 
 TAIL_BYTES = 4096
 _COUNTS = re.compile(
-    rb'"(prompt_tokens|completion_tokens|prompt_eval_count|eval_count|prompt_n|predicted_n)"'
-    rb"\s*:\s*(\d+)")
-# Where a figure is reported more than one way, the first name wins.
-_IN = (b"prompt_tokens", b"prompt_eval_count", b"prompt_n")
-_OUT = (b"completion_tokens", b"eval_count", b"predicted_n")
+    rb'"(prompt_tokens|completion_tokens|prompt_eval_count|eval_count|prompt_n|predicted_n|'
+    rb'cache_n|input_tokens|output_tokens|cache_read_input_tokens)"\s*:\s*(\d+)')
+# Where a figure is reported more than one way, the first name wins. input/output_tokens:
+# Anthropic's Messages and OpenAI's Responses shapes (modelyard renders both).
+_IN = (b"prompt_tokens", b"prompt_eval_count", b"input_tokens", b"prompt_n")
+_OUT = (b"completion_tokens", b"eval_count", b"output_tokens", b"predicted_n")
+# The cached prompt tokens a shape leaves out of its prompt count, by that count's name.
+_CACHED_APART = {b"input_tokens": b"cache_read_input_tokens", b"prompt_n": b"cache_n"}
 
 
 def tail_of(prev: bytes, last: bytes, limit: int = TAIL_BYTES) -> bytes:
@@ -541,12 +559,19 @@ def cached_from_tail(tail: bytes) -> int:
 
 def usage_from_tail(tail: bytes) -> tuple[int, int]:
     """(tokens in, tokens out) of an answer, from its tail: the last OpenAI `usage`, Ollama
-    `prompt_eval_count`/`eval_count` or llama-server `timings` figures in it; 0 when absent."""
+    `prompt_eval_count`/`eval_count`, Anthropic/Responses `input_tokens`/`output_tokens` or
+    llama-server `timings` figures in it, the prompt's cached tokens included; 0 when absent."""
     found: dict[bytes, int] = {}
     for match in _COUNTS.finditer(tail):
         found[match.group(1)] = int(match.group(2))
     if not found:
         return 0, 0
-    tokens_in = next((found[k] for k in _IN if k in found), 0)
+    name = next((k for k in _IN if k in found), None)
+    tokens_in = 0 if name is None else found[name]
+    if name in _CACHED_APART:
+        # llama-server's `timings.prompt_n` counts the prompt tokens it evaluated now, not those
+        # reused from its cache (`cache_n`); Anthropic's `input_tokens` leaves out
+        # `cache_read_input_tokens`. The prompt is both.
+        tokens_in += found.get(_CACHED_APART[name], 0)
     tokens_out = next((found[k] for k in _OUT if k in found), 0)
     return tokens_in, tokens_out

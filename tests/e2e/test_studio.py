@@ -351,7 +351,7 @@ def delete_the_pulled_model(p: Page, server: Server) -> None:
 # ---- every page from the dashboard ------------------------------------------------------------
 
 PAGES = {"models": "Models", "chat": "Chat", "logs": "Logs", "archive": "Archive",
-         "admin": "Users & tokens"}
+         "usage": "Usage", "admin": "Users & tokens"}
 
 
 def tour_user(server: Server) -> tuple[str, str]:
@@ -399,7 +399,7 @@ def settle(p: Page, name: str) -> None:
         p.select_option("select[name=source]", "engine:engine-0")
         p.wait_for_selector(".live-pill.on")
         p.wait_for_selector(".log-line, .logs-view .empty")
-    elif name == "archive":
+    elif name in ("archive", "usage"):
         p.wait_for_selector("table, .empty")
     elif name == "admin":
         p.wait_for_selector("tr[data-user=tour]")

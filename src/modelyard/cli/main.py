@@ -506,6 +506,7 @@ def _register_account_commands() -> None:
     from modelyard.cli.cluster import cluster_app, join
     from modelyard.cli.db import db_app
     from modelyard.cli.limits import limits_app
+    from modelyard.cli.usage import usage
 
     app.add_typer(cluster_app, name="cluster")
     app.command()(join)
@@ -513,6 +514,7 @@ def _register_account_commands() -> None:
     app.add_typer(tokens_app, name="tokens")
     app.add_typer(db_app, name="db")
     app.add_typer(limits_app, name="limits")
+    app.command()(usage)
 
 
 _register_account_commands()

@@ -51,6 +51,7 @@ from modelyard.front.api import rerank as rerank_api
 from modelyard.front.api import responses as responses_api
 from modelyard.front.api import sessions as sessions_api
 from modelyard.front.api import studio as studio_api
+from modelyard.front.api import usage as usage_api
 from modelyard.front.archive.store import ArchiveStore
 from modelyard.front.catalog import Catalog
 from modelyard.front.chat.sessions.kv import SessionKv
@@ -71,6 +72,7 @@ from modelyard.front.ops.jobs import PullJobs
 from modelyard.front.ops.logs import LogBuffer
 from modelyard.front.ops.reload import ConfigReloader
 from modelyard.front.ops.replace import Replacer
+from modelyard.front.ops.usage import UsageRecorder
 from modelyard.front.render import render_error
 from modelyard.front.state import Chat, FrontState, Identity, Ops
 from modelyard.request_ids import RequestIdMiddleware
@@ -156,11 +158,16 @@ def create_app(
             stack.push_async_callback(sessions.stop)
             reloader = ConfigReloader(catalog, dispatch, config_file)  # POST /admin/reload
             activity = Activity(settings.activity_max_entries)  # GET /activity
+            usage = UsageRecorder(identity.db, settings.usage_flush_interval_s,
+                                  settings.usage_metric_owners, settings.usage_metric_top_owners)
+            await usage.start()  # flushed a last time at stop, before the database closes
+            stack.push_async_callback(usage.stop)
             state = FrontState(
                 catalog, dispatch, identity, archive, Chat(sessions, session_kv, mcp),
-                Ops(reloader, logs, activity=activity), started_at=started_at,
+                Ops(reloader, logs, activity=activity, usage=usage), started_at=started_at,
             )
             state.ops.requests.add_sink(activity)  # the activity view's ring and live feed
+            state.ops.requests.add_sink(usage.record)
             app.state.front = state
             # Quotas and rate limits (front/identity/limits.py): the RateLimits middleware
             # finds it here; it counts finished requests' tokens from the request log.
@@ -190,6 +197,7 @@ def create_app(
             *rerank_api.routes, *anthropic_api.routes, *cluster_api.routes,
             *activity_api.routes,
             *limits_api.routes,
+            *usage_api.routes,
         ],
         middleware=_middleware(settings),
         lifespan=lifespan,

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from modelyard.front.ops.activity import Activity
     from modelyard.front.ops.logs import LogBuffer
     from modelyard.front.ops.reload import ConfigReloader
+    from modelyard.front.ops.usage import UsageRecorder
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -64,6 +65,7 @@ class Ops:
     # Finished inference requests, fanned out to usage accounting and the activity view.
     requests: RequestLog = field(default_factory=RequestLog)
     activity: Activity | None = None  # the activity view (front/ops/activity.py); a sink above
+    usage: UsageRecorder | None = None  # usage accounting (GET /v1/usage), one of the sinks
 
 
 @dataclass(frozen=True)

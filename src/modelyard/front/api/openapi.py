@@ -147,6 +147,8 @@ _LOGS_QUERY = (("engine", _STR), ("model", _STR),
 _OWNER = (("owner", _STR),)
 _ACTIVITY_QUERY = (("model", _STR), *_OWNER, ("status", _STR), ("api", _STR))
 _CHAT_ANSWERS = (JSON, SSE)
+_USAGE_QUERY = (("owner", _STR), ("model", _STR), ("start", _STR), ("end", _STR),
+                ("group_by", _STR), ("format", {"type": "string", "enum": ["json", "csv"]}))
 
 OPERATIONS: dict[tuple[str, str], Op] = {
     # OpenAI
@@ -178,6 +180,9 @@ OPERATIONS: dict[tuple[str, str], Op] = {
     ("GET", "/v1/responses/{response_id}"): Op("openai", "One stored response"),
     ("DELETE", "/v1/responses/{response_id}"): Op("openai", "Delete a stored response"),
     ("GET", "/v1/status"): Op("native", "Overview: engines, models, pulls"),
+    ("GET", "/v1/usage"): Op(
+        "openai", "Token usage per hour/day, user, model, API or token (yours; admins: all)",
+        query=_USAGE_QUERY, answers=(JSON, "text/csv")),
     # services (bodies go to the service unchanged)
     ("POST", "/v1/audio/speech"): Op(
         "services", "Text to speech", ServiceRequest, answers=("application/octet-stream",)),

@@ -36,6 +36,7 @@ from modelyard.wire.status import EngineReport
 API_OF_PATH = {
     "/v1/chat/completions": "openai",
     "/v1/completions": "openai",
+    "/v1/responses": "openai",  # the Responses API (POST; its GET/DELETE paths carry an id)
     "/v1/messages": "anthropic",
     "/api/chat": "ollama",
     "/api/generate": "ollama",

@@ -1,5 +1,5 @@
 // The Studio's shell: who is logged in, the left navigation, and hash routing to the pages.
-//   #/dashboard #/models #/chat #/activity #/logs #/archive #/admin   (after login)
+//   #/dashboard #/models #/chat #/activity #/usage #/logs #/archive #/admin #/limits  (after login)
 //   #/password (inside the shell; alone, without navigation, while a change is required)
 //   #/login
 
@@ -16,12 +16,13 @@ const PAGES = {
   archive: { title: "Archive", icon: "archive", load: () => import("./pages/archive.js") },
   activity: { title: "Activity", icon: "activity", load: () => import("./pages/activity.js") },
   limits: { title: "Limits", icon: "gauge", admin: true, load: () => import("./pages/limits.js") },
+  usage: { title: "Usage", icon: "chart", load: () => import("./pages/usage.js") },
   admin: { title: "Users & tokens", userTitle: "API tokens", icon: "users",
     load: () => import("./pages/admin.js") },
   password: { title: "Change password", hidden: true, load: () => import("./pages/login.js") },
 };
 const WORKSPACE = ["dashboard", "models", "chat"];
-const MANAGE = ["activity", "logs", "archive", "admin", "limits"];
+const MANAGE = ["activity", "usage", "logs", "archive", "admin", "limits"];
 
 const app = document.getElementById("app");
 let session = null; // GET /auth/me: {user, via, scopes, csrf_token}

@@ -189,6 +189,7 @@ const LINKS = [
   ["chat", "chat", "Chat", "Try a model: streaming answers, sampling settings."],
   ["logs", "logs", "Logs", "Live logs of the front, each engine and each model.", true],
   ["archive", "archive", "Archive", "Saved chat transcripts and generated files."],
+  ["usage", "chart", "Usage", "Tokens and requests per user, per model, over time."],
   ["admin", "users", "Users & tokens", "Who may log in, and API keys for your apps.", true],
 ];
 
