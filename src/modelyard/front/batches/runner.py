@@ -194,10 +194,10 @@ class BatchRunner:
         loaded = await self._loaded_models()
         while len(self.in_flight) < self.max_concurrency:
             pending: dict[str, int] = defaultdict(int)
-            for run in self.running.values():
-                if not run.stopping:
-                    for model, queue in run.pending.items():
-                        pending[model] += len(queue)
+            for active in self.running.values():
+                if not active.stopping:
+                    for name, queue in active.pending.items():
+                        pending[name] += len(queue)
             blocked = {m for m in pending if self.state.dispatch.queues.queued(m) > 0}
             model = next_model(pending, loaded=loaded, current=self.current,
                                first_line=self._first_line, blocked=blocked)
