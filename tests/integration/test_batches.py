@@ -19,7 +19,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 GIB = 2**30
 MODELS = ("bm-a", "bm-b", "bm-c")
-WORDS = "The quick brown fox jumps over the lazy dog by a river".split()
+WORDS = ("The", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", "by", "a",
+         "river")
 
 
 def _model(model_id: str, files: Path, *flags: str) -> dict[str, Any]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from modelyard.front.batches.order import next_model
@@ -44,4 +46,4 @@ def test_a_mixed_file_loads_each_model_once() -> None:
         current = model
         pending[model] -= 1
     assert changes == 3
-    assert sum(a != b for a, b in zip(lines, lines[1:], strict=False)) + 1 == 15
+    assert sum(a != b for a, b in itertools.pairwise(lines)) + 1 == 15
