@@ -202,3 +202,42 @@ def test_a_restarted_front_resumes_its_batch(
         assert sorted(out) == sorted(x["custom_id"] for x in lines)  # each once, none lost
     finally:
         second.stop()
+
+
+def _completed(server: Server, batch_id: str) -> int:
+    r = httpx.get(f"{server.url}/v1/batches/{batch_id}", timeout=10)
+    return int(r.json()["request_counts"]["completed"])
+
+
+def test_an_interactive_request_is_served_ahead_of_a_running_batch(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    # One slot on the model and 0.25 s a line (5 tokens at 20/s): the order is observable. With
+    # six batch lines allowed in flight, a request queued behind them (FIFO, no priority, no
+    # holding back of the batch) would see about six more lines finish before its answer.
+    one_slot = fake_model("bm-one", "--tokens-per-s", "20", max_concurrency=1)
+    cfg = config(one_slot, batch_max_concurrency=6)
+    lines = [{**_line(i, "bm-one"), "body": {
+        "model": "bm-one", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}}
+        for i in range(20)]
+    server = Server(tmp_path_factory.mktemp("interactive"), cfg, "--single-process")
+    try:
+        server.wait_healthy()
+        batch = _start(server, _jsonl(lines))
+        deadline = time.monotonic() + 30
+        while _completed(server, batch["id"]) < 2:  # loaded, lines flowing
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        before = _completed(server, batch["id"])
+        r = httpx.post(server.url + "/v1/chat/completions", timeout=30, json={
+            "model": "bm-one", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]})
+        after = _completed(server, batch["id"])
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["content"] == " ".join(WORDS[:5])
+        # At most the line that held the slot when it came (+1 whose count landed late).
+        assert after - before <= 2, (before, after)
+        assert after < len(lines)  # the batch's later lines ran after it
+        done = _wait(server, batch["id"], "completed")
+        assert done["request_counts"]["completed"] == len(lines)
+    finally:
+        server.stop()
