@@ -19,6 +19,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 GIB = 2**30
 MODELS = ("bm-a", "bm-b", "bm-c")
+MAX_BODY_BYTES = 16 * 1024  # small, so that an upload over it is cheap to send
+FILES_MAX_BYTES = 512 * 1024
 WORDS = ("The", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", "by", "a",
          "river")
 
@@ -80,7 +82,8 @@ def _content(server: Server, file_id: str) -> dict[str, dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, files: Path) -> Iterator[Server]:
-    cfg = config(*(_model(m, files) for m in MODELS), simulate_gpus="1x8GiB")
+    cfg = config(*(_model(m, files) for m in MODELS), simulate_gpus="1x8GiB",
+                 max_body_bytes=MAX_BODY_BYTES, files_max_bytes=FILES_MAX_BYTES)
     with module_server(tmp_path_factory, cfg, "--single-process") as s:
         yield s
 
@@ -128,6 +131,28 @@ def test_a_bad_batch_file_is_a_400_naming_the_line(
     assert r.status_code == 400, r.text
     assert r.json()["error"]["code"] == "invalid_batch_file"
     assert r.json()["error"]["param"] == code_line
+
+
+def test_an_upload_is_held_to_files_max_bytes_not_max_body_bytes(server: Server) -> None:
+    padded = [{**_line(i, "bm-a"), "body": {"model": "bm-a", "messages": [
+        {"role": "user", "content": "x" * 1000}]}} for i in range(100)]
+    data = _jsonl(padded)
+    assert MAX_BODY_BYTES < len(data) < FILES_MAX_BYTES
+    r = _upload(server, data)
+    assert r.status_code == 200, r.text
+    assert r.json()["bytes"] == len(data)
+    # Just over: the form around it still fits the transport's slack, the store refuses it.
+    # Far over: refused from its Content-Length before any of it is read.
+    for size in (FILES_MAX_BYTES + 1, 2 * FILES_MAX_BYTES):
+        r = _upload(server, b"x" * size)
+        assert r.status_code == 413, (size, r.text)
+        assert r.json()["error"]["code"] == "payload_too_large"
+        assert "files_max_bytes" in r.json()["error"]["message"], (size, r.text)
+    # Other routes keep max_body_bytes.
+    r = httpx.post(server.url + "/v1/chat/completions", timeout=30, json={
+        "model": "bm-a", "messages": [{"role": "user", "content": "x" * MAX_BODY_BYTES}]})
+    assert r.status_code == 413, r.text
+    assert "max_body_bytes" in r.json()["error"]["message"]
 
 
 def test_a_batch_naming_another_endpoint_than_its_lines_is_a_400(server: Server) -> None:

@@ -323,9 +323,12 @@ class AuthGate:
             # request body: limited by the disk, not by max_body_bytes (checked once we know).
             blob = scope["method"] == "POST" and path.startswith(BLOB_PREFIX)
             if not blob:  # a batch input (POST /v1/files) is held to files_max_bytes
-                receive = self._limit_body(headers, receive, self.settings.files_max_bytes
-                                           + _MULTIPART_SLACK if path == FILES_PATH
-                                           and scope["method"] == "POST" else None)
+                if path == FILES_PATH and scope["method"] == "POST":
+                    receive = self._limit_body(
+                        headers, receive, self.settings.files_max_bytes + _MULTIPART_SLACK,
+                        "files_max_bytes")
+                else:
+                    receive = self._limit_body(headers, receive)
             auth: Auth = scope["app"].state.front.identity.auth
             cls = route_class(scope["method"], path)
             who, bad_token = (None, False)
@@ -363,13 +366,14 @@ class AuthGate:
                 f"Host {name or '(none)'!r} is not a name this server answers to; add it to "
                 "`allowed_hosts` if it is yours")
 
-    def _limit_body(self, headers: Headers, receive: Receive,
-                    limit: int | None = None) -> Receive:
+    def _limit_body(self, headers: Headers, receive: Receive, limit: int | None = None,
+                    setting: str = "max_body_bytes") -> Receive:
+        """`receive`, refusing a body over `limit` (413 naming `setting`, the option to raise)."""
         limit = limit or self.settings.max_body_bytes
         length = headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > limit:
             raise PayloadTooLarge(f"the request body is {length} bytes; the limit is {limit} "
-                                  "(max_body_bytes)")
+                                  f"({setting})")
         seen = 0
 
         async def counted() -> Message:
@@ -379,7 +383,7 @@ class AuthGate:
                 seen += len(message.get("body", b""))
                 if seen > limit:
                     raise PayloadTooLarge(f"the request body exceeds the limit of {limit} bytes "
-                                          "(max_body_bytes)")
+                                          f"({setting})")
             return message
 
         return counted
