@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: run install llama-server demo-model demo-safetensors chromium test test-unit test-integration test-e2e test-cluster check soak fuzz bench-proxy bench-sched bench-batch bench-session bench-swap bench-load bench-spec bench-cluster clean
+.PHONY: run install llama-server demo-model demo-safetensors chromium test test-unit test-integration test-e2e test-cluster check soak fuzz bench-proxy bench-sched bench-batch bench-session bench-swap bench-load bench-spec bench-cluster bench-batches clean
 
 install: $(STAMP)
 
@@ -100,3 +100,8 @@ bench-spec: install llama-server demo-model
 # of simulated nodes on loopback addresses; fake backends).
 bench-cluster: install
 	$(BIN)/python bench/cluster.py
+
+# Model loads and wall time of a mixed 3-model JSONL through /v1/batches vs the same requests
+# one by one in file order (fake backends on a simulated GPU where two of the three fit).
+bench-batches: install
+	$(BIN)/python bench/batches.py

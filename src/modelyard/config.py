@@ -514,6 +514,20 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(
         16 * 1024 * 1024, gt=0, description="Largest request body accepted (413 beyond)."
     )
+    files_max_bytes: int = Field(
+        200 * 1024 * 1024, gt=0, description="Largest file POST /v1/files accepts (a batch's "
+        "JSONL input; 413 beyond). Uploads are held to this, not to max_body_bytes.",
+    )
+    batch_max_concurrency: int = Field(
+        2, gt=0, description="Batch lines (/v1/batches) in flight at once on this front; they "
+        "queue behind interactive requests (priority -100) and wait while a model's queue has "
+        "waiters.",
+    )
+    batch_claim_lease_s: float = Field(
+        60.0, gt=0, description="How long a front's claim on a running batch lasts without "
+        "renewal (it renews every third of it); a front that died releases its batches after "
+        "this, and another front continues them.",
+    )
     max_header_bytes: int = Field(
         64 * 1024, gt=0, description="Largest request head (request line and headers) accepted "
         "(431 beyond); the engines' loopback port uses the same.",

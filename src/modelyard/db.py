@@ -220,6 +220,53 @@ usage_hourly = sa.Table(
     sa.Column("swaps", sa.BigInteger, nullable=False, default=0),
 )
 
+# ---- Batch API (/v1/files, /v1/batches: front/batches/) ------------------------------------
+# Uploaded and generated files; the bytes live under $MODELYARD_HOME/files/<id> (0600).
+files = sa.Table(
+    "files",
+    metadata,
+    sa.Column("id", sa.String(40), primary_key=True),
+    sa.Column("owner", sa.String(64), nullable=False, index=True),  # "": anonymous
+    sa.Column("purpose", sa.String(16), nullable=False),  # batch | batch_output
+    sa.Column("filename", sa.String, nullable=False),  # the name it was uploaded as
+    sa.Column("size_bytes", sa.BigInteger, nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+)
+
+# One row per batch. Progress per line is the output and error files themselves (a finished
+# line is appended to one of them as it ends; a resumed batch skips the custom_ids they hold);
+# the counters here are what GET shows. `claimed_by`/`lease_until`: the front running it.
+batches = sa.Table(
+    "batches",
+    metadata,
+    sa.Column("id", sa.String(40), primary_key=True),
+    sa.Column("owner", sa.String(64), nullable=False, index=True),
+    sa.Column("owner_group", sa.String(64)),
+    sa.Column("token_id", sa.String(32)),
+    sa.Column("endpoint", sa.String(64), nullable=False),
+    sa.Column("input_file_id", sa.String(40), nullable=False),
+    sa.Column("completion_window", sa.String(8), nullable=False),
+    sa.Column("status", sa.String(16), nullable=False, index=True),
+    sa.Column("meta", sa.JSON),
+    sa.Column("errors", sa.JSON),
+    sa.Column("output_file_id", sa.String(40)),
+    sa.Column("error_file_id", sa.String(40)),
+    sa.Column("total", sa.Integer, nullable=False, default=0),
+    sa.Column("completed", sa.Integer, nullable=False, default=0),
+    sa.Column("failed", sa.Integer, nullable=False, default=0),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("expires_at", sa.Float, nullable=False),
+    sa.Column("in_progress_at", sa.Float),
+    sa.Column("finalizing_at", sa.Float),
+    sa.Column("completed_at", sa.Float),
+    sa.Column("failed_at", sa.Float),
+    sa.Column("expired_at", sa.Float),
+    sa.Column("cancelling_at", sa.Float),
+    sa.Column("cancelled_at", sa.Float),
+    sa.Column("claimed_by", sa.String(40)),
+    sa.Column("lease_until", sa.Float),
+)
+
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()

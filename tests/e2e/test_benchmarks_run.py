@@ -92,6 +92,11 @@ BENCHES = [
         (r"^\| p50 \| [\d.]+ \| [\d.]+ \| [+-][\d.]+ \| [\d.]+x \|$",
          r"^\| n\d/engine-0 \| n\d/engine-0 \| \d+ \| \d+ \|$"),
     ),
+    Bench(
+        "bench-batches", ("--requests", "12", "--load-time-s", "0.1"),
+        (r"^\| one by one \| 12 \| \d+ \| [\d.]+ \| 1\.00x \| 1\.00x \|$",
+         r"^\| batch API \| 12 \| \d+ \| [\d.]+ \| 0\.\d\dx \| [\d.]+x \|$"),
+    ),
 ]
 
 

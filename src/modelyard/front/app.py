@@ -43,6 +43,7 @@ from modelyard.front.api import (
 )
 from modelyard.front.api import anthropic as anthropic_api
 from modelyard.front.api import archive as archive_api
+from modelyard.front.api import batches as batches_api
 from modelyard.front.api import cluster as cluster_api
 from modelyard.front.api import limits as limits_api
 from modelyard.front.api import logs as logs_api
@@ -53,6 +54,9 @@ from modelyard.front.api import sessions as sessions_api
 from modelyard.front.api import studio as studio_api
 from modelyard.front.api import usage as usage_api
 from modelyard.front.archive.store import ArchiveStore
+from modelyard.front.batches.files import FileStore
+from modelyard.front.batches.runner import BatchRunner
+from modelyard.front.batches.store import BatchStore
 from modelyard.front.catalog import Catalog
 from modelyard.front.chat.sessions.kv import SessionKv
 from modelyard.front.chat.sessions.store import SessionStore
@@ -185,6 +189,14 @@ def create_app(
             stack.push_async_callback(dispatch.replicas.close)
             replacer.start()  # an engine that leaves: its startup models and copies move
             stack.push_async_callback(replacer.close)
+            # /v1/batches: its runner sends lines through this app (front/batches/runner.py).
+            app.state.batches = BatchRunner(
+                app, state, FileStore(identity.db, settings.home / "files",
+                                      settings.files_max_bytes), BatchStore(identity.db),
+                max_concurrency=settings.batch_max_concurrency,
+                lease_s=settings.batch_claim_lease_s)
+            app.state.batches.start()
+            stack.push_async_callback(app.state.batches.close)
             yield
 
     app = Starlette(
@@ -198,6 +210,7 @@ def create_app(
             *activity_api.routes,
             *limits_api.routes,
             *usage_api.routes,
+            *batches_api.routes,
         ],
         middleware=_middleware(settings),
         lifespan=lifespan,

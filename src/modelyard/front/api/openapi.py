@@ -35,6 +35,7 @@ from modelyard.front.api import (
     services,
 )
 from modelyard.front.api import anthropic as anthropic_api
+from modelyard.front.api import batches as batches_api
 from modelyard.front.api import cluster as cluster_api
 from modelyard.front.api import limits as limits_api
 from modelyard.front.api import responses as responses_api
@@ -183,6 +184,22 @@ OPERATIONS: dict[tuple[str, str], Op] = {
     ("GET", "/v1/usage"): Op(
         "openai", "Token usage per hour/day, user, model, API or token (yours; admins: all)",
         query=_USAGE_QUERY, answers=(JSON, "text/csv")),
+    # Batch API (front/api/batches.py)
+    ("POST", "/v1/files"): Op("openai", "Upload a batch input (JSONL)", batches_api.FileUpload,
+                              body_media="multipart/form-data"),
+    ("GET", "/v1/files"): Op("openai", "Your files", query=(
+        ("purpose", _STR), ("after", _STR),
+        ("limit", {"type": "integer", "minimum": 1, "maximum": batches_api.MAX_LIST}))),
+    ("GET", "/v1/files/{file_id}"): Op("openai", "One file"),
+    ("DELETE", "/v1/files/{file_id}"): Op("openai", "Delete a file"),
+    ("GET", "/v1/files/{file_id}/content"): Op(
+        "openai", "A file's bytes", answers=("application/jsonl",)),
+    ("POST", "/v1/batches"): Op("openai", "Start a batch", batches_api.BatchRequest),
+    ("GET", "/v1/batches"): Op("openai", "Your batches", query=(
+        ("after", _STR),
+        ("limit", {"type": "integer", "minimum": 1, "maximum": batches_api.MAX_LIST}))),
+    ("GET", "/v1/batches/{batch_id}"): Op("openai", "One batch"),
+    ("POST", "/v1/batches/{batch_id}/cancel"): Op("openai", "Cancel a batch"),
     # services (bodies go to the service unchanged)
     ("POST", "/v1/audio/speech"): Op(
         "services", "Text to speech", ServiceRequest, answers=("application/octet-stream",)),
