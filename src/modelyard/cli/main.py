@@ -19,7 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from modelyard import __version__
-from modelyard.cli.server_url import MODELYARD_DEFAULT, default_url
+from modelyard.cli.server_url import MODELYARD_DEFAULT, auth_headers, default_url
 from modelyard.cli.status import size
 from modelyard.config import Settings, load_settings
 from modelyard.request_ids import handler_setup
@@ -188,14 +188,6 @@ def serve(
 
 def _home() -> Path:
     return Path(os.environ.get("MODELYARD_HOME", Path.home() / ".modelyard")).expanduser()
-
-
-def auth_headers() -> dict[str, str]:
-    """The CLI authenticates with MODELYARD_TOKEN, else the admin token first boot wrote."""
-    from modelyard.front.identity.tokens import read_cli_token
-
-    token = read_cli_token(_home())
-    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 def _get(url: str, path: str) -> Any:

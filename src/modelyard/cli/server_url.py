@@ -39,3 +39,15 @@ def default_url(env: Mapping[str, str] | None = None) -> str:
     env = os.environ if env is None else env
     ollama = env.get("OLLAMA_HOST", "").strip()
     return ollama_host_url(ollama) if ollama else MODELYARD_DEFAULT
+
+
+def auth_headers() -> dict[str, str]:
+    """The CLI authenticates with MODELYARD_TOKEN, else the admin token first boot wrote (in
+    $MODELYARD_HOME)."""
+    from pathlib import Path
+
+    from modelyard.front.identity.tokens import read_cli_token
+
+    home = Path(os.environ.get("MODELYARD_HOME", Path.home() / ".modelyard")).expanduser()
+    token = read_cli_token(home)
+    return {"Authorization": f"Bearer {token}"} if token else {}

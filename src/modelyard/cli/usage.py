@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from modelyard.cli.server_url import default_url
+from modelyard.cli.server_url import auth_headers, default_url
 
 console = Console()
 err_console = Console(stderr=True)
@@ -64,7 +64,6 @@ def usage(
 ) -> None:
     """Token usage per user and model (GET /v1/usage): requests, errors, prompt tokens (cached
     ones included), cached, completion tokens, mean time to first token and duration."""
-    from modelyard.cli.main import auth_headers
 
     params = {"start": since_start(since, time.time()), "group_by": group_by,
               "format": "csv" if as_csv else "json"}
