@@ -312,8 +312,8 @@ def test_another_owner_does_not_find_it_and_admins_do() -> None:
     assert len(store) == 0
 
 
-def test_persistence_round_trip(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'modelyard.db'}"
+def test_persistence_round_trip(database_url: str) -> None:
+    url = database_url
 
     async def first() -> None:
         store = SessionStore(database=db.connect(url), clock=clock)
