@@ -45,6 +45,10 @@ jobs = sa.Table(
     sa.Column("current_file", sa.String),
     sa.Column("error", sa.Text),
     sa.Column("error_code", sa.String(32)),
+    # Several fronts on one database: the front running (or holding queued) this job, and when
+    # it last said so (front/ops/fronts.py renews it); a stale claim is a dead front's.
+    sa.Column("claimed_by", sa.String(64)),
+    sa.Column("claimed_at", sa.Float),
 )
 
 # Models that are on disk because a pull or an import put them there (the catalog's `manual`).
@@ -155,6 +159,19 @@ chat_sessions = sa.Table(
     sa.Column("last_used_at", sa.Float, nullable=False, index=True),
     sa.Column("turns", sa.Integer, nullable=False),
     sa.Column("stats", sa.JSON, nullable=False, default=dict),
+)
+
+
+# ---- several fronts on one database (front/ops/fronts.py) --------------------------------------
+# A counter per shared event: `config` is bumped by a front that reloaded its config; the others
+# see it move and reload too.
+front_epochs = sa.Table(
+    "front_epochs",
+    metadata,
+    sa.Column("name", sa.String(32), primary_key=True),
+    sa.Column("epoch", sa.BigInteger, nullable=False),
+    sa.Column("updated_by", sa.String(64)),
+    sa.Column("updated_at", sa.Float),
 )
 
 

@@ -5,7 +5,6 @@ trimmed its oldest turns, ownership, deleting, persistence."""
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any
 
 import pytest

@@ -4,7 +4,6 @@ persistence."""
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any
 
 import orjson

@@ -61,6 +61,7 @@ from modelyard.front.engines.client import EngineClient
 from modelyard.front.engines.provider import ChildProcess, InProcessEngines, LocalEngines
 from modelyard.front.identity import accounts, auth, tokens
 from modelyard.front.identity.cors import OllamaCors
+from modelyard.front.ops import fronts
 from modelyard.front.ops import metrics as front_metrics
 from modelyard.front.ops.draft_pulls import pull_drafts
 from modelyard.front.ops.jobs import PullJobs
@@ -151,6 +152,7 @@ def create_app(
             await sessions.start()  # reloads persisted ones; stopped (and flushed) first
             stack.push_async_callback(sessions.stop)
             reloader = ConfigReloader(catalog, dispatch, config_file)  # POST /admin/reload
+            await _open_front_sync(settings, identity.db, catalog.jobs, reloader, stack)
             state = FrontState(
                 catalog, dispatch, identity, archive, Chat(sessions, session_kv, mcp),
                 Ops(reloader, logs), started_at=started_at,
@@ -217,7 +219,7 @@ async def _open_identity(settings: Settings, stack: contextlib.AsyncExitStack) -
     if admins:
         owner = accounts.ADMIN if accounts.ADMIN in admins else admins[0]
         await asyncio.to_thread(tokens.ensure_cli_token, database, settings.home, owner)
-    key = await asyncio.to_thread(auth.load_secret_key, settings.home)
+    key = await asyncio.to_thread(auth.load_secret_key, settings.shared_path)
     return Identity(database, auth.Auth(settings, database, key))
 
 
@@ -249,7 +251,8 @@ async def _open_catalog(
         await pull_drafts(catalog.jobs, catalog.registry, job)
 
     jobs = PullJobs(settings, database, catalog_changed=catalog_changed, on_pulled=on_pulled,
-                    spawn=ChildProcess, pulled_with=pulled_with)
+                    spawn=ChildProcess, pulled_with=pulled_with,
+                    front_id=await asyncio.to_thread(fronts.front_id, settings.home))
     interrupted = await jobs.recover()
     if interrupted:
         log.warning("%d pull job(s) were interrupted by the last shutdown: POST "
@@ -258,6 +261,16 @@ async def _open_catalog(
     catalog = Catalog(settings, registry, jobs, provider, feed)
     await catalog.rescan()  # the catalog now includes what the database holds
     return catalog
+
+
+async def _open_front_sync(settings: Settings, database: sa.Engine, jobs: PullJobs,
+                           reloader: ConfigReloader, stack: contextlib.AsyncExitStack) -> None:
+    """Several fronts on one database (front/ops/fronts.py): claims renewed, reloads shared."""
+    sync = fronts.FrontSync(database, jobs.front_id, settings.front_sync_interval_s,
+                            heartbeat=jobs.heartbeat, reload=reloader.reload)
+    await sync.start()
+    stack.push_async_callback(sync.stop)
+    reloader.announce = sync.announce_reload
 
 
 def _default_provider(
