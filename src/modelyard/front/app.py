@@ -218,7 +218,10 @@ async def _open_identity(settings: Settings, stack: contextlib.AsyncExitStack) -
               if u.is_admin]
     if admins:
         owner = accounts.ADMIN if accounts.ADMIN in admins else admins[0]
-        await asyncio.to_thread(tokens.ensure_cli_token, database, settings.home, owner)
+        # Several fronts (shared_dir): each front's CLI token is its own (fronts.py).
+        name = "cli" if settings.shared_dir is None else "cli-" + await asyncio.to_thread(
+            fronts.front_id, settings.home)
+        await asyncio.to_thread(tokens.ensure_cli_token, database, settings.home, owner, name)
     key = await asyncio.to_thread(auth.load_secret_key, settings.shared_path)
     return Identity(database, auth.Auth(settings, database, key))
 
