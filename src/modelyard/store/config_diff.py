@@ -22,7 +22,8 @@ from modelyard.store.registry import ModelRegistry, split_context_variant
 RESTART_REQUIRED: tuple[str, ...] = (
     "home", "host", "port", "auth", "session_ttl_s", "allowed_hosts", "cors_origins",
     "max_body_bytes", "max_header_bytes", "max_header_count", "header_read_timeout_s",
-    "body_read_timeout_s", "client_keep_alive_s", "database_url", "single_process", "devices",
+    "body_read_timeout_s", "client_keep_alive_s", "database_url", "shared_dir",
+    "front_sync_interval_s", "single_process", "devices",
     "simulate_gpus", "engine_devices", "node_address", "cluster",
     "host_ram_cap_bytes", "request_timeout_s", "engine_start_timeout_s",
     "engine_restart_backoff_s", "engine_health_interval_s", "engine_health_timeout_s",
