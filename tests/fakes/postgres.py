@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import glob
+import importlib.util
 import os
 import pwd
 import re
@@ -24,6 +25,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from tests.support import free_port
 
@@ -64,9 +66,7 @@ class PostgresServer:
         """Why no server can be started here (None: it can)."""
         if bin_dir() is None:
             return "PostgreSQL is not installed (run `make postgres`)"
-        try:
-            import psycopg  # noqa: F401  (the driver the URLs name)
-        except ImportError:
+        if importlib.util.find_spec("psycopg") is None:  # the driver the URLs name
             return "psycopg is not installed (pip install -e '.[dev]')"
         if os.geteuid() == 0:
             try:
@@ -81,7 +81,7 @@ class PostgresServer:
         assert bins is not None, "PostgreSQL is not installed"
         account = _run_as()
         root = Path(tempfile.mkdtemp(prefix="modelyard-pg-"))
-        kwargs: dict[str, object] = {}
+        kwargs: dict[str, Any] = {}
         if account is not None:
             os.chown(root, account.pw_uid, account.pw_gid)
             kwargs = {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": []}
@@ -89,7 +89,7 @@ class PostgresServer:
         subprocess.run(
             [str(bins / "initdb"), "-D", str(data), "-U", SUPERUSER, "--auth=trust",
              "--encoding=UTF8", "--no-sync"],
-            check=True, capture_output=True, cwd=root, **kwargs,  # type: ignore[arg-type]
+            check=True, capture_output=True, cwd=root, **kwargs,
         )
         port = free_port()
         with log.open("wb") as out:
@@ -102,7 +102,7 @@ class PostgresServer:
                  "-c", "fsync=off", "-c", "synchronous_commit=off",
                  "-c", "full_page_writes=off", "-c", "max_connections=200"],
                 stdout=out, stderr=subprocess.STDOUT, cwd=root, start_new_session=True,
-                **kwargs,  # type: ignore[arg-type]
+                **kwargs,
             )
         server = cls(bins, root, port, proc)
         server._wait_ready(timeout_s)

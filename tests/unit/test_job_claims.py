@@ -87,15 +87,17 @@ async def test_a_queued_job_is_claimed_by_exactly_one_front(
         assert row.claimed_by == racers[won.index(True)].front_id
 
 
-async def test_the_heartbeat_renews_only_this_fronts_claims(
+async def test_the_heartbeat_renews_its_claims_and_interrupts_a_dead_fronts(
     database: sa.Engine, tmp_path: Path
 ) -> None:
     _job(database, "a1", "running", "front-a", 1.0)
-    _job(database, "b1", "running", "front-b", 1.0)
+    _job(database, "b1", "running", "front-b", 1.0)  # front-b died long ago
+    _job(database, "c1", "queued", "front-c", time.time())  # front-c is alive
     await _jobs(database, tmp_path, "front-a").heartbeat()
     with database.connect() as conn:
         at = {r.id: r.claimed_at for r in conn.execute(sa.select(db.jobs))}
     assert at["a1"] > time.time() - 60 and at["b1"] == 1.0
+    assert _status(database) == {"a1": "running", "b1": "interrupted", "c1": "queued"}
 
 
 def test_the_config_epoch_moves_once_per_bump_on_every_front(database: sa.Engine) -> None:

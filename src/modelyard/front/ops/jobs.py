@@ -10,8 +10,9 @@ Several fronts on one database: a job belongs to the front that submitted (or re
 (`claimed_by`, its front id), which renews `claimed_at` every `front_sync_interval_s`
 (`heartbeat`); it goes from queued to running by a conditional UPDATE, so exactly one front runs
 it. A front starting marks interrupted only its own earlier claims and claims nobody renewed
-for `STALE_CLAIMS` intervals (a dead front's), never a live front's job. A job cancelled on
-another front is stopped by its owner at its next heartbeat.
+for `STALE_CLAIMS` intervals (a dead front's), never a live front's job; each heartbeat also
+interrupts dead fronts' jobs, so they can be resumed anywhere. A job cancelled on another front
+is stopped by its owner at its next heartbeat.
 
 Statuses: queued → running → succeeded | failed | cancelled; interrupted (after a restart).
 """
@@ -143,13 +144,19 @@ class PullJobs:
         return int(result.rowcount or 0)
 
     async def heartbeat(self) -> None:
-        """Renew this front's claims; stop a job of ours that another front cancelled."""
+        """Renew this front's claims; interrupt a dead front's jobs (claims nobody renewed);
+        stop a job of ours that another front cancelled."""
         c = db.jobs.c
+        stale = time.time() - STALE_CLAIMS * self.settings.front_sync_interval_s
 
         def renew(conn: sa.Connection) -> list[str]:
             conn.execute(sa.update(db.jobs).where(
                 c.claimed_by == self.front_id, c.status.in_(ACTIVE)
             ).values(claimed_at=time.time()))
+            conn.execute(sa.update(db.jobs).where(
+                c.status.in_(ACTIVE), c.claimed_by != self.front_id, c.claimed_at < stale
+            ).values(status="interrupted", finished_at=time.time(),
+                     error="the front running this pull stopped; resume it"))
             mine = list(self._tasks)
             if not mine:
                 return []
