@@ -18,9 +18,11 @@ from tests.integration.harness import HELLO, config
 from tests.integration.pull_support import (
     get_job,
     hub_env,
+    partials,
     quant_repo,
     start_server,
     submit,
+    wait_bytes,
     wait_job,
 )
 from tests.support import Server, fake_model, poll
@@ -36,6 +38,7 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubServer]:
     root = tmp_path_factory.mktemp("hub") / "repos"
     # ~30 s at 0.5 MB/s: longer than a front's restart on a busy machine
     quant_repo(root, "org/shared-GGUF", 15 * MB, ("Q4_0",), seed=31)
+    quant_repo(root, "org/stopped-GGUF", 15 * MB, ("Q4_0",), seed=32)
     with HubServer(root, log=root.parent / "hub.jsonl", bytes_per_s=MB // 2) as server:
         yield server
 
@@ -150,6 +153,19 @@ def test_a_pull_job_is_run_by_one_front_and_another_starting_does_not_fail_it(
     # exactly one front ran it: only A has its pull log
     assert (fronts.base / "a" / "logs" / "pulls" / f"{job['id']}.log").is_file()
     assert not (fronts.base / "b" / "logs" / "pulls" / f"{job['id']}.log").exists()
+
+
+def test_a_job_cancelled_on_another_front_stops_where_it_runs(fronts: Fronts) -> None:
+    a, b = fronts.a, fronts.b
+    job = submit(a, "org/stopped-GGUF:Q4_0")["job"]
+    wait_bytes(a, job["id"], 1)
+    assert partials(fronts.base / "hf-a")  # A downloads it
+    r = httpx.delete(f"{b.url}/jobs/{job['id']}", headers=b.admin_headers, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.json()["status"] == "cancelled"
+    # A stops its pull at its next heartbeat: the child removes its partial file
+    poll(lambda: not partials(fronts.base / "hf-a"), timeout_s=10, what="A's pull stopped")
+    assert get_job(a, job["id"])["status"] == "cancelled"
 
 
 def test_a_reload_on_one_front_reaches_the_other(fronts: Fronts) -> None:
