@@ -1,4 +1,6 @@
-"""modelyard's database: SQLite under MODELYARD_HOME by default, through SQLAlchemy Core.
+"""modelyard's database: SQLite under MODELYARD_HOME by default, through SQLAlchemy Core;
+PostgreSQL (`database_url: postgresql+psycopg://…`) for several fronts sharing one database.
+Every query here and in the stores works on both (the store tests run on both).
 
 What must survive a restart lives here: pull jobs, the models pulled and imported, aliases,
 users, their sessions and API tokens, and the archive index.
@@ -345,8 +347,11 @@ def connect(url: str) -> Engine:
     path = sqlite_file(url)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    engine = sa.create_engine(url, connect_args={"check_same_thread": False}
-                              if url.startswith("sqlite") else {})
+    sqlite = url.startswith("sqlite")
+    # A database server (several fronts) may restart or drop idle connections: each checkout
+    # is pinged first, so a front recovers instead of failing its next request.
+    engine = sa.create_engine(url, connect_args={"check_same_thread": False} if sqlite else {},
+                              pool_pre_ping=not sqlite)
     if url.startswith("sqlite"):
         sa.event.listen(engine, "connect", _sqlite_pragmas)
     sa.event.listen(engine, "handle_error", _storage_full)
@@ -354,7 +359,12 @@ def connect(url: str) -> Engine:
     if changes and path is not None:
         saved = backup(path)
         log.info("database schema changes (%s): backed up to %s", ", ".join(changes), saved)
-    metadata.create_all(engine)
+    try:
+        metadata.create_all(engine)
+    except sa.exc.DBAPIError:
+        # Several fronts starting at once on an empty PostgreSQL database: another one
+        # created a table between our check and our CREATE; the rest is made now.
+        metadata.create_all(engine)
     _add_new_columns(engine)
     if path is not None and path.is_file():
         # Password and token hashes live here: the owner only (new -wal/-shm follow the umask

@@ -5,6 +5,8 @@ config epoch moves atomically. On SQLite and PostgreSQL."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -105,3 +107,24 @@ def test_the_config_epoch_moves_once_per_bump_on_every_front(database: sa.Engine
     assert fronts.bump_epoch(database, "front-a") == 1
     assert fronts.bump_epoch(database, "front-b") == 2
     assert fronts.read_epoch(database) == 2
+
+
+@pytest.mark.postgres
+def test_fronts_starting_together_on_an_empty_database_all_connect(
+    postgres_server: Any,
+) -> None:
+    """create_all checks then creates: fronts starting at the same moment race on it."""
+    url = postgres_server.create_database("together")
+    start = threading.Barrier(4)
+
+    def front() -> list[str]:
+        start.wait()
+        engine = db.connect(url)
+        try:
+            return sorted(sa.inspect(engine).get_table_names())
+        finally:
+            engine.dispose()
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        tables = list(pool.map(lambda _: front(), range(4)))
+    assert all(t == tables[0] for t in tables) and "jobs" in tables[0]
