@@ -359,12 +359,15 @@ def connect(url: str) -> Engine:
     if changes and path is not None:
         saved = backup(path)
         log.info("database schema changes (%s): backed up to %s", ", ".join(changes), saved)
-    try:
-        metadata.create_all(engine)
-    except sa.exc.DBAPIError:
-        # Several fronts starting at once on an empty PostgreSQL database: another one
-        # created a table between our check and our CREATE; the rest is made now.
-        metadata.create_all(engine)
+    for attempt in range(5):
+        try:
+            metadata.create_all(engine)
+            break
+        except sa.exc.DBAPIError:
+            # Several fronts starting at once on an empty PostgreSQL database: another one
+            # created a table between our check and our CREATE; the next pass skips it.
+            if attempt == 4:
+                raise
     _add_new_columns(engine)
     if path is not None and path.is_file():
         # Password and token hashes live here: the owner only (new -wal/-shm follow the umask
