@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: run install llama-server demo-model demo-safetensors chromium test test-unit test-integration test-e2e test-cluster check soak fuzz bench-proxy bench-sched bench-batch bench-session bench-swap bench-load bench-spec bench-cluster bench-batches clean
+.PHONY: run install llama-server demo-model demo-safetensors chromium postgres test test-unit test-integration test-e2e test-cluster check soak fuzz bench-proxy bench-sched bench-batch bench-session bench-swap bench-load bench-spec bench-cluster bench-batches clean
 
 install: $(STAMP)
 
@@ -24,6 +24,10 @@ llama-server:
 chromium:
 	@bash scripts/provide-chromium.sh
 
+# Debian's PostgreSQL server binaries, for the tests that run the database code on PostgreSQL.
+postgres:
+	@bash scripts/provide-postgres.sh >/dev/null
+
 demo-model: install
 	@PYTHON=$(BIN)/python bash scripts/provide-demo-model.sh >/dev/null
 
@@ -38,7 +42,7 @@ run: install llama-server demo-model
 
 # The e2e tier needs the real llama-server and demo model: here they are provided, so the
 # tests must not skip for want of them.
-test: install llama-server demo-model demo-safetensors chromium
+test: install llama-server demo-model demo-safetensors chromium postgres
 	MODELYARD_REQUIRE_E2E=1 MODELYARD_DEMO_SAFETENSORS=$(DEMO_ST) $(BIN)/python -m pytest
 
 test-unit: install

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.fakes.postgres import PostgresServer
 from tests.support import FAKE_BACKEND, Server, fake_model, free_port, sleeper
 
 __all__ = ["FAKE_BACKEND", "Server", "fake_model", "free_port", "start_server"]
@@ -45,6 +46,43 @@ def proc() -> Iterator[subprocess.Popen[bytes]]:
     finally:
         p.kill()
         p.wait()
+
+
+# ---- PostgreSQL ----------------------------------------------------------------------------
+# One private server per test session (tests/fakes/postgres.py), started on first use. Tests
+# that need it are marked `postgres`; they skip where PostgreSQL is missing, unless
+# MODELYARD_REQUIRE_E2E=1 (`make test` provides it, so there they fail instead).
+#   postgres_server   session: the PostgresServer (`.create_database(name) -> url`)
+#   postgres_url      module:  a fresh database for the module's tests
+#   database_url      function, parametrized sqlite | postgresql: a fresh, empty database URL,
+#                     for store tests that must hold on both
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    why = PostgresServer.unavailable()
+    if why is not None:
+        if os.environ.get("MODELYARD_REQUIRE_E2E") == "1":
+            pytest.fail(why)
+        pytest.skip(why)
+    server = PostgresServer.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def postgres_url(postgres_server: PostgresServer, request: pytest.FixtureRequest) -> str:
+    return postgres_server.create_database(request.module.__name__.rsplit(".", 1)[-1])
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'modelyard.db'}"
+    server: PostgresServer = request.getfixturevalue("postgres_server")
+    return server.create_database(request.node.originalname)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -729,7 +729,19 @@ class Settings(BaseSettings):
         "index of its device group in `engine_devices`)."
     )
     database_url: str | None = Field(
-        None, description="SQLAlchemy URL of modelyard's database; null: SQLite in $home."
+        None, description="SQLAlchemy URL of modelyard's database; null: SQLite in $home. "
+        "Several fronts share one PostgreSQL database: `postgresql+psycopg://user:password@host"
+        "/name` (the `postgres` extra installs the driver).",
+    )
+    shared_dir: UserPath | None = Field(
+        None, description="Storage every front reads and writes: the cookie-signing key and "
+        "the archive's files. Several fronts on one database need it on a shared mount; "
+        "null: $home (one front).",
+    )
+    front_sync_interval_s: float = Field(
+        2.0, gt=0, description="How often a front asks the database whether another front "
+        "reloaded the config, and renews its claim on the pull jobs it runs (a claim not "
+        "renewed for 10 times this is taken for a dead front's).",
     )
     max_concurrent_pulls: int = Field(
         2, gt=0, description="Downloads running at once; more pull jobs wait in a queue."
@@ -898,6 +910,11 @@ class Settings(BaseSettings):
     def session_kv_dir(self) -> Path:
         """Where llama-server saves the KV of chat sessions (`--slot-save-path`)."""
         return self.home / "session-kv"
+
+    @property
+    def shared_path(self) -> Path:
+        """Where what every front must share lives (`shared_dir`, default $home)."""
+        return self.shared_dir if self.shared_dir is not None else self.home
 
     @property
     def db_url(self) -> str:

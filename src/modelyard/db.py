@@ -1,4 +1,6 @@
-"""modelyard's database: SQLite under MODELYARD_HOME by default, through SQLAlchemy Core.
+"""modelyard's database: SQLite under MODELYARD_HOME by default, through SQLAlchemy Core;
+PostgreSQL (`database_url: postgresql+psycopg://…`) for several fronts sharing one database.
+Every query here and in the stores works on both (the store tests run on both).
 
 What must survive a restart lives here: pull jobs, the models pulled and imported, aliases,
 users, their sessions and API tokens, and the archive index.
@@ -45,6 +47,10 @@ jobs = sa.Table(
     sa.Column("current_file", sa.String),
     sa.Column("error", sa.Text),
     sa.Column("error_code", sa.String(32)),
+    # Several fronts on one database: the front running (or holding queued) this job, and when
+    # it last said so (front/ops/fronts.py renews it); a stale claim is a dead front's.
+    sa.Column("claimed_by", sa.String(64)),
+    sa.Column("claimed_at", sa.Float),
 )
 
 # Models that are on disk because a pull or an import put them there (the catalog's `manual`).
@@ -267,6 +273,18 @@ batches = sa.Table(
     sa.Column("lease_until", sa.Float),
 )
 
+# ---- several fronts on one database (front/ops/fronts.py) --------------------------------------
+# A counter per shared event: `config` is bumped by a front that reloaded its config; the others
+# see it move and reload too.
+front_epochs = sa.Table(
+    "front_epochs",
+    metadata,
+    sa.Column("name", sa.String(32), primary_key=True),
+    sa.Column("epoch", sa.BigInteger, nullable=False),
+    sa.Column("updated_by", sa.String(64)),
+    sa.Column("updated_at", sa.Float),
+)
+
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
@@ -438,8 +456,11 @@ def connect(url: str) -> Engine:
     path = sqlite_file(url)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    engine = sa.create_engine(url, connect_args={"check_same_thread": False}
-                              if url.startswith("sqlite") else {})
+    sqlite = url.startswith("sqlite")
+    # A database server (several fronts) may restart or drop idle connections: each checkout
+    # is pinged first, so a front recovers instead of failing its next request.
+    engine = sa.create_engine(url, connect_args={"check_same_thread": False} if sqlite else {},
+                              pool_pre_ping=not sqlite)
     if url.startswith("sqlite"):
         sa.event.listen(engine, "connect", _sqlite_pragmas)
     sa.event.listen(engine, "handle_error", _storage_full)
@@ -447,7 +468,15 @@ def connect(url: str) -> Engine:
     if changes and path is not None:
         saved = backup(path)
         log.info("database schema changes (%s): backed up to %s", ", ".join(changes), saved)
-    metadata.create_all(engine)
+    for attempt in range(5):
+        try:
+            metadata.create_all(engine)
+            break
+        except sa.exc.DBAPIError:
+            # Several fronts starting at once on an empty PostgreSQL database: another one
+            # created a table between our check and our CREATE; the next pass skips it.
+            if attempt == 4:
+                raise
     _add_new_columns(engine)
     if path is not None and path.is_file():
         # Password and token hashes live here: the owner only (new -wal/-shm follow the umask

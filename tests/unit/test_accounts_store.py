@@ -1,8 +1,9 @@
-"""Users, sessions and tokens in a real SQLite database (tmp dir)."""
+"""Users, sessions and tokens in a real database: SQLite (tmp dir) and PostgreSQL."""
 
 from __future__ import annotations
 
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,8 +17,10 @@ pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 
 
 @pytest.fixture
-def database(tmp_path: Path) -> sa.Engine:
-    return db.connect(f"sqlite:///{tmp_path / 'm.db'}")
+def database(database_url: str) -> Iterator[sa.Engine]:
+    engine = db.connect(database_url)
+    yield engine
+    engine.dispose()
 
 
 def test_passwords_are_argon2id_hashes_and_verify(database: sa.Engine) -> None:
@@ -50,8 +53,7 @@ def test_first_admin_is_made_once(database: sa.Engine) -> None:
     assert [u.name for u in accounts.list_users(database)] == ["admin"]
 
 
-def test_a_given_first_password_is_not_returned(tmp_path: Path) -> None:
-    database = db.connect(f"sqlite:///{tmp_path / 'g.db'}")
+def test_a_given_first_password_is_not_returned(database: sa.Engine) -> None:
     assert accounts.ensure_first_admin(database, "from-the-env") is None
     assert accounts.verify_password(database, "admin", "from-the-env") is not None
 
@@ -189,9 +191,9 @@ def test_a_password_change_revokes_the_users_tokens(database: sa.Engine, tmp_pat
     assert stat.S_IMODE(cli_file.stat().st_mode) == 0o600
 
 
-def test_an_older_database_gets_the_new_token_column(tmp_path: Path) -> None:
+def test_an_older_database_gets_the_new_token_column(database_url: str) -> None:
     """A tokens table made before `parent_id` existed is brought up to date on connect."""
-    url = f"sqlite:///{tmp_path / 'old.db'}"
+    url = database_url
     old = sa.create_engine(url)
     with old.begin() as conn:
         conn.execute(sa.text(

@@ -59,8 +59,8 @@ class Clock:
 
 
 @pytest.fixture
-def database(tmp_path: Path) -> Iterator[sa.Engine]:
-    engine = db.connect(f"sqlite:///{tmp_path / 'm.db'}")
+def database(database_url: str) -> Iterator[sa.Engine]:
+    engine = db.connect(database_url)
     yield engine
     engine.dispose()
 

@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from modelyard.config import Settings
-from modelyard.front.dispatch.replicas import Replicas, next_copy, pick_copy
+from modelyard.front.dispatch.replicas import Replicas, home_copy, next_copy, pick_copy
 from modelyard.store.registry import Entry, ModelRegistry, served_name, split_replica_name
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(10)]
@@ -29,6 +29,20 @@ COPIES = ["m", "m#2", "m#3"]
 )
 def test_pick_copy(work: dict[str, int], prefer: str | None, expected: str) -> None:
     assert pick_copy(COPIES, work, prefer) == expected
+
+
+def test_a_sessions_home_copy_is_a_function_of_its_id() -> None:
+    """Several fronts: each picks a new session's copy from its id alone, the same on every
+    front (so the KV it left on a copy is found there), spread over the pinned copies."""
+    homes = {sid: home_copy(sid, COPIES, pinned=3) for sid in (f"s{i}" for i in range(300))}
+    assert homes == {sid: home_copy(sid, list(reversed(COPIES)), pinned=3) for sid in homes}
+    spread = {copy: list(homes.values()).count(copy) for copy in COPIES}
+    assert all(60 < n < 140 for n in spread.values()), spread
+    # only pinned copies (which every front has) are homes; an extra one is this front's own
+    assert {home_copy(sid, COPIES, pinned=2) for sid in homes} == {"m", "m#2"}
+    # a third copy added takes some sessions and moves none between the other two
+    two = {sid: home_copy(sid, COPIES[:2], pinned=2) for sid in homes}
+    assert all(homes[s] in (two[s], "m#3") for s in homes)
 
 
 @pytest.mark.parametrize(

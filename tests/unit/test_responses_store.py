@@ -5,7 +5,6 @@ trimmed its oldest turns, ownership, deleting, persistence."""
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -116,8 +115,8 @@ def test_delete_drops_the_session_with_its_last_response() -> None:
     assert store.get("alice", "resp_1") is None
 
 
-def test_records_are_persisted_with_their_session(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'modelyard.db'}"
+def test_records_are_persisted_with_their_session(database_url: str) -> None:
+    url = database_url
 
     async def first() -> None:
         store = SessionStore(database=db.connect(url))

@@ -4,7 +4,6 @@ persistence."""
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -312,8 +311,8 @@ def test_another_owner_does_not_find_it_and_admins_do() -> None:
     assert len(store) == 0
 
 
-def test_persistence_round_trip(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'modelyard.db'}"
+def test_persistence_round_trip(database_url: str) -> None:
+    url = database_url
 
     async def first() -> None:
         store = SessionStore(database=db.connect(url), clock=clock)
@@ -365,3 +364,44 @@ def test_a_stream_commits_before_the_client_sees_done() -> None:
         raise AssertionError("no [DONE]")
 
     asyncio.run(client())
+
+
+@pytest.mark.postgres
+def test_two_fronts_on_one_database_continue_each_others_sessions(postgres_server: Any) -> None:
+    """Several fronts (a shared, non-SQLite database): B continues a session A made, and A's
+    stale copy, written again later, does not overwrite B's newer turn."""
+    url = postgres_server.create_database("sessions_shared")
+    clock = Clock()
+
+    async def run() -> None:
+        a = SessionStore(database=db.connect(url), clock=clock)
+        b = SessionStore(database=db.connect(url), clock=clock)
+        await a.start()
+        await b.start()
+        assert a.shared and b.shared
+        turn(a, "alice", "s", U1, reply="Hello!")
+        await a.flush()
+        await b.refresh("alice", "s")  # made on A: B loads it
+        clock.now += 1
+        t = b.begin("alice", "s", "m", {"model": "m", "messages": [U2]})
+        assert t.body["messages"] == [U1, A1, U2]
+        assert t.commit(answer("Fine."))
+        await b.flush()
+        stale = a.get("alice", "s")
+        assert stale is not None and stale.turns == 1
+        a.changed(stale)  # A writes its old copy again (e.g. a KV note): B's row stays
+        await a.flush()
+        await a.refresh("alice", "s")
+        fresh = a.get("alice", "s")
+        assert fresh is not None and fresh.turns == 2
+        assert fresh.messages[-1] == {"role": "assistant", "content": "Fine."}
+        await a.stop()
+        await b.stop()
+
+    asyncio.run(run())
+
+
+def test_a_sqlite_store_is_one_fronts_and_never_reads_back(tmp_path: Any) -> None:
+    """On SQLite nothing is read per turn (one front; the hot path pays no query)."""
+    store = SessionStore(database=db.connect(f"sqlite:///{tmp_path / 'm.db'}"))
+    assert not store.shared

@@ -69,6 +69,7 @@ from modelyard.front.engines.provider import ChildProcess, InProcessEngines, Loc
 from modelyard.front.identity import accounts, auth, tokens
 from modelyard.front.identity.cors import OllamaCors
 from modelyard.front.identity.limits import Limiter, RateLimits
+from modelyard.front.ops import fronts
 from modelyard.front.ops import metrics as front_metrics
 from modelyard.front.ops.activity import Activity
 from modelyard.front.ops.draft_pulls import pull_drafts
@@ -166,6 +167,7 @@ def create_app(
                                   settings.usage_metric_owners, settings.usage_metric_top_owners)
             await usage.start()  # flushed a last time at stop, before the database closes
             stack.push_async_callback(usage.stop)
+            await _open_front_sync(settings, identity.db, catalog.jobs, reloader, stack)
             state = FrontState(
                 catalog, dispatch, identity, archive, Chat(sessions, session_kv, mcp),
                 Ops(reloader, logs, activity=activity, usage=usage), started_at=started_at,
@@ -252,8 +254,11 @@ async def _open_identity(settings: Settings, stack: contextlib.AsyncExitStack) -
               if u.is_admin]
     if admins:
         owner = accounts.ADMIN if accounts.ADMIN in admins else admins[0]
-        await asyncio.to_thread(tokens.ensure_cli_token, database, settings.home, owner)
-    key = await asyncio.to_thread(auth.load_secret_key, settings.home)
+        # Several fronts (shared_dir): each front's CLI token is its own (fronts.py).
+        name = "cli" if settings.shared_dir is None else "cli-" + await asyncio.to_thread(
+            fronts.front_id, settings.home)
+        await asyncio.to_thread(tokens.ensure_cli_token, database, settings.home, owner, name)
+    key = await asyncio.to_thread(auth.load_secret_key, settings.shared_path)
     return Identity(database, auth.Auth(settings, database, key))
 
 
@@ -285,7 +290,8 @@ async def _open_catalog(
         await pull_drafts(catalog.jobs, catalog.registry, job)
 
     jobs = PullJobs(settings, database, catalog_changed=catalog_changed, on_pulled=on_pulled,
-                    spawn=ChildProcess, pulled_with=pulled_with)
+                    spawn=ChildProcess, pulled_with=pulled_with,
+                    front_id=await asyncio.to_thread(fronts.front_id, settings.home))
     interrupted = await jobs.recover()
     if interrupted:
         log.warning("%d pull job(s) were interrupted by the last shutdown: POST "
@@ -294,6 +300,16 @@ async def _open_catalog(
     catalog = Catalog(settings, registry, jobs, provider, feed)
     await catalog.rescan()  # the catalog now includes what the database holds
     return catalog
+
+
+async def _open_front_sync(settings: Settings, database: sa.Engine, jobs: PullJobs,
+                           reloader: ConfigReloader, stack: contextlib.AsyncExitStack) -> None:
+    """Several fronts on one database (front/ops/fronts.py): claims renewed, reloads shared."""
+    sync = fronts.FrontSync(database, jobs.front_id, settings.front_sync_interval_s,
+                            heartbeat=jobs.heartbeat, reload=reloader.reload)
+    await sync.start()
+    stack.push_async_callback(sync.stop)
+    reloader.announce = sync.announce_reload
 
 
 def _default_provider(

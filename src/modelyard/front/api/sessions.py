@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from modelyard.front.chat.sessions.relay import store_of
+from modelyard.front.chat.sessions.relay import refresh_session, store_of
 from modelyard.front.chat.sessions.store import valid_session_id
 from modelyard.front.identity.principal import principal_of
 
@@ -34,6 +34,7 @@ async def list_sessions(request: Request) -> Response:
 
 async def get_session(request: Request) -> Response:
     sid = valid_session_id(request.path_params["session_id"])
+    await refresh_session(request, sid)  # several fronts: as the database has it
     session = store_of(request).find(principal_of(request), sid, _owner(request))
     return _json(session.view(with_messages=True))
 

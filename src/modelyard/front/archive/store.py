@@ -35,6 +35,7 @@ from modelyard.errors import ArchiveItemNotFound, InvalidRequest
 from modelyard.front.identity.principal import Principal
 
 log = logging.getLogger("modelyard.archive")
+SHARED_ORPHAN_AGE_S = 600.0  # `shared_dir`: a file without a row this long is no save in progress
 
 DAY_S = 86400.0
 RETENTION_S: dict[str, float | None] = {
@@ -134,9 +135,13 @@ class ArchiveStore:
         default_retention: str = "1w",
         sweep_interval_s: float = 300.0,
         clock: Callable[[], float] = time.time,
+        orphan_min_age_s: float = 0.0,
     ) -> None:
         self.db = database
         self.root = root
+        # With several fronts on one shared directory, a file without its row may be another
+        # front's save in progress (file first, row after): only older files are orphans.
+        self.orphan_min_age_s = orphan_min_age_s
         self.default_retention = default_retention
         self.sweep_interval_s = sweep_interval_s
         self.clock = clock
@@ -148,9 +153,10 @@ class ArchiveStore:
 
     @classmethod
     def for_settings(cls, settings: Settings, database: sa.Engine) -> ArchiveStore:
-        return cls(database, settings.home / "archive",
+        return cls(database, settings.shared_path / "archive",
                    default_retention=settings.archive_retention,
-                   sweep_interval_s=settings.archive_sweep_interval_s)
+                   sweep_interval_s=settings.archive_sweep_interval_s,
+                   orphan_min_age_s=SHARED_ORPHAN_AGE_S if settings.shared_dir else 0.0)
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -269,7 +275,9 @@ class ArchiveStore:
         for path in self.root.iterdir():
             name = path.name
             ours = is_item_id(name) or (name.endswith(".tmp") and is_item_id(name[:-4]))
-            if ours and name not in known and path.is_file():
+            if ours and name not in known and path.is_file() and (
+                    not self.orphan_min_age_s
+                    or time.time() - path.stat().st_mtime > self.orphan_min_age_s):
                 path.unlink(missing_ok=True)
                 removed += 1
         return removed

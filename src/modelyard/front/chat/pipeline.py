@@ -33,6 +33,7 @@ from modelyard.front.chat.request import ChatCall
 from modelyard.front.chat.sessions.relay import (
     begin_turn,
     commit_body,
+    refresh_session,
     session_id_for,
     tagged,
     tap_sse,
@@ -65,6 +66,8 @@ async def answer(request: Request, call: ChatCall, render: Render) -> Response:
         return tool_loop_http.finished(loop, answered)
     # A server-side session (`session_id` field or X-Session-Id): its history is spliced in.
     sid = session_id_for(request, fields, chat=call.chat)
+    if sid is not None:
+        await refresh_session(request, sid)  # several fronts: continued from another one
     turn = None if sid is None else begin_turn(request, sid, call.model, call.payload)
     payload = call.payload if turn is None else turn.body
     # Archived only when asked (header or `archive` field); the backend never sees the field.

@@ -7,7 +7,10 @@ sends a request for `<model>` to one of its copies before it queues, so each cop
 ordinary per-model queue and nothing else changes on the way (lease, early send, a down engine).
 
 * Balance: the copy with the least work in flight (running + queued in its queue), the lowest
-  k on a tie; a chat session stays on the copy it used while that copy is a member.
+  k on a tie; a chat session stays on the copy it used while that copy is a member. A session
+  this front has not seen yet starts on its home copy, chosen from its id among the pinned
+  copies (`home_copy`): every front picks the same one, so a session continued on another
+  front (several fronts on one database) finds its KV on the copy that holds it.
 * Members: the pinned copies (k ≤ `replicas`, loaded at start) and the extra copies loaded by a
   scale-up; a copy joins once it is loaded, so no request waits for a copy's load.
 * Scale up: a request that waits `replica_scale_up_wait_s` in a copy's queue, while fewer than
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
@@ -51,6 +55,17 @@ def pick_copy(members: Sequence[str], work: Mapping[str, int], prefer: str | Non
     if prefer is not None and prefer in members:
         return prefer
     return min(members, key=lambda m: (work.get(m, 0), members.index(m)))
+
+
+def home_copy(session: str, members: Sequence[str], pinned: int) -> str | None:
+    """A session's copy from its id alone (rendezvous hashing over the pinned copies, which
+    every front has): the same answer on every front, and few sessions move when the count
+    changes. None: no pinned copy is a member."""
+    candidates = [m for m in members if _k(m) <= pinned] or list(members)
+    if not candidates:
+        return None
+    return max(candidates, key=lambda m: hashlib.blake2b(
+        f"{session}\0{m}".encode(), digest_size=8).digest())
 
 
 def next_copy(base: str, members: Sequence[str], copies: int, loading: bool) -> str | None:
@@ -175,7 +190,10 @@ class Replicas:
         copies = self._copies(entry)
         if copies is None:
             return entry, None
-        prefer = self._affinity.get(session) if session is not None else None
+        prefer = None
+        if session is not None:
+            prefer = self._affinity.get(session) or home_copy(
+                session, copies.members, copies.pinned)
         work = {m: self._work(m) for m in copies.members}
         chosen = pick_copy(copies.members, work, prefer)
         if session is not None:

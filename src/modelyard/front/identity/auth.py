@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import functools
 import ipaddress
+import os
 import secrets
 import time
 from collections.abc import MutableMapping
@@ -162,11 +163,19 @@ def host_name(header: str) -> str:
 
 
 def load_secret_key(home: Path) -> str:
-    """The cookie-signing key, made once per MODELYARD_HOME (mode 0600)."""
+    """The cookie-signing key, made once per directory (mode 0600): $MODELYARD_HOME, or the
+    `shared_dir` of several fronts, so a cookie one front signed is valid on every front."""
     path = home / SECRET_KEY_FILE
     if not path.exists():
-        with contextlib.suppress(FileExistsError):  # another process is writing it
-            tokens.write_secret_file(path, secrets.token_urlsafe(48))
+        # Written whole under a name of our own, then linked into place: link fails if the
+        # key is there, so fronts starting together on one shared_dir all read the same key.
+        mine = path.with_name(f"{path.name}.{secrets.token_hex(8)}.tmp")
+        tokens.write_secret_file(mine, secrets.token_urlsafe(48))
+        try:
+            with contextlib.suppress(FileExistsError):  # another process made it first
+                os.link(mine, path)
+        finally:
+            mine.unlink(missing_ok=True)
     return path.read_text().strip()
 
 

@@ -198,16 +198,18 @@ def write_secret_file(path: Path, secret: str) -> None:
     os.replace(tmp, path)
 
 
-def ensure_cli_token(engine: sa.Engine, home: Path, owner: str) -> Path:
+def ensure_cli_token(engine: sa.Engine, home: Path, owner: str, name: str = "cli") -> Path:
     """The CLI's admin token in `$MODELYARD_HOME/cli-token` (0600): kept while it still works,
-    replaced when it was revoked or the database is new."""
+    replaced when it was revoked or the database is new. Replacing revokes the owner's older
+    tokens of that `name`: several fronts on one database each name theirs apart
+    (`cli-<front id>`), so one front starting does not revoke another's."""
     path = home / CLI_TOKEN_FILE
     if path.exists() and find_token(engine, path.read_text().strip()) is not None:
         return path
     for old in list_tokens(engine, owner):
-        if old.name == "cli":
+        if old.name == name:
             revoke_token(engine, old.id)
-    _, secret = create_token(engine, owner, "cli", list(SCOPES))
+    _, secret = create_token(engine, owner, name, list(SCOPES))
     write_secret_file(path, secret)
     return path
 

@@ -6,6 +6,14 @@ Two pulls of the same reference while one is queued or running share that job. O
 that were queued or running when the last process ended are marked `interrupted`; `resume` puts
 one back in the queue, and the download continues where its file stopped.
 
+Several fronts on one database: a job belongs to the front that submitted (or resumed) it
+(`claimed_by`, its front id), which renews `claimed_at` every `front_sync_interval_s`
+(`heartbeat`); it goes from queued to running by a conditional UPDATE, so exactly one front runs
+it. A front starting marks interrupted only its own earlier claims and claims nobody renewed
+for `STALE_CLAIMS` intervals (a dead front's), never a live front's job; each heartbeat also
+interrupts dead fronts' jobs, so they can be resumed anywhere. A job cancelled on another front
+is stopped by its owner at its next heartbeat.
+
 Statuses: queued → running → succeeded | failed | cancelled; interrupted (after a restart).
 """
 
@@ -39,6 +47,8 @@ QUANTIZE = ("auto", "q4", "fp16", "no")
 Q4_THRESHOLD_BYTES = 14_000_000_000
 # Progress is written to the database at most this often (readers get it live from memory).
 DB_PROGRESS_EVERY_S = 1.0
+# A claim not renewed for this many `front_sync_interval_s` is a dead front's.
+STALE_CLAIMS = 10
 
 OnPulled = Callable[[dict[str, Any]], Awaitable[None]]
 CatalogChanged = Callable[[], Awaitable[None]]
@@ -76,8 +86,10 @@ class PullJobs:
         on_pulled: OnPulled,
         spawn: SpawnChild,
         pulled_with: OnPulled | None = None,
+        front_id: str = "front",
     ) -> None:
         self.settings = settings
+        self.front_id = front_id  # what `claimed_by` says for the jobs this front owns
         # Before a job reads succeeded: what comes with its model (a speculative-decoding
         # draft, front/ops/draft_pulls.py) is submitted, so a client that saw the success sees
         # that job too.
@@ -118,13 +130,42 @@ class PullJobs:
             event.set()
 
     async def recover(self) -> int:
-        """After a restart: what was queued or running is interrupted (resumable)."""
-        result = await self._q(lambda c: c.execute(
-            sa.update(db.jobs).where(db.jobs.c.status.in_(ACTIVE))
+        """After a restart: what was queued or running is interrupted (resumable): our own
+        earlier claims, unclaimed jobs, and claims another front stopped renewing."""
+        stale = time.time() - STALE_CLAIMS * self.settings.front_sync_interval_s
+        c = db.jobs.c
+        result = await self._q(lambda conn: conn.execute(
+            sa.update(db.jobs).where(c.status.in_(ACTIVE), sa.or_(
+                c.claimed_by.is_(None), c.claimed_by == self.front_id,
+                c.claimed_at.is_(None), c.claimed_at < stale))
             .values(status="interrupted", finished_at=time.time(),
                     error="modelyard stopped while this pull was unfinished; resume it")
         ))
         return int(result.rowcount or 0)
+
+    async def heartbeat(self) -> None:
+        """Renew this front's claims; interrupt a dead front's jobs (claims nobody renewed);
+        stop a job of ours that another front cancelled."""
+        c = db.jobs.c
+        stale = time.time() - STALE_CLAIMS * self.settings.front_sync_interval_s
+
+        def renew(conn: sa.Connection) -> list[str]:
+            conn.execute(sa.update(db.jobs).where(
+                c.claimed_by == self.front_id, c.status.in_(ACTIVE)
+            ).values(claimed_at=time.time()))
+            conn.execute(sa.update(db.jobs).where(
+                c.status.in_(ACTIVE), c.claimed_by != self.front_id, c.claimed_at < stale
+            ).values(status="interrupted", finished_at=time.time(),
+                     error="the front running this pull stopped; resume it"))
+            mine = list(self._tasks)
+            if not mine:
+                return []
+            return list(conn.execute(sa.select(c.id).where(
+                c.id.in_(mine), c.status == "cancelled")).scalars())
+
+        for job_id in await self._q(renew):
+            log.info("pull %s was cancelled on another front: stopping it", job_id)
+            await self._stop(job_id)
 
     # ---- API ------------------------------------------------------------------------------
 
@@ -149,6 +190,7 @@ class PullJobs:
             "id": uuid.uuid4().hex[:16], "model": model, "ref": canonical,
             "model_id": ref.model_id, "status": "queued", "quantize": quantize, "init": init,
             "created_at": time.time(), "bytes_done": 0,
+            "claimed_by": self.front_id, "claimed_at": time.time(),
         }
         await self._q(lambda c: c.execute(sa.insert(db.jobs).values(**row)))
         self._start(row["id"])
@@ -174,6 +216,18 @@ class PullJobs:
         job = await self.get(job_id)
         if job["status"] not in ACTIVE:
             return job
+        cancelled = {"status": "cancelled", "error": "cancelled", "error_code": "cancelled"}
+        # Written first: a job another front runs is stopped there at its next heartbeat.
+        await self._update(job_id, finished_at=time.time(), **cancelled)
+        if job_id in self._tasks:
+            await self._stop(job_id)
+            # again (not counted twice): the stopped child's own last word must not stand
+            await self._q(lambda c: c.execute(sa.update(db.jobs).where(
+                db.jobs.c.id == job_id).values(**cancelled)))
+        return await self.get(job_id)
+
+    async def _stop(self, job_id: str) -> None:
+        """Stop this front's child and task of a job (cancelled)."""
         task = self._tasks.get(job_id)
         child = self._children.get(job_id)
         if child is not None:
@@ -183,9 +237,7 @@ class PullJobs:
         if task is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await self._update(job_id, status="cancelled", finished_at=time.time(),
-                           error="cancelled", error_code="cancelled")
-        return await self.get(job_id)
+        self._live.pop(job_id, None)
 
     async def resume(self, job_id: str) -> dict[str, Any]:
         job = await self.get(job_id)
@@ -193,9 +245,16 @@ class PullJobs:
             return job
         if job["status"] == "succeeded":
             raise InvalidRequest(f"job {job_id} already succeeded; nothing to resume")
-        await self._update(job_id, status="queued", finished_at=None, error=None,
-                           error_code=None)
-        self._start(job_id)
+        c = db.jobs.c
+        # Conditional: of two fronts resuming one job at once, one takes it.
+        taken = await self._q(lambda conn: conn.execute(
+            sa.update(db.jobs).where(c.id == job_id, c.status.in_(FINAL),
+                                     c.status != "succeeded")
+            .values(status="queued", finished_at=None, error=None, error_code=None,
+                    claimed_by=self.front_id, claimed_at=time.time())).rowcount)
+        if taken:
+            self._notify(job_id)
+            self._start(job_id)
         return await self.get(job_id)
 
     async def watch(self, job_id: str) -> AsyncIterator[dict[str, Any]]:
@@ -206,7 +265,11 @@ class PullJobs:
             yield job
             if job["status"] in FINAL:
                 return
-            await event.wait()
+            if job_id in self._tasks:
+                await event.wait()
+            else:  # another front runs it: its progress reaches us through the database
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), self.settings.front_sync_interval_s)
 
     async def wait(self, job_id: str) -> dict[str, Any]:
         """The job once it is final."""
@@ -238,8 +301,8 @@ class PullJobs:
     async def _run(self, job_id: str) -> None:
         async with self._slots:
             job = await self.get(job_id)
-            if job["status"] != "queued":
-                return
+            if job["status"] != "queued" or not await self._claim(job_id):
+                return  # cancelled meanwhile, or another front runs it
             self._live[job_id] = dict(job)
             try:
                 await self._update(job_id, status="running", started_at=time.time(),
@@ -261,6 +324,17 @@ class PullJobs:
                 await self.on_pulled(await self.get(job_id))
             except ModelyardError as exc:
                 log.error("pulled %s but could not load it: %s", job_id, exc.message)
+
+    async def _claim(self, job_id: str) -> bool:
+        """queued → running for this front only if it is still queued: exactly one front
+        runs a job, whichever fronts try."""
+        c = db.jobs.c
+        now = time.time()
+        taken = await self._q(lambda conn: conn.execute(
+            sa.update(db.jobs).where(c.id == job_id, c.status == "queued")
+            .values(status="running", started_at=now, claimed_by=self.front_id,
+                    claimed_at=now)).rowcount)
+        return bool(taken)
 
     async def _download(self, job_id: str, job: dict[str, Any]) -> dict[str, Any] | None:
         argv = [sys.executable, "-m", "modelyard.store.pull", job["ref"],

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from modelyard.errors import InvalidRequest, ModelyardError
 from modelyard.front.catalog import Catalog
 from modelyard.front.dispatch.dispatcher import Dispatcher
 from modelyard.front.engines.client import EngineClient
+from modelyard.front.ops.fronts import PEER_RELOAD
 from modelyard.store.config_diff import diff_specs, keep_running, restart_required, spec_views
 from modelyard.store.registry import ModelRegistry
 
@@ -43,6 +44,9 @@ class ConfigReloader:
         self.config_file = config_file
         self._lock = asyncio.Lock()  # one reload at a time
         self._tasks: set[asyncio.Task[Any]] = set()
+        # Told after each reload this front made itself (not one it followed): several fronts
+        # on one database follow it (front/ops/fronts.py `announce_reload`).
+        self.announce: Callable[[], Awaitable[None]] | None = None
         # The file and environment as the server started with them, CLI flags left out: what a
         # restart-only setting is compared with (a flag such as --port is no change to report).
         try:
@@ -89,6 +93,11 @@ class ConfigReloader:
         if result["restart_required"]:
             log.warning("config reload (%s): these settings take effect only after a restart: "
                         "%s", why, ", ".join(result["restart_required"]))
+        if self.announce is not None and why != PEER_RELOAD:
+            try:
+                await self.announce()
+            except Exception:  # reloaded here; the other fronts follow at their next change
+                log.exception("config reload (%s): telling the other fronts failed", why)
         return result
 
     async def _reload(self) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Chat sessions in the SQLite table `chat_sessions` (`chat_session_persist`): rows written
+"""Chat sessions in the table `chat_sessions` (`chat_session_persist`): rows written
 behind by the store's one writer task, and read back at start."""
 
 from __future__ import annotations
@@ -14,13 +14,26 @@ Key = tuple[str, str]  # (owner, session id)
 
 def write(engine: sa.Engine, batch: list[tuple[Key, dict[str, Any] | None]]) -> None:
     """Each session's row replaced by its new one (None: the session is gone), in one
-    transaction."""
+    transaction. A row with more turns than ours stays: another front (on a shared database)
+    answered a later turn, and our copy is stale."""
     table = db.chat_sessions
     with engine.begin() as conn:
         for (owner, sid), row in batch:
-            conn.execute(table.delete().where(table.c.owner == owner, table.c.id == sid))
-            if row is not None:
+            mine = sa.and_(table.c.owner == owner, table.c.id == sid)
+            if row is None:
+                conn.execute(table.delete().where(mine))
+                continue
+            conn.execute(table.delete().where(mine, table.c.turns <= row["turns"]))
+            if conn.execute(sa.select(table.c.turns).where(mine)).first() is None:
                 conn.execute(table.insert().values(**row))
+
+
+def load_one(engine: sa.Engine, owner: str, session_id: str) -> dict[str, Any] | None:
+    table = db.chat_sessions
+    with engine.connect() as conn:
+        found = db.rows(conn.execute(sa.select(table).where(
+            table.c.owner == owner, table.c.id == session_id)))
+    return found[0] if found else None
 
 
 def load(engine: sa.Engine, *, expired_before: float) -> list[dict[str, Any]]:

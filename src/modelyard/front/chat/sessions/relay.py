@@ -54,6 +54,12 @@ def store_of(request: Request) -> SessionStore:
     return state_of(request).chat.sessions
 
 
+async def refresh_session(request: Request, session_id: str) -> None:
+    """Before a turn: the caller's session as the database has it when another front
+    answered since (several fronts on one database; nothing to do otherwise)."""
+    await store_of(request).refresh(owner_of(principal_of(request)), session_id)
+
+
 def begin_turn(request: Request, session_id: str, model: str, body: dict[str, Any], *,
                kv_hints: bool = True) -> Turn:
     """The turn `body` (an OpenAI chat request) starts in the caller's session `session_id`;

@@ -310,6 +310,26 @@ class SessionStore:
         return [s for s in reversed(self._sessions.values())
                 if principal.is_admin or s.owner == mine]
 
+    @property
+    def shared(self) -> bool:
+        """Persisted in a database other fronts may write too (not SQLite, which is one
+        front's): a session is then read back before each use (`refresh`)."""
+        return self.db is not None and self.db.dialect.name != "sqlite"
+
+    async def refresh(self, owner: str, session_id: str) -> None:
+        """Several fronts: take the database's row of a session when it is newer than ours
+        (more turns: another front answered since), or when we have none (made elsewhere)."""
+        if not self.shared:
+            return
+        assert self.db is not None
+        row = await asyncio.to_thread(session_db.load_one, self.db, owner, session_id)
+        if row is None or self.clock() - row["last_used_at"] > self.ttl_s:
+            return
+        mine = self._sessions.get((owner, session_id))
+        if mine is None or row["turns"] > mine.turns:
+            self._put(_session(row))
+            self._enforce(keep=(owner, session_id))
+
     # ---- turns -----------------------------------------------------------------------------
 
     def begin(self, owner: str, session_id: str, model: str, request_body: dict[str, Any]
