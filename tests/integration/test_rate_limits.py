@@ -46,20 +46,23 @@ class Clock:
         return self.now
 
 
-def prepare(home: Path) -> Starlette:
+def prepare(home: Path, database_url: str | None = None) -> Starlette:
     from modelyard.front.app import create_app
 
     home.mkdir(parents=True, exist_ok=True)
     config_file = home / "config.yaml"
     config_file.write_text(yaml.safe_dump({"models": [], "limits_refresh_s": 0.2,
-                                           "scan_hf_cache": False, "devices": "cpu"}))
+                                           "scan_hf_cache": False, "devices": "cpu",
+                                           "database_url": database_url}))
     settings = load_settings(config_file, home=home)
     return create_app(settings, provider=NoEngines(), config_file=config_file)
 
 
 @contextlib.asynccontextmanager
-async def front(home: Path, clock: Clock) -> AsyncIterator[tuple[httpx.AsyncClient, Starlette]]:
-    app = prepare(home)
+async def front(
+    home: Path, clock: Clock, database_url: str | None = None,
+) -> AsyncIterator[tuple[httpx.AsyncClient, Starlette]]:
+    app = prepare(home, database_url)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="on",
                                            log_level="warning"))
@@ -205,10 +208,14 @@ async def test_only_admins_edit_and_bad_input_is_a_4xx_with_a_code(tmp_path: Pat
         assert r.status_code == 404 and r.json()["error"] == "user_not_found"
 
 
-async def test_a_limit_holds_across_two_fronts_on_one_database(tmp_path: Path) -> None:
+async def test_a_limit_holds_across_two_fronts_on_one_database(
+    tmp_path: Path, database_url: str
+) -> None:
+    """On SQLite (one file) and on a real PostgreSQL server (the test set-up's)."""
     clock = Clock()
     home = tmp_path / "home"
-    async with front(home, clock) as (a, _), front(home, clock) as (b, app_b):
+    async with front(home, clock, database_url) as (a, _), \
+            front(home, clock, database_url) as (b, app_b):
         token_id, frank = await user_token(a, "frank")
         assert (await put(a, f"token:{token_id}", requests_per_minute=3)).status_code == 200
         # Front b learns of the edit within limits_refresh_s (0.2 s here).
