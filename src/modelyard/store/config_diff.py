@@ -47,6 +47,7 @@ RELOADABLE: tuple[str, ...] = (
     "notify_model_swap", "max_concurrency", "max_queue", "queue_timeout_s", "default_engine",
     "engine_specs", "auto_pull", "archive_service_outputs", "default_max_tokens",
     "replica_scale_up_wait_s", "replica_idle_s",  # read by the front at each scale decision
+    "fair_share",  # read by the dispatcher at each request (weights, swap share)
 )
 
 # Model fields a running server does not depend on: a change applies without a restart.
