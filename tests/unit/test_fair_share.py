@@ -130,8 +130,11 @@ async def test_position_reflects_fair_order() -> None:
     assert queues.stats(M)["owners"] == {"a": {"running": 1, "queued": 3},
                                         "b": {"running": 0, "queued": 1}}
     holder.release()
-    for task in tasks:
-        (await task).release()
+    pending = set(tasks)
+    while pending:  # release in grant order
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            task.result().release()
 
 
 def test_withdrawn_waiter_gives_its_cost_back() -> None:
