@@ -10,6 +10,7 @@ import pytest
 from modelyard.config import FairShareSettings
 from modelyard.front.dispatch.fair_share import FairTags, weight_of
 from modelyard.front.dispatch.queueing import Limits, ModelQueues, Slot
+from modelyard.front.identity.principal import Principal
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 
@@ -148,10 +149,14 @@ def test_withdrawn_waiter_gives_its_cost_back() -> None:
 
 def test_weight_of_user_then_group_then_default() -> None:
     settings = FairShareSettings(weights={"alice": 3.0, "group:ml": 2.0}, default_weight=0.5)
-    assert weight_of(settings, "alice", "ml") == 3.0
-    assert weight_of(settings, "bob", "ml") == 2.0
-    assert weight_of(settings, "bob", None) == 0.5
-    assert weight_of(settings, None, None) == 0.5
+    def who(user: str | None, group: str | None = None) -> Principal:
+        return Principal(user, False, frozenset({"inference"}), "token", group=group)
+
+    assert weight_of(settings, who("alice", "ml")) == 3.0
+    assert weight_of(settings, who("bob", "ml")) == 2.0
+    assert weight_of(settings, who("bob")) == 0.5
+    assert weight_of(settings, who(None)) == 0.5
+    assert weight_of(settings, None) == 0.5
 
 
 def test_weights_must_be_positive() -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from modelyard.config import FairShareSettings
+from modelyard.front.identity.principal import Principal
 
 COST = 1.0
 _PRUNE_OVER = 256  # owners remembered per model before idle ones (tag ≤ v) are forgotten
@@ -72,10 +73,12 @@ class FairTags:
         self.last = {k: f for k, f in self.last.items() if f > self.virtual.get(k[0], 0.0)}
 
 
-def weight_of(settings: FairShareSettings, user: str | None, group: str | None) -> float:
+def weight_of(settings: FairShareSettings, principal: Principal | None) -> float:
     """The owner's weight: its user name's entry, else its group's (`group:<name>`), else
     `default_weight`. Anonymous callers (one owner together) have the default."""
     weights = settings.weights
+    user = None if principal is None else principal.user
+    group = None if principal is None else principal.group
     if user is not None and user in weights:
         return weights[user]
     if group is not None and f"group:{group}" in weights:

@@ -79,8 +79,8 @@ class _Waiter:
     seq: int
     enqueued_at: float
     request_id: str | None
-    owner: str = ""
-    tag: Tag = Tag(0.0, 0.0)
+    owner: str
+    tag: Tag
     granted_at: float | None = None
     live: bool = True
 
@@ -361,6 +361,11 @@ class ModelQueues:
     def running(self, model: str) -> int:
         state = self._models.get(model)
         return 0 if state is None else state.running
+
+    def owners(self, model: str) -> frozenset[str]:
+        """Owners with requests of `model` running or waiting now."""
+        state = self._models.get(model)
+        return frozenset() if state is None else frozenset(state.owners)
 
     def position(self, model: str, request_id: str) -> int | None:
         """Waiters admitted before `request_id` as things stand (0 = next); None if not waiting."""
