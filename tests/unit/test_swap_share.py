@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from modelyard.front.dispatch.swap_share import Charge, SwapLedger, swap_wait_s
+from modelyard.front.dispatch.swap_share import IDLE_GRACE_S, Charge, SwapLedger, swap_wait_s
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 
@@ -51,6 +51,26 @@ def test_a_load_is_charged_once_to_its_first_owner() -> None:
     assert not ledger.charged("engine-1", "a", NOW, 60.0)
     ledger.charge("engine-0", "y", "key-3", "a", 1.0, NOW + 200, 60.0)
     assert len(ledger.charges["engine-0"]) == 1  # the old ones are dropped
+
+
+def test_a_reload_after_another_owners_swap_is_charged_to_that_owner() -> None:
+    ledger = SwapLedger()
+    ledger.charge("engine-0", "x", "k1", "alice", 1.0, NOW, 60.0)  # alice's x evicts bob's z
+    ledger.charge("engine-0", "z", "k2", "bob", 1.5, NOW + 2, 60.0, reload=True)
+    ledger.charge("engine-0", "w", "k3", "bob", 1.0, NOW + 5, 60.0)  # bob's first load of w
+    owners = [c.owner for c in ledger.charges["engine-0"]]
+    assert owners == ["alice", "alice", "bob"]
+    # a reload long after the last swap is the owner's own
+    ledger.charge("engine-0", "z", "k4", "bob", 1.0, NOW + 100, 60.0, reload=True)
+    assert ledger.charges["engine-0"][-1].owner == "bob"
+
+
+def test_an_owner_stays_in_demand_for_a_grace_after_its_request_ended() -> None:
+    ledger = SwapLedger()
+    ledger.ended("z", "bob", NOW)
+    assert ledger.recent("z", NOW + 1.0) == {"bob"}
+    assert ledger.recent("z", NOW + IDLE_GRACE_S) == frozenset()
+    assert ledger.recent("y", NOW) == frozenset()
 
 
 async def test_notify_wakes_a_waiter_before_its_timeout() -> None:

@@ -37,7 +37,7 @@ from modelyard.front.dispatch.relay import Relay, send_upstream
 from modelyard.front.dispatch.replicas import MovedToCopy, Replicas, unless_moved
 from modelyard.front.dispatch.reroute import Reroutes
 from modelyard.front.dispatch.routing import EngineView, pick_engine, view_from_status
-from modelyard.front.dispatch.swap_share import SwapLedger, swap_wait_s
+from modelyard.front.dispatch.swap_share import IDLE_GRACE_S, SwapLedger, swap_wait_s
 from modelyard.front.engines.client import EngineClient
 from modelyard.front.identity.principal import CURRENT_PRINCIPAL, owner_key
 from modelyard.placement import policy as scheduler
@@ -374,6 +374,7 @@ class Dispatcher:
         def done() -> None:
             slot.release()
             self.inflight[engine.name] -= 1
+            self.swaps.ended(entry.id, owner, self.clock())
             self.swaps.notify()  # demand changed: a request held back by its swaps looks again
 
         try:
@@ -396,17 +397,23 @@ class Dispatcher:
         other owners use a model loaded there (swap_share.py); the queue timeout left."""
         deadline = self.clock() + timeout_s
         while not self._holds(engine, entry.id):
+            # Models other owners use here: resident, or granted here before (they may be
+            # waiting to load again: taking the memory would hold them back too).
             status = engine.latest_status()
-            resident = ({m.model for m in status.models if m.resident} if status is not None
-                        else {m for e, m in self.upstreams if e == engine.name})
-            others = any(self.queues.owners(m) - {owner} for m in resident - {entry.id})
-            needs = others and (status is None or view_from_status(
-                engine.name, status, await self._want(entry)).evictions_needed > 0)
-            fair, now = self.catalog.settings.fair_share, self.clock()
+            resident = set() if status is None else {m.model for m in status.models
+                                                     if m.resident}
+            used = resident | {m for e, m in self.upstreams if e == engine.name}
+            now = self.clock()
+            theirs = {m for m in used - {entry.id}
+                      if (self.queues.owners(m) | self.swaps.recent(m, now)) - {owner}}
+            needs = bool(theirs) and (status is None or bool(theirs - resident) or
+                                      view_from_status(engine.name, status, await self._want(
+                                          entry)).evictions_needed > 0)
+            fair = self.catalog.settings.fair_share
             wait = swap_wait_s(
                 self.swaps.charges.get(engine.name, ()), owner, now,
                 window_s=fair.swap_window_s, max_share=fair.max_swap_share,
-                others_demand=others, needs_eviction=needs,
+                others_demand=bool(theirs), needs_eviction=needs,
             )
             if wait is None:
                 break
@@ -417,7 +424,8 @@ class Dispatcher:
                     f"({fair.max_swap_share:g} of {fair.swap_window_s:g}s) while others use it",
                     model=entry.id, retry_after_s=max(1.0, wait),
                 )
-            await self.swaps.changed(min(wait, deadline - now) + 0.01)
+            # re-checked when a slot frees, and at least once per grace (demand may end)
+            await self.swaps.changed(min(wait, deadline - now, IDLE_GRACE_S) + 0.01)
         return max(0.0, deadline - self.clock())
 
     async def _lease_and_send(
@@ -438,7 +446,8 @@ class Dispatcher:
             metrics.note_swap()
             fair = self.catalog.settings.fair_share
             self.swaps.charge(engine.name, model_id, lease.api_key, owner,
-                              lease.load_duration_ns / 1e9, self.clock(), fair.swap_window_s)
+                              lease.load_duration_ns / 1e9, self.clock(), fair.swap_window_s,
+                              reload=key in self.upstreams)
         self.upstreams[key] = lease.upstream
         self.upstream_keys[key] = lease.api_key
         self.session_kv.sending(lease.upstream, kv)
@@ -574,3 +583,4 @@ async def unless_disconnected(
     with contextlib.suppress(asyncio.CancelledError, Exception):
         discard(await task)
     raise ClientClosedRequest("the client closed the connection while the request waited")
+

@@ -14,7 +14,15 @@ the engine (no demand: no wait) or when the model is already loaded (no check at
 runs only for an owner with swaps charged in the window and a cold model).
 
 A swap is charged to the owner of the first request granted from a load (`lease.api_key` names
-one load: requests that joined it are not charged again), at its load time.
+one load: requests that joined it are not charged again), at its load time (the grant's wait),
+except a *reload*: a model that was loaded on that engine before and comes back right after
+another owner's swap is charged to that owner — their swap evicted it, so its way back is
+theirs too. Without that, the owner whose model was evicted pays as much as the one who
+thrashes, and the rule would hold both back alike.
+
+Demand: an owner's requests running or queued for the model, or one that ended in the last
+`IDLE_GRACE_S` — a client that sends steadily has a gap between an answer and its next request,
+and a waiter woken by that very answer's release must not see the model as unused.
 
 `swap_wait_s` is pure (a table of inputs → decisions); `SwapLedger` keeps the charges and wakes
 waiters when demand changes (a slot is released).
@@ -28,6 +36,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+IDLE_GRACE_S = 2.0
 
 @dataclass(frozen=True)
 class Charge:
@@ -64,14 +73,32 @@ class SwapLedger:
     charges: dict[str, deque[Charge]] = field(default_factory=dict)
     _loads: dict[tuple[str, str], str | None] = field(default_factory=dict)
     _changed: asyncio.Event | None = None
+    # model → owner → when its last request of that model ended (the injected clock)
+    _ended: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def ended(self, model: str, owner: str, now: float) -> None:
+        """A request of `owner` for `model` ended."""
+        self._ended.setdefault(model, {})[owner] = now
+
+    def recent(self, model: str, now: float) -> frozenset[str]:
+        """Owners whose request of `model` ended less than `IDLE_GRACE_S` ago."""
+        found = self._ended.get(model)
+        if not found:
+            return frozenset()
+        for owner in [o for o, at in found.items() if at <= now - IDLE_GRACE_S]:
+            del found[owner]  # bounded: only owners active in the grace stay
+        return frozenset(found)
 
     def charge(self, engine: str, model: str, load_key: str | None, owner: str,
-               seconds: float, now: float, window_s: float) -> None:
-        """A lease that waited for a load of `model` (named by its per-load key) was granted."""
+               seconds: float, now: float, window_s: float, *, reload: bool = False) -> None:
+        """A lease that waited for a load of `model` (named by its per-load key) was granted;
+        `reload`: the model was loaded on `engine` before."""
         if load_key is not None and self._loads.get((engine, model)) == load_key:
             return  # joined a load already charged
         self._loads[(engine, model)] = load_key
         found = self.charges.setdefault(engine, deque())
+        if reload and found and found[-1].at > now - window_s:
+            owner = found[-1].owner  # the swap before this one evicted it
         found.append(Charge(now, seconds, owner))
         while found and found[0].at <= now - window_s:
             found.popleft()
