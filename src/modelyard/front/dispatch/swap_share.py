@@ -37,6 +37,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 IDLE_GRACE_S = 2.0
+_PRUNE_OVER = 64  # owners remembered per model before those past the grace are dropped
 
 @dataclass(frozen=True)
 class Charge:
@@ -78,7 +79,10 @@ class SwapLedger:
 
     def ended(self, model: str, owner: str, now: float) -> None:
         """A request of `owner` for `model` ended."""
-        self._ended.setdefault(model, {})[owner] = now
+        found = self._ended.setdefault(model, {})
+        found[owner] = now
+        if len(found) > _PRUNE_OVER:
+            self.recent(model, now)  # drops the owners past the grace
 
     def recent(self, model: str, now: float) -> frozenset[str]:
         """Owners whose request of `model` ended less than `IDLE_GRACE_S` ago."""
