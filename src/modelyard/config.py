@@ -444,6 +444,38 @@ class ThermalSettings(BaseModel):
 _yaml_file: ContextVar[Path | None] = ContextVar("modelyard_yaml_file", default=None)
 
 
+class FairShareSettings(BaseModel):
+    """`fair_share:` — how a model's queue and the swaps of an engine are shared between owners
+    (docs/teams.md, "Fair share")."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    weights: dict[str, float] = Field(
+        default_factory=dict, description="Weight per user name, or per group as "
+        "`group:<name>` (a user's own entry wins); within a priority, backlogged owners are "
+        "served in the ratio of their weights.",
+    )
+    default_weight: float = Field(
+        1.0, gt=0, description="The weight of an owner not in `weights` (anonymous callers too)."
+    )
+    max_swap_share: float = Field(
+        0.5, gt=0, le=1, description="Share of `swap_window_s` that one owner's swaps may take "
+        "on an engine while another owner has demand for a model loaded there; beyond it, that "
+        "owner's request for a cold model waits (at most `queue_timeout_s`). 1: no limit.",
+    )
+    swap_window_s: float = Field(
+        60.0, gt=0, description="The window over which an owner's swap time is counted."
+    )
+
+    @field_validator("weights", mode="after")
+    @classmethod
+    def _positive(cls, weights: dict[str, float]) -> dict[str, float]:
+        for name, weight in weights.items():
+            if not weight > 0:
+                raise ValueError(f"weight of '{name}' must be > 0, got {weight}")
+        return weights
+
+
 class ClusterSettings(BaseModel):
     """`cluster:` — serving past one machine on Ray (docs/cluster.md)."""
 
@@ -713,6 +745,10 @@ class Settings(BaseSettings):
     replica_scale_up_wait_s: float = Field(
         2.0, gt=0, description="A model with `max_replicas` gets one more copy when a request "
         "has waited this long in its queue.",
+    )
+    fair_share: FairShareSettings = Field(
+        default_factory=FairShareSettings, description="Fair share between owners: weights "
+        "in a model's queue, and `max_swap_share` across models (docs/teams.md).",
     )
     replica_idle_s: float = Field(
         60.0, gt=0, description="An extra copy (beyond `replicas`) idle this long is unloaded "

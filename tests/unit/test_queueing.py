@@ -346,6 +346,7 @@ async def test_stats_fields_with_an_injected_clock() -> None:
         "avg_service_s": None,
         "longest_wait_s": 3.0,
         "retry_after_s": 2.0,  # default 1 s service * (1 queued + 1) / 1 slot
+        "owners": {"": {"running": 1, "queued": 1}},  # anonymous: one owner
     }
     holder.release()  # held 3 s
     slot = await waiter  # waited 3 s
@@ -357,6 +358,7 @@ async def test_stats_fields_with_an_injected_clock() -> None:
     assert stats["avg_service_s"] == pytest.approx(3.0 + 0.2 * (5.0 - 3.0))
     assert stats["longest_wait_s"] == 0.0
     assert stats["running"] == 0 and stats["queued"] == 0
+    assert stats["owners"] == {}  # idle owners are forgotten
 
 
 async def test_position_follows_priority_and_departures() -> None:

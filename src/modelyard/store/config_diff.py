@@ -51,6 +51,7 @@ RELOADABLE: tuple[str, ...] = (
     "engine_specs", "auto_pull", "archive_service_outputs", "default_max_tokens",
     "replica_scale_up_wait_s", "replica_idle_s",  # read by the front at each scale decision
     "activity_capture_bodies", "activity_capture_max_bytes",  # read at each request
+    "fair_share",  # read by the dispatcher at each request (weights, swap share)
 )
 
 # Model fields a running server does not depend on: a change applies without a restart.

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple, TypeVar
@@ -20,16 +21,25 @@ from starlette.requests import Request
 
 from modelyard import metrics
 from modelyard.config import EngineSpec, ServiceModel, Settings
-from modelyard.errors import ClientClosedRequest, EngineUnavailable, ModelyardError, UpstreamError
+from modelyard.errors import (
+    ClientClosedRequest,
+    EngineUnavailable,
+    ModelyardError,
+    QueueTimeout,
+    UpstreamError,
+)
 from modelyard.front.catalog import Catalog
 from modelyard.front.chat.presets import apply_preset_bytes
 from modelyard.front.chat.sessions.kv import SessionKv, SlotKv
+from modelyard.front.dispatch.fair_share import weight_of
 from modelyard.front.dispatch.queueing import Limits, ModelQueues
 from modelyard.front.dispatch.relay import Relay, send_upstream
 from modelyard.front.dispatch.replicas import MovedToCopy, Replicas, unless_moved
 from modelyard.front.dispatch.reroute import Reroutes
 from modelyard.front.dispatch.routing import EngineView, pick_engine, view_from_status
+from modelyard.front.dispatch.swap_share import IDLE_GRACE_S, SwapLedger, swap_wait_s
 from modelyard.front.engines.client import EngineClient
+from modelyard.front.identity.principal import CURRENT_PRINCIPAL, owner_key
 from modelyard.placement import policy as scheduler
 from modelyard.placement.devices import LayerProfile
 from modelyard.store.estimate import MemoryEstimate, estimate_model, serving_bytes
@@ -71,6 +81,8 @@ class Dispatcher:
         # (engine, model) → the key of that upstream's load, sent with the early request.
         self.upstream_keys: dict[tuple[str, str], str | None] = {}
         self.queues = ModelQueues()
+        self.swaps = SwapLedger()  # swap time per owner and engine (swap_share.py)
+        self.clock = time.monotonic
         # Requests in flight per engine: "least queued work" when routing a cold model.
         self.inflight: dict[str, int] = {}
         self.estimates: dict[str, MemoryEstimate | None] = {}  # for routing
@@ -169,18 +181,7 @@ class Dispatcher:
         return chosen
 
     async def _snapshot_views(self, entry: Entry) -> list[EngineView]:
-        want = scheduler.Want(
-            model=entry.id,
-            bytes=await self._want_bytes(entry),
-            group=entry.spec.group,
-            coexist_with=frozenset(entry.spec.can_coexist_with),
-            priority=entry.spec.priority,
-            # As the engine asks (engine/loop.py `_decide`), so the prediction is its decision.
-            profile=self._profile(entry),
-            offload=getattr(entry.spec, "offload", "off") == "auto",
-            # A registered service is one process on one device: never split.
-            splittable=not isinstance(entry.spec, ServiceModel),
-        )
+        want = await self._want(entry)
 
         async def view(engine: EngineClient) -> EngineView:
             if not engine.up:
@@ -207,6 +208,21 @@ class Dispatcher:
             views = [replace(v, compatible=self._compatible(e, entry))
                      for v, e in zip(views, engines, strict=True)]
         return views
+
+    async def _want(self, entry: Entry) -> scheduler.Want:
+        """What the engine's placement is asked for `entry`."""
+        return scheduler.Want(
+            model=entry.id,
+            bytes=await self._want_bytes(entry),
+            group=entry.spec.group,
+            coexist_with=frozenset(entry.spec.can_coexist_with),
+            priority=entry.spec.priority,
+            # As the engine asks (engine/loop.py `_decide`), so the prediction is its decision.
+            profile=self._profile(entry),
+            offload=getattr(entry.spec, "offload", "off") == "auto",
+            # A registered service is one process on one device: never split.
+            splittable=not isinstance(entry.spec, ServiceModel),
+        )
 
     async def _want_bytes(self, entry: Entry) -> int:
         if entry.id not in self.estimates:
@@ -335,9 +351,17 @@ class Dispatcher:
         self, entry: Entry, engine: EngineClient, limits: Limits, call: Call,
         timeout_s: float | None = None,
     ) -> Relay:
+        # Fair share (fair_share.py, swap_share.py): whose request, at what weight.
+        principal = CURRENT_PRINCIPAL.get()
+        owner = owner_key(principal)
+        fair = self.catalog.settings.fair_share
+        if timeout_s is None:
+            timeout_s = self.catalog.settings.queue_timeout_s
+        if self.swaps.charged(engine.name, owner, self.clock(), fair.swap_window_s):
+            timeout_s = await self._swap_gate(entry, engine, owner, timeout_s)
         acquiring = self.queues.acquire(
-            entry.id, limits, priority=call.priority,
-            timeout_s=self.catalog.settings.queue_timeout_s if timeout_s is None else timeout_s,
+            entry.id, limits, priority=call.priority, timeout_s=timeout_s, owner=owner,
+            weight=weight_of(fair, principal),
         )
         if self.queues.running(entry.id) < limits.max_concurrency and (
                 self.queues.queued(entry.id) == 0):
@@ -350,12 +374,15 @@ class Dispatcher:
         def done() -> None:
             slot.release()
             self.inflight[engine.name] -= 1
+            self.swaps.ended(entry.id, owner, self.clock())
+            self.swaps.notify()  # demand changed: a request held back by its swaps looks again
 
         try:
             # A service keeps its URL across unload/reload: an early request could reach it
             # unloaded (and make it load behind the scheduler's back), yet be confirmed.
             early = entry.spec.backend != "service"
-            relay = await self._lease_and_send(engine, entry.id, call, send_early=early)
+            relay = await self._lease_and_send(engine, entry.id, call, send_early=early,
+                                               owner=owner)
         except BaseException:
             done()
             raise
@@ -363,8 +390,47 @@ class Dispatcher:
         self.replicas.placed(entry.id, engine.name)
         return relay
 
+    async def _swap_gate(
+        self, entry: Entry, engine: EngineClient, owner: str, timeout_s: float
+    ) -> float:
+        """Hold back a request whose owner's swaps on `engine` are over `max_swap_share` while
+        other owners use a model loaded there (swap_share.py); the queue timeout left."""
+        deadline = self.clock() + timeout_s
+        while not self._holds(engine, entry.id):
+            # Models other owners use here: resident, or granted here before (they may be
+            # waiting to load again: taking the memory would hold them back too).
+            status = engine.latest_status()
+            resident = set() if status is None else {m.model for m in status.models
+                                                     if m.resident}
+            used = resident | {m for e, m in self.upstreams if e == engine.name}
+            now = self.clock()
+            theirs = {m for m in used - {entry.id}
+                      if (self.queues.owners(m) | self.swaps.recent(m, now)) - {owner}}
+            needs = bool(theirs) and (status is None or bool(theirs - resident) or
+                                      view_from_status(engine.name, status, await self._want(
+                                          entry)).evictions_needed > 0)
+            fair = self.catalog.settings.fair_share
+            wait = swap_wait_s(
+                self.swaps.charges.get(engine.name, ()), owner, now,
+                window_s=fair.swap_window_s, max_share=fair.max_swap_share,
+                others_demand=bool(theirs), needs_eviction=needs,
+            )
+            if wait is None:
+                break
+            if now >= deadline:
+                raise QueueTimeout(
+                    f"model '{entry.id}' waited the queue timeout of {timeout_s:g}s: its owner's "
+                    f"swaps on {engine.name} are over max_swap_share "
+                    f"({fair.max_swap_share:g} of {fair.swap_window_s:g}s) while others use it",
+                    model=entry.id, retry_after_s=max(1.0, wait),
+                )
+            # re-checked when a slot frees, and at least once per grace (demand may end)
+            await self.swaps.changed(min(wait, deadline - now, IDLE_GRACE_S) + 0.01)
+        return max(0.0, deadline - self.clock())
+
     async def _lease_and_send(
-        self, engine: EngineClient, model_id: str, call: Call, *, send_early: bool = True
+        self, engine: EngineClient, model_id: str, call: Call, *, send_early: bool = True,
+        owner: str = "",
     ) -> Relay:
         key = (engine.name, model_id)
         kv = call.kv
@@ -378,6 +444,10 @@ class Dispatcher:
                 engine, model_id, guess, self.upstream_keys.get(key), call)
         if lease.load_duration_ns > 0:
             metrics.note_swap()
+            fair = self.catalog.settings.fair_share
+            self.swaps.charge(engine.name, model_id, lease.api_key, owner,
+                              lease.load_duration_ns / 1e9, self.clock(), fair.swap_window_s,
+                              reload=key in self.upstreams)
         self.upstreams[key] = lease.upstream
         self.upstream_keys[key] = lease.api_key
         self.session_kv.sending(lease.upstream, kv)
@@ -513,3 +583,4 @@ async def unless_disconnected(
     with contextlib.suppress(asyncio.CancelledError, Exception):
         discard(await task)
     raise ClientClosedRequest("the client closed the connection while the request waited")
+

@@ -1,7 +1,9 @@
 """Per-model bounded queues in the front: a concurrency limit, priorities, Retry-After.
 
 Each model admits at most `Limits.max_concurrency` requests at once; up to `Limits.max_queue`
-more wait in that model's queue, higher `priority` first and FIFO within a priority. A request
+more wait in that model's queue, higher `priority` first; within a priority, owners share the
+model by weighted fair queuing (fair_share.py: a start tag per request, FIFO among equal tags,
+so a single owner's requests stay FIFO). A request
 that finds the queue full is refused at once with `QueueFull` (429, with a Retry-After estimate);
 a waiter whose `timeout_s` runs out gets `QueueTimeout` (503, with Retry-After).
 
@@ -38,6 +40,7 @@ from typing import Any
 
 from modelyard import metrics
 from modelyard.errors import QueueFull, QueueTimeout
+from modelyard.front.dispatch.fair_share import FairTags, Tag
 
 EWMA_ALPHA = 0.2
 DEFAULT_SERVICE_S = 1.0
@@ -76,12 +79,20 @@ class _Waiter:
     seq: int
     enqueued_at: float
     request_id: str | None
+    owner: str
+    tag: Tag
     granted_at: float | None = None
     live: bool = True
 
     @property
-    def key(self) -> tuple[int, int]:
-        return (-self.priority, self.seq)
+    def key(self) -> tuple[int, float, int]:
+        return (-self.priority, self.tag.start, self.seq)
+
+
+@dataclass
+class _OwnerFigures:
+    running: int = 0
+    queued: int = 0
 
 
 @dataclass(eq=False)
@@ -90,7 +101,9 @@ class _ModelState:
     limits: Limits
     running: int = 0
     queued: int = 0
-    heap: list[tuple[int, int, _Waiter]] = field(default_factory=list)
+    heap: list[tuple[int, float, int, _Waiter]] = field(default_factory=list)
+    fair: FairTags = field(default_factory=FairTags)
+    owners: dict[str, _OwnerFigures] = field(default_factory=dict)
     dead: int = 0
     by_request_id: dict[str, _Waiter] = field(default_factory=dict)
     admitted_total: int = 0
@@ -101,7 +114,19 @@ class _ModelState:
     avg_service_s: float | None = None
 
     def live_waiters(self) -> list[_Waiter]:
-        return [w for _, _, w in self.heap if w.live]
+        return [entry[-1] for entry in self.heap if entry[-1].live]
+
+    def owner(self, name: str) -> _OwnerFigures:
+        found = self.owners.get(name)
+        if found is None:
+            found = self.owners[name] = _OwnerFigures()
+        return found
+
+    def forget_idle(self, name: str) -> None:
+        """An owner with nothing running or queued leaves the figures (bounded by demand)."""
+        figures = self.owners.get(name)
+        if figures is not None and figures.running == 0 and figures.queued == 0:
+            del self.owners[name]
 
 
 def _ewma(current: float | None, sample: float) -> float:
@@ -115,13 +140,16 @@ class Slot:
     `with await queues.acquire(...):`.
     """
 
-    __slots__ = ("_granted_at", "_owner", "_released", "_state")
+    __slots__ = ("_granted_at", "_owner", "_released", "_state", "owner")
 
-    def __init__(self, owner: ModelQueues, state: _ModelState, granted_at: float) -> None:
+    def __init__(
+        self, owner: ModelQueues, state: _ModelState, granted_at: float, request_owner: str = ""
+    ) -> None:
         self._owner = owner
         self._state = state
         self._granted_at = granted_at
         self._released = False
+        self.owner = request_owner  # whose request holds the slot (fair share)
 
     @property
     def model(self) -> str:
@@ -138,7 +166,7 @@ class Slot:
         if self._released:
             return
         self._released = True
-        self._owner._release(self._state, self._granted_at, record=record)
+        self._owner._release(self._state, self._granted_at, self.owner, record=record)
 
     def __enter__(self) -> Slot:
         return self
@@ -170,12 +198,15 @@ class ModelQueues:
         priority: int = 0,
         timeout_s: float | None = None,
         request_id: str | None = None,
+        owner: str = "",
+        weight: float = 1.0,
     ) -> Slot:
         """Wait for a slot of `model` under `limits` (the latest limits win for the model).
 
         Raises `QueueFull` at once when `limits.max_queue` requests already wait, `QueueTimeout`
         when `timeout_s` passes first. Cancelling the calling task leaves the queue cleanly.
         `request_id` (optional, unique among waiters) lets `position()` find this waiter.
+        `owner` and its `weight` (> 0): whose request it is, for fair queuing (fair_share.py).
         """
         state = self._models.get(model)
         if state is None:
@@ -186,11 +217,13 @@ class ModelQueues:
         now = self._clock()
         if state.running < limits.max_concurrency:
             # After _dispatch, a free slot means no live waiter is queued.
+            state.fair.admitted(priority, state.fair.arrive(priority, owner, weight))
             state.running += 1
             state.admitted_total += 1
+            state.owner(owner).running += 1
             state.avg_wait_s = _ewma(state.avg_wait_s, 0.0)
             metrics.queue_waited(model, 0.0)
-            return Slot(self, state, now)
+            return Slot(self, state, now, owner)
         if state.queued >= limits.max_queue:
             state.rejected_total += 1
             retry = self.retry_after_s(model)
@@ -205,9 +238,12 @@ class ModelQueues:
             raise self._timeout_error(state, timeout_s)
 
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(loop.create_future(), priority, next(self._seq), now, request_id)
-        heapq.heappush(state.heap, (-priority, waiter.seq, waiter))
+        tag = state.fair.arrive(priority, owner, weight)
+        waiter = _Waiter(loop.create_future(), priority, next(self._seq), now, request_id,
+                         owner, tag)
+        heapq.heappush(state.heap, (-priority, tag.start, waiter.seq, waiter))
         state.queued += 1
+        state.owner(owner).queued += 1
         if request_id is not None:
             state.by_request_id[request_id] = waiter
         timer = (
@@ -234,7 +270,7 @@ class ModelQueues:
     def _dispatch(self, state: _ModelState) -> None:
         """Hand free slots to the best live waiters; never awaits."""
         while state.running < state.limits.max_concurrency and state.heap:
-            _, _, waiter = heapq.heappop(state.heap)
+            waiter = heapq.heappop(state.heap)[-1]
             if not waiter.live:
                 state.dead -= 1
                 continue
@@ -242,21 +278,26 @@ class ModelQueues:
             if waiter.future.done():
                 # Cancelled, its task has not run its handler yet: it just leaves.
                 state.cancelled_total += 1
+                state.fair.withdrawn(waiter.priority, waiter.owner, waiter.tag)
+                state.forget_idle(waiter.owner)
                 continue
+            state.fair.admitted(waiter.priority, waiter.tag)
             state.running += 1
+            state.owner(waiter.owner).running += 1
             waiter.granted_at = self._clock()
-            waiter.future.set_result(Slot(self, state, waiter.granted_at))
+            waiter.future.set_result(Slot(self, state, waiter.granted_at, waiter.owner))
 
     def _unlink(self, state: _ModelState, waiter: _Waiter, *, popped: bool) -> None:
         """Take a live waiter out of the counts (its heap entry goes lazily unless popped)."""
         waiter.live = False
         state.queued -= 1
+        state.owner(waiter.owner).queued -= 1
         if waiter.request_id is not None and state.by_request_id.get(waiter.request_id) is waiter:
             del state.by_request_id[waiter.request_id]
         if not popped:
             state.dead += 1
             if state.dead >= _COMPACT_MIN_DEAD and state.dead * 2 > len(state.heap):
-                state.heap = [entry for entry in state.heap if entry[2].live]
+                state.heap = [entry for entry in state.heap if entry[-1].live]
                 heapq.heapify(state.heap)
                 state.dead = 0
 
@@ -265,6 +306,8 @@ class ModelQueues:
         if waiter.live:
             self._unlink(state, waiter, popped=False)
             state.cancelled_total += 1
+            state.fair.withdrawn(waiter.priority, waiter.owner, waiter.tag)
+            state.forget_idle(waiter.owner)
             return
         future = waiter.future
         if future.done() and not future.cancelled() and future.exception() is None:
@@ -277,6 +320,8 @@ class ModelQueues:
             return  # granted or cancelled in the meantime: the grant (or the handler) wins
         self._unlink(state, waiter, popped=False)
         state.timed_out_total += 1
+        state.fair.withdrawn(waiter.priority, waiter.owner, waiter.tag)
+        state.forget_idle(waiter.owner)
         waiter.future.set_exception(self._timeout_error(state, timeout_s))
 
     def _timeout_error(self, state: _ModelState, timeout_s: float) -> QueueTimeout:
@@ -288,8 +333,11 @@ class ModelQueues:
             retry_after_s=retry,
         )
 
-    def _release(self, state: _ModelState, granted_at: float, *, record: bool) -> None:
+    def _release(self, state: _ModelState, granted_at: float, owner: str, *,
+                 record: bool) -> None:
         state.running -= 1
+        state.owner(owner).running -= 1
+        state.forget_idle(owner)
         if record:
             held = max(0.0, self._clock() - granted_at)
             state.avg_service_s = _ewma(state.avg_service_s, held)
@@ -313,6 +361,11 @@ class ModelQueues:
     def running(self, model: str) -> int:
         state = self._models.get(model)
         return 0 if state is None else state.running
+
+    def owners(self, model: str) -> frozenset[str]:
+        """Owners with requests of `model` running or waiting now."""
+        state = self._models.get(model)
+        return frozenset() if state is None else frozenset(state.owners)
 
     def position(self, model: str, request_id: str) -> int | None:
         """Waiters admitted before `request_id` as things stand (0 = next); None if not waiting."""
@@ -341,6 +394,7 @@ class ModelQueues:
                 "avg_service_s": None,
                 "longest_wait_s": 0.0,
                 "retry_after_s": MIN_RETRY_AFTER_S,
+                "owners": {},
             }
         return self._stats(state)
 
@@ -361,4 +415,7 @@ class ModelQueues:
             "avg_service_s": state.avg_service_s,
             "longest_wait_s": max(0.0, longest),
             "retry_after_s": self.retry_after_s(state.name),
+            # Owners with requests running or waiting: one entry each (bounded by demand).
+            "owners": {name: {"running": f.running, "queued": f.queued}
+                       for name, f in state.owners.items()},
         }
