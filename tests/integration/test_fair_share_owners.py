@@ -180,5 +180,11 @@ def test_one_owners_swaps_do_not_starve_another_owners_loaded_model(
               f"(max_swap_share 0.1, z loaded {z_loads_fair}x)")
         assert bob_fair >= 2 * bob_free, (bob_free, bob_fair)
         assert z_loads_fair < z_loads_free / 2, (z_loads_free, z_loads_fair)
+        # the time alice was held back is her requests' queue wait in usage (and activity)
+        r = httpx.get(server.url + "/v1/usage", headers=server.admin_headers, timeout=30,
+                      params={"owner": "alice", "group_by": "user"})
+        assert r.status_code == 200, r.text
+        (row,) = r.json()["data"]
+        assert row["avg_queue_wait_s"] > 0.05, row
     finally:
         server.stop()

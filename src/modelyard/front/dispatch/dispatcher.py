@@ -358,7 +358,11 @@ class Dispatcher:
         if timeout_s is None:
             timeout_s = self.catalog.settings.queue_timeout_s
         if self.swaps.charged(engine.name, owner, self.clock(), fair.swap_window_s):
-            timeout_s = await self._swap_gate(entry, engine, owner, timeout_s)
+            held_from = self.clock()
+            try:
+                timeout_s = await self._swap_gate(entry, engine, owner, timeout_s)
+            finally:  # a wait like the queue's, for the request's record (usage, activity)
+                metrics.note_queue_wait(self.clock() - held_from)
         acquiring = self.queues.acquire(
             entry.id, limits, priority=call.priority, timeout_s=timeout_s, owner=owner,
             weight=weight_of(fair, principal),
