@@ -38,7 +38,7 @@ def record(n: int, *, user: str | None = "alice", model: str = "m1", status: str
         request_id=f"r{n}", started_at=1000.0 + n, user=user, token_id="t1", api="openai",
         path="/v1/chat/completions", model=model, status=status, prompt_tokens=10,
         cached_tokens=4, completion_tokens=20, ttft_s=0.5, duration_s=2.5, queue_wait_s=0.1,
-        swapped=False)
+        swapped=False, streamed=True)
     return RequestRecord(**{**base, **fields})
 
 

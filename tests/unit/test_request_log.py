@@ -73,6 +73,19 @@ def test_a_request_ends_as_one_record_with_what_the_hooks_noted() -> None:
     assert record.duration_s >= 0 and record.started_at > 0
     # a whole JSON answer: its first token came with its last
     assert record.ttft_s is not None and 0 <= record.ttft_s <= record.duration_s
+    assert not record.streamed
+    # tokens per second of a whole answer: over the request, not over the gap after its
+    # only body chunk (that gave hundreds of thousands)
+    assert record.tokens_per_s == pytest.approx(5 / record.duration_s)
+
+
+def test_tokens_per_second_of_a_stream_count_from_its_first_token() -> None:
+    base = dict(request_id=None, started_at=1.0, user=None, token_id=None, api="openai",
+                path="/v1/chat/completions", model="m", status="200", prompt_tokens=3,
+                cached_tokens=0, completion_tokens=10, ttft_s=1.0, duration_s=3.0,
+                queue_wait_s=0.0, swapped=False)
+    assert RequestRecord(**base, streamed=True).tokens_per_s == pytest.approx(5.0)
+    assert RequestRecord(**base, streamed=False).tokens_per_s == pytest.approx(10 / 3)
 
 
 def test_no_sink_no_record() -> None:

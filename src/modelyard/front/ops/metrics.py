@@ -134,6 +134,7 @@ def _record(scope: Scope, request: m.Request, capture: Capture | None = None) ->
         queue_wait_s=request.queue_wait_s,
         swapped=request.swapped,
         batch_id=scope.get("modelyard.batch_id"),
+        streamed=request.first_at is not None,
     ))
 
 

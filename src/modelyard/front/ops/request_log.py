@@ -35,6 +35,7 @@ class RequestRecord:
     queue_wait_s: float  # time spent in the model's queue
     swapped: bool  # it waited for its model to be loaded
     batch_id: str | None = None  # set for requests a batch (/v1/batches) ran
+    streamed: bool = False  # its tokens came as a stream (else one whole answer)
 
     @property
     def ok(self) -> bool:
@@ -42,8 +43,14 @@ class RequestRecord:
 
     @property
     def tokens_per_s(self) -> float | None:
-        """Completion tokens per second after the first token (None when not measurable)."""
-        if not self.completion_tokens or self.ttft_s is None:
+        """Completion tokens per second: of a stream, after its first token; of a whole
+        answer, over the request (prompt included: nothing finer is seen). None when not
+        measurable."""
+        if not self.completion_tokens:
+            return None
+        if not self.streamed:
+            return self.completion_tokens / self.duration_s if self.duration_s > 0 else None
+        if self.ttft_s is None:
             return None
         gen = self.duration_s - self.ttft_s
         return self.completion_tokens / gen if gen > 0 else None
