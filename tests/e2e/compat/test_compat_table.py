@@ -32,6 +32,7 @@ MODULES = [
     "tests.integration.test_auth",
     "tests.e2e.compat.test_openai_fidelity_demo",
     "tests.integration.test_usage_api",
+    "tests.integration.test_rate_limits_sdks",
 ]
 DOC = ROOT / "docs" / "compatibility.md"
 
