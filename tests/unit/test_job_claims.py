@@ -128,3 +128,28 @@ def test_fronts_starting_together_on_an_empty_database_all_connect(
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         tables = list(pool.map(lambda _: front(), range(4)))
     assert all(t == tables[0] for t in tables) and "jobs" in tables[0]
+
+
+@pytest.mark.postgres
+async def test_fronts_asked_at_once_for_one_model_make_one_job(
+    postgres_server: Any, tmp_path: Path
+) -> None:
+    """Each front's check for an active job and its insert are one step under a lock on the
+    reference: eight fronts asked at the same instant (their own connection pools) make one."""
+    url = postgres_server.create_database("submit_race")
+    engines = [db.connect(url) for _ in range(8)]
+    try:
+        fronts_ = [_jobs(e, tmp_path / f"f{k}", f"front-{k}") for k, e in enumerate(engines)]
+        for jobs in fronts_:
+            jobs._start = lambda job_id: None  # type: ignore[method-assign]  # no pull runs
+        for round_ in range(3):
+            answers = await asyncio.gather(*(j.submit(f"org/model-{round_}") for j in fronts_))
+            assert sum(created for _, created in answers) == 1, answers
+            assert len({job["id"] for job, _ in answers}) == 1
+            with engines[0].connect() as conn:
+                count = conn.execute(sa.select(sa.func.count()).select_from(db.jobs).where(
+                    db.jobs.c.ref == f"org/model-{round_}")).scalar_one()
+            assert count == 1
+    finally:
+        for e in engines:
+            e.dispose()

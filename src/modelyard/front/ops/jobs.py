@@ -181,18 +181,28 @@ class PullJobs:
         except ValueError as exc:
             raise InvalidRequest(str(exc), param="model") from exc
         canonical = str(ref)
-        existing = await self._q(lambda c: db.rows(c.execute(
-            sa.select(db.jobs).where(db.jobs.c.ref == canonical, db.jobs.c.status.in_(ACTIVE))
-        )))
-        if existing:
-            return self._view(existing[0]), False
         row: dict[str, Any] = {
             "id": uuid.uuid4().hex[:16], "model": model, "ref": canonical,
             "model_id": ref.model_id, "status": "queued", "quantize": quantize, "init": init,
             "created_at": time.time(), "bytes_done": 0,
             "claimed_by": self.front_id, "claimed_at": time.time(),
         }
-        await self._q(lambda c: c.execute(sa.insert(db.jobs).values(**row)))
+
+        def find_or_insert(c: sa.Connection) -> list[dict[str, Any]]:
+            if c.dialect.name == "postgresql":
+                # Fronts sharing the database: the check and the insert hold a lock on the
+                # reference until commit, so two fronts asked at once make one job.
+                c.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext(:ref))"),
+                          {"ref": "pull:" + canonical})
+            existing = db.rows(c.execute(sa.select(db.jobs).where(
+                db.jobs.c.ref == canonical, db.jobs.c.status.in_(ACTIVE))))
+            if not existing:
+                c.execute(sa.insert(db.jobs).values(**row))
+            return existing
+
+        existing = await self._q(find_or_insert)
+        if existing:
+            return self._view(existing[0]), False
         self._start(row["id"])
         return await self.get(row["id"]), True
 
