@@ -71,8 +71,9 @@ def test_the_activity_page_is_live_and_shows_captured_bodies(
     p.wait_for_selector("nav")
     p.click("nav a[href='#/activity']")
     p.wait_for_selector(".live-pill.on")  # following the feed
+    # the list is fetched beside the feed: wait for its rows, not for the pill alone
+    p.wait_for_function("document.querySelectorAll('tr.activity-row').length === 2")
     rows = p.locator("tr.activity-row")
-    assert rows.count() == 2
     assert "quick" in rows.nth(1).inner_text() and "slowish" in rows.nth(0).inner_text()
 
     live = chat(server, "quick")  # arrives over the feed, on top
