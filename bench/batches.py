@@ -39,7 +39,7 @@ import httpx
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.proxy import Proc, free_port, stop_all
+from bench.proxy import Proc, free_port, stop_all, wait_healthy_sync
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = ROOT / "bench" / "results"
@@ -82,20 +82,6 @@ def lines(args: argparse.Namespace) -> list[dict[str, Any]]:
              "body": {"model": MODELS[i % len(MODELS)], "messages": MESSAGES,
                       "max_tokens": args.max_tokens}}
             for i in range(args.requests)]
-
-
-def wait_healthy(client: httpx.Client, proc: Proc, url: str, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.exited() is not None:
-            raise RuntimeError(f"{proc.name} exited:\n{proc.tail()}")
-        try:
-            if client.get(url + "/health", timeout=2).json().get("status") == "healthy":
-                return
-        except (httpx.HTTPError, ValueError):
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"{proc.name} not healthy:\n{proc.tail()}")
 
 
 def unload_all(client: httpx.Client, url: str, admin: dict[str, str]) -> None:
@@ -166,7 +152,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     results: dict[str, Any] = {}
     try:
         with httpx.Client() as client:
-            wait_healthy(client, proc, url)
+            wait_healthy_sync(client, proc, url, 120)
             admin = {"Authorization": f"Bearer {(home / 'cli-token').read_text().strip()}"}
             for name in ("one by one", "batch API"):
                 unload_all(client, url, admin)

@@ -37,7 +37,7 @@ import httpx
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.proxy import Proc, free_port, stop_all
+from bench.proxy import Proc, free_port, stop_all, wait_healthy_sync
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = ROOT / "bench" / "results"
@@ -78,20 +78,6 @@ def serve(workdir: Path, tag: str, config: dict[str, Any]) -> tuple[Proc, str]:
     argv = [sys.executable, "-m", "modelyard", "serve", "--port", str(port),
             "--config", str(home / "config.yaml")]
     return Proc(tag, argv, workdir / f"{tag}.log", env), f"http://127.0.0.1:{port}"
-
-
-def wait_healthy(client: httpx.Client, proc: Proc, url: str, timeout_s: float = 180) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.exited() is not None:
-            raise RuntimeError(f"{proc.name} exited:\n{proc.tail()}")
-        try:
-            if client.get(url + "/health", timeout=2).json().get("status") == "healthy":
-                return
-        except (httpx.HTTPError, ValueError):
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"{proc.name} not healthy:\n{proc.tail()}")
 
 
 def chat(client: httpx.Client, url: str) -> tuple[int, float]:
@@ -147,8 +133,8 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             "cluster": {"mode": "ray", "ray_address": cluster.address,
                         "token_file": str(token)}})
         with httpx.Client() as client:
-            wait_healthy(client, local, local_url)
-            wait_healthy(client, front, front_url)
+            wait_healthy_sync(client, local, local_url, 180)
+            wait_healthy_sync(client, front, front_url, 180)
             for _ in range(args.warmup):  # the first one loads the model
                 for url in (local_url, front_url):
                     status, _ = chat(client, url)

@@ -346,6 +346,21 @@ def is_healthy(r: httpx.Response) -> bool:
     return r.status_code == 200 and r.json().get("status") == "healthy"
 
 
+def wait_healthy_sync(client: httpx.Client, proc: Proc, url: str, timeout_s: float) -> None:
+    """Block until `proc` serving `url` says healthy (for the benchmarks that run sync)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.exited() is not None:
+            raise RuntimeError(f"{proc.name} exited:\n{proc.tail()}")
+        try:
+            if is_healthy(client.get(url + "/health", timeout=2)):
+                return
+        except (httpx.HTTPError, ValueError):
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{proc.name} not healthy:\n{proc.tail()}")
+
+
 async def start_targets(
     client: httpx.AsyncClient, inputs: Inputs, args: argparse.Namespace, notes: list[str]
 ) -> list[Target]:
