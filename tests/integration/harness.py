@@ -4,16 +4,17 @@ every model a real fake llama-server process (tests/fakes/fake_backend.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
 import pytest
-from tests.support import Server, fake_model
+from tests.support import Server, fake_model, free_port
 
 T = TypeVar("T")
 
@@ -151,3 +152,25 @@ def process_env(pid: int) -> dict[str, str]:
     """The environment `pid` started with (readable only by its own user)."""
     raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     return dict(v.decode().split("=", 1) for v in raw if b"=" in v)
+
+
+@contextlib.asynccontextmanager
+async def served_in_process(app: Any) -> AsyncIterator[int]:
+    """`app` served by uvicorn on a free loopback port in this event loop, its lifespan run;
+    yields the port once it accepts connections, stops it after."""
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="on",
+                                           log_level="warning"))
+    serving = asyncio.create_task(server.serve())
+    try:
+        while not server.started:
+            if serving.done():
+                serving.result()
+                raise RuntimeError("the front stopped before it started")
+            await asyncio.sleep(0.05)
+        yield port
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(serving, 30)

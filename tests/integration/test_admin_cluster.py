@@ -13,10 +13,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 import yaml
 from rich.console import Console
-from tests.support import free_port
+from tests.integration.harness import served_in_process
 from typer.testing import CliRunner, Result
 
 from modelyard.cli import cluster as cli_cluster
@@ -78,23 +77,11 @@ async def front(home: Path, provider: EngineProvider) -> AsyncIterator[httpx.Asy
     settings = prepare(home)
     config_file = home / "config.yaml"
     app = create_app(settings, provider=provider, config_file=config_file)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="on",
-                                           log_level="warning"))
-    serving = asyncio.create_task(server.serve())
-    try:
-        while not server.started:
-            if serving.done():
-                serving.result()
-                raise RuntimeError("the front stopped before it started")
-            await asyncio.sleep(0.05)
+    async with served_in_process(app) as port:
         token = (home / "cli-token").read_text().strip()
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10,
                                      headers={"Authorization": f"Bearer {token}"}) as http:
             yield http
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(serving, 30)
 
 
 async def test_a_single_machine_front_is_not_a_cluster(tmp_path: Path) -> None:

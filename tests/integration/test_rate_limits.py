@@ -15,10 +15,9 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 import yaml
 from starlette.applications import Starlette
-from tests.support import free_port
+from tests.integration.harness import served_in_process
 
 from modelyard.config import load_settings
 from modelyard.front.engines.provider import _Published
@@ -63,25 +62,13 @@ async def front(
     home: Path, clock: Clock, database_url: str | None = None,
 ) -> AsyncIterator[tuple[httpx.AsyncClient, Starlette]]:
     app = prepare(home, database_url)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="on",
-                                           log_level="warning"))
-    serving = asyncio.create_task(server.serve())
-    try:
-        while not server.started:
-            if serving.done():
-                serving.result()
-                raise RuntimeError("the front stopped before it started")
-            await asyncio.sleep(0.05)
+    async with served_in_process(app) as port:
         limiter: Limiter = app.state.limits
         limiter.clock = clock
         token = await asyncio.to_thread(lambda: (home / "cli-token").read_text().strip())
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10,
                                      headers={"Authorization": f"Bearer {token}"}) as http:
             yield http, app
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(serving, 30)
 
 
 async def user_token(http: httpx.AsyncClient, name: str) -> tuple[str, dict[str, str]]:
