@@ -67,7 +67,8 @@ class RequestMetrics:
         token = m.current.set(request)
         # The activity view (front/ops/activity.py): what is in flight, and opt-in capture of
         # the bodies, taken here where they pass anyway; off, it costs an attribute read.
-        activity = _activity_of(scope)
+        front = _front_of(scope)
+        activity: Activity | None = getattr(getattr(front, "ops", None), "activity", None)
         capture = None
         if activity is not None:
             activity.begin(request, scope, REQUEST_ID.get())
@@ -89,33 +90,34 @@ class RequestMetrics:
             await self.app(scope, receive, watched)
         except BaseException as exc:
             request.finish(exc)
-            _record(scope, request, capture)
+            _record(front, scope, request, capture)
             raise
         else:
             request.finish()
-            _record(scope, request, capture)
+            _record(front, scope, request, capture)
         finally:
             m.current.reset(token)
             if activity is not None:
                 activity.end(request)
 
 
-def _activity_of(scope: Scope) -> Activity | None:
-    state = getattr(getattr(scope.get("app"), "state", None), "front", None)
-    activity: Activity | None = getattr(getattr(state, "ops", None), "activity", None)
-    return activity
+def _front_of(scope: Scope) -> FrontState | None:
+    """The front's state, looked up once per request; None for an app without one (tests
+    mounting the middleware alone)."""
+    front: FrontState | None = getattr(getattr(scope.get("app"), "state", None), "front", None)
+    return front
 
 
-def _record(scope: Scope, request: m.Request, capture: Capture | None = None) -> None:
+def _record(front: FrontState | None, scope: Scope, request: m.Request,
+            capture: Capture | None = None) -> None:
     """Hand the finished request to the front's request log (usage, activity), if any sink
-    listens; a front without its state (tests mounting the middleware alone) has none."""
-    state = getattr(getattr(scope.get("app"), "state", None), "front", None)
-    log: RequestLog | None = getattr(getattr(state, "ops", None), "requests", None)
+    listens."""
+    log: RequestLog | None = getattr(getattr(front, "ops", None), "requests", None)
     if log is None or not log.active:
         return
     principal = scope.get("modelyard.principal")
     if capture is not None:
-        activity_capture.finish(state, capture, principal, scope["path"], request)
+        activity_capture.finish(front, capture, principal, scope["path"], request)
     first = request.first_at if request.first_at is not None else request.answered_at
     log.emit(RequestRecord(
         request_id=REQUEST_ID.get(),
