@@ -163,10 +163,8 @@ class BatchRunner:
         try:
             lines = await asyncio.to_thread(self.files.read_batch, row["input_file_id"],
                                             row["endpoint"])
-            done: set[str] = set()
-            for file_id in (row["output_file_id"], row["error_file_id"]):
-                if file_id:
-                    done |= await asyncio.to_thread(done_ids, self.files.path(file_id))
+            finished = {file_id: await asyncio.to_thread(done_ids, self.files.path(file_id))
+                        for file_id in (row["output_file_id"], row["error_file_id"]) if file_id}
         except Exception as exc:  # the input vanished or went bad: the batch fails
             log.warning("batch %s cannot run: %s", batch_id, exc)
             del self.running[batch_id]
@@ -176,6 +174,13 @@ class BatchRunner:
                                             "code": "invalid_batch_file", "line": None,
                                             "message": str(exc), "param": None}]})
             return
+        # The files are the record; the counters follow them. A front stopped between a
+        # line's append and its count would otherwise leave the batch one short for ever.
+        ok = len(finished.get(row["output_file_id"], ()))
+        failed = len(finished.get(row["error_file_id"], ()))
+        if (ok, failed) != (row["completed"], row["failed"]):
+            await asyncio.to_thread(self.store.update, batch_id, completed=ok, failed=failed)
+        done = set().union(*finished.values())
         for line in lines:
             if line.custom_id in done:
                 continue

@@ -1,0 +1,96 @@
+"""A batch taken up again trusts its output and error files, not its counters.
+
+The runner appends a finished line to the output file, then counts it in the database; a front
+stopped between the two (it happened in CI) left a resumed batch "completed" one line short.
+This runs the real runner loop on a real SQLite file and real files, against a tiny ASGI app
+standing in for the front's routes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import orjson
+import pytest
+
+from modelyard import db
+from modelyard.front.batches.files import FileStore, new_id
+from modelyard.front.batches.runner import BatchRunner
+from modelyard.front.batches.store import BatchStore
+from modelyard.front.identity.principal import Principal
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(20)]
+
+ALICE = Principal("alice", False, frozenset({"inference"}), "token")
+
+
+class Answers:
+    """The ASGI app: every POST is a chat completion answered at once."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        body = orjson.loads((await receive())["body"])
+        self.asked.append(body["messages"][0]["content"])
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": orjson.dumps(
+            {"object": "chat.completion", "choices": [{"message": {"content": "ok"}}]})})
+
+
+def _line(custom_id: str) -> bytes:
+    return orjson.dumps({"custom_id": custom_id, "method": "POST",
+                         "url": "/v1/chat/completions",
+                         "body": {"model": "m", "messages": [{"role": "user",
+                                                              "content": custom_id}]}})
+
+
+async def test_a_line_written_but_not_counted_is_counted_when_the_batch_resumes(
+    tmp_path: Path,
+) -> None:
+    database = db.connect(f"sqlite:///{tmp_path / 'modelyard.db'}")
+    files = FileStore(database, tmp_path / "files", 1 << 20)
+    store = BatchStore(database)
+    source = files.save("alice", "batch", "in.jsonl",
+                        io.BytesIO(b"\n".join(_line(c) for c in ("a", "b", "c")) + b"\n"))
+    output, errors = new_id("file"), new_id("file")
+    files.new_output(output, "alice", "out.jsonl")
+    files.new_output(errors, "alice", "err.jsonl")
+    batch = store.create(ALICE, endpoint="/v1/chat/completions", input_file_id=source["id"],
+                         window="24h", meta=None, total=3, output_file_id=output,
+                         error_file_id=errors)
+    store.update(batch["id"], status="in_progress")
+    # What a front stopped after line "a"'s append and before its count left behind.
+    files.path(output).write_bytes(orjson.dumps(
+        {"id": "batch_req_1", "custom_id": "a", "response": {"status_code": 200},
+         "error": None}) + b"\n")
+
+    app = Answers()
+    state = SimpleNamespace(dispatch=SimpleNamespace(
+        queues=SimpleNamespace(queued=lambda model: 0), running_models=_nothing_running))
+    runner = BatchRunner(app, state, files, store,  # type: ignore[arg-type]
+                         max_concurrency=2, lease_s=30.0)
+    runner.start()
+    try:
+        async with asyncio.timeout(15):
+            while store.get(batch["id"])["status"] != "completed":
+                runner.wake()
+                await asyncio.sleep(0.02)
+    finally:
+        await runner.close()
+        database.dispose()
+
+    done = store.get(batch["id"])
+    assert (done["total"], done["completed"], done["failed"]) == (3, 3, 0)
+    assert sorted(app.asked) == ["b", "c"]  # "a" was not run again
+    out = [orjson.loads(x)["custom_id"] for x in files.path(output).read_bytes().splitlines()]
+    assert sorted(out) == ["a", "b", "c"]
+
+
+async def _nothing_running() -> dict[str, Any]:
+    return {}
