@@ -76,7 +76,7 @@ export function render(container, { isAdmin }) {
       : "Your batches: JSONL files of requests run in the background, behind interactive traffic.",
     h("button.btn.small", { type: "button", onclick: () => load() }, "Refresh")),
     section("New batch", null, form),
-    section("Batches", null, actionErrors.el, errors.el, listBox));
+    section("Batches", null, h("div.batch-errors", actionErrors.el, errors.el), listBox));
 
   function createForm() {
     const slot = errorSlot();
@@ -122,8 +122,8 @@ export function render(container, { isAdmin }) {
         confirm: "Cancel batch", danger: true,
       });
       if (!ok) return;
-      const changed = await busy(cancel, () => post(`/v1/batches/${enc(b.id)}/cancel`), actionErrors);
-      if (changed) load();
+      await busy(cancel, () => post(`/v1/batches/${enc(b.id)}/cancel`), actionErrors);
+      load(); // refused or not, the list shows where the batch is now
     });
     return h("div.batch-actions",
       done ? fileLink(b.output_file_id, "Output") : null,
