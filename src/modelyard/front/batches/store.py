@@ -36,6 +36,9 @@ def batch_object(row: dict[str, Any]) -> dict[str, Any]:
         "request_counts": {"total": row["total"], "completed": row["completed"],
                            "failed": row["failed"]},
         "metadata": row["meta"],
+        # Not in OpenAI's object (clients ignore it): whose batch it is, for an admin's list
+        # (the Studio's Batches page); "" is anonymous callers'.
+        "owner": row["owner"],
     }
 
 

@@ -21,7 +21,8 @@ also refuses a `Host` that is not the bound name (DNS rebinding) and bodies over
 Requests a web page could make with the browser's ambient authority (the cookie, or nothing on
 an open loopback server) are refused when they change state from another site: an `Origin` that
 is not this server's (nor in `cors_origins` or `allowed_hosts`) is 403 `origin_not_allowed`; the
-login and cookie requests must send JSON (415 otherwise: `text/plain` needs no CORS preflight).
+login and cookie requests must send JSON (415 otherwise: `text/plain` needs no CORS preflight),
+but for the Studio's batch upload (multipart POST /v1/files, with its X-CSRF-Token header).
 Bearer-token requests are not checked: a page can only send a token after a CORS preflight.
 """
 
@@ -421,8 +422,12 @@ def origin_allowed(settings: Settings, origin: str, host_header: str) -> bool:
     return (parts.hostname or "") in {h.lower() for h in settings.allowed_hosts}
 
 
+def _media(content_type: str) -> str:
+    return content_type.split(";", 1)[0].strip().lower()
+
+
 def _json_media(content_type: str) -> bool:
-    media = content_type.split(";", 1)[0].strip().lower()
+    media = _media(content_type)
     return media == "application/json" or (media.startswith("application/")
                                            and media.endswith("+json"))
 
@@ -452,8 +457,13 @@ def check_browser_request(settings: Settings, method: str, path: str, headers: H
             f"a request from the page of another site ({origin}) may not change anything here; "
             "list that origin in `cors_origins` if it is yours")
     has_body = headers.get("content-length", "0") != "0" or "transfer-encoding" in headers
-    if (is_login or (with_cookie and has_body)) and not _json_media(
-            headers.get("content-type", "")):
+    content_type = headers.get("content-type", "")
+    # The Studio's batch upload (POST /v1/files) is a file, so multipart: with the cookie it
+    # still needs the X-CSRF-Token header (`decide`), which no cross-site form can send.
+    studio_upload = (with_cookie and (method, path) == ("POST", FILES_PATH)
+                     and _media(content_type) == "multipart/form-data")
+    if (is_login or (with_cookie and has_body and not studio_upload)) and not _json_media(
+            content_type):
         raise UnsupportedMediaType(
             f"this request must send `Content-Type: application/json`, not "
             f"{headers.get('content-type') or 'none'!r}")

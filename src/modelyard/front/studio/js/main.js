@@ -1,5 +1,6 @@
 // The Studio's shell: who is logged in, the left navigation, and hash routing to the pages.
-//   #/dashboard #/models #/chat #/activity #/usage #/logs #/archive #/admin #/limits  (after login)
+//   #/dashboard #/models #/chat #/activity #/batches #/usage #/logs #/archive #/admin #/limits
+//   (after login)
 //   #/password (inside the shell; alone, without navigation, while a change is required)
 //   #/login
 
@@ -15,6 +16,7 @@ const PAGES = {
   logs: { title: "Logs", icon: "logs", admin: true, load: () => import("./pages/logs.js") },
   archive: { title: "Archive", icon: "archive", load: () => import("./pages/archive.js") },
   activity: { title: "Activity", icon: "activity", load: () => import("./pages/activity.js") },
+  batches: { title: "Batches", icon: "batches", load: () => import("./pages/batches.js") },
   limits: { title: "Limits", icon: "gauge", admin: true, load: () => import("./pages/limits.js") },
   usage: { title: "Usage", icon: "chart", load: () => import("./pages/usage.js") },
   admin: { title: "Users & tokens", userTitle: "API tokens", icon: "users",
@@ -22,7 +24,7 @@ const PAGES = {
   password: { title: "Change password", hidden: true, load: () => import("./pages/login.js") },
 };
 const WORKSPACE = ["dashboard", "models", "chat"];
-const MANAGE = ["activity", "usage", "logs", "archive", "admin", "limits"];
+const MANAGE = ["activity", "batches", "usage", "logs", "archive", "admin", "limits"];
 
 const app = document.getElementById("app");
 let session = null; // GET /auth/me: {user, via, scopes, csrf_token}
