@@ -29,10 +29,7 @@ import math
 import os
 import secrets
 import time
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 from modelyard import metrics
@@ -44,6 +41,7 @@ from modelyard.engine.ledger import Device, HostDevice, host_memory, wait_for_re
 from modelyard.engine.node_pull import Hub, pull_here, served_locally
 from modelyard.engine.pushed_catalog import PushedCatalog, catalog_pushed
 from modelyard.engine.read_ahead import Fadvise, read_ahead
+from modelyard.engine.runtime import ModelState, Runtime
 from modelyard.engine.speculative import TRANSFORMERS_OFF, DraftCounts
 from modelyard.engine.warm_tier import Warmable, WarmEntry, WarmTier, fingerprint
 from modelyard.errors import (
@@ -84,59 +82,6 @@ MIB = 2**20
 RECENT_SWAPS = 50
 
 
-class ModelState(StrEnum):
-    STOPPED = "stopped"
-    LOADING = "loading"
-    READY = "ready"
-    FAILED = "failed"
-    STOPPING = "stopping"
-
-
-@dataclass
-class _Runtime:
-    entry: Entry
-    state: ModelState = ModelState.STOPPED
-    server: Backend | None = None
-    load: asyncio.Task[None] | None = None
-    leases: set[str] = field(default_factory=set)
-    cooldown_until: float = 0.0
-    last_error: ModelyardError | None = None
-    loaded_at: float | None = None
-    load_duration_s: float | None = None
-    last_used: float = 0.0
-    restarts: int = 0
-    reserved_bytes: int = 0  # what the ledger promised it when it was placed
-    pid: int | None = None  # the process holding its memory, from spawn to stop
-    measured_bytes: int | None = None  # what the device shows that process holding now
-    # Where its memory goes (devices and bytes on each, host RAM of a partial offload), from
-    # the decision that placed it; once ready, the bytes measured on each device replace the
-    # estimate's (`measured_placement`).
-    placement: Placement | None = None
-    measured_by_device: dict[int, int] = field(default_factory=dict)
-    known_bytes: int | None = None  # measured while ready: the next load's estimate
-    keep_alive_s: float | None = None  # the last request's keep_alive; None: the configured one
-    waiting_since: float | None = None  # a load waiting for busy models to make room
-    waiters: int = 0  # requests in acquire() that have no lease yet: the load is for them
-    listeners: set[Callable[[str], None]] = field(default_factory=set)  # swap progress
-    # A reload changed or removed its spec: it stops once idle, then takes `retire_to` (None:
-    # it is forgotten); meanwhile requests wait instead of leasing the old server.
-    retiring: asyncio.Task[None] | None = None
-    retire_to: Entry | None = None
-    read_ahead: bool = False  # this load's GGUF read-ahead was asked for
-    # The device counts its backend can split it over (vLLM: divisors of the attention heads);
-    # None: any.
-    split_sizes: frozenset[int] | None = None
-    # Requests waiting for one of its `max_concurrency` lease slots, first come first served
-    # (several fronts each keep their own queue: the engine is where the model's concurrency
-    # holds for all of them), and the turns handed to waiters that have not taken them yet.
-    slot_queue: deque[asyncio.Future[None]] = field(default_factory=deque)
-    slots_handed: int = 0
-
-    @property
-    def spec(self) -> ModelSpec:
-        return self.entry.spec
-
-
 class Engine:
     def __init__(
         self,
@@ -153,7 +98,7 @@ class Engine:
         self.registry = registry
         self.index = index
         self.clock = clock
-        self._models: dict[str, _Runtime] = {}
+        self._models: dict[str, Runtime] = {}
         self._leases: dict[str, str] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._placing = asyncio.Lock()
@@ -186,10 +131,10 @@ class Engine:
 
     # ---- leases ---------------------------------------------------------------------------
 
-    def _runtime(self, entry: Entry) -> _Runtime:
+    def _runtime(self, entry: Entry) -> Runtime:
         rt = self._models.get(entry.id)
         if rt is None:
-            rt = self._models[entry.id] = _Runtime(entry)
+            rt = self._models[entry.id] = Runtime(entry)
         return rt
 
     async def acquire(
@@ -235,11 +180,11 @@ class Engine:
         elif not self.catalog.pushed_only:
             self.registry = await asyncio.to_thread(self.catalog.build, self.settings)
 
-    def _say(self, rt: _Runtime, text: str) -> None:
+    def _say(self, rt: Runtime, text: str) -> None:
         for listener in list(rt.listeners):
             listener(text)
 
-    async def _acquire(self, rt: _Runtime, keep_alive_s: float | None) -> Lease:
+    async def _acquire(self, rt: Runtime, keep_alive_s: float | None) -> Lease:
         # While it waits it counts among the model's waiters: the model is not idle (no
         # keep-alive expiry, no eviction) and its load is wanted. One that leaves without a
         # lease wakes the placer and the reaper, which may then drop the load or expire it.
@@ -253,7 +198,7 @@ class Engine:
         rt.waiters -= 1
         return lease
 
-    async def _lease(self, rt: _Runtime, keep_alive_s: float | None) -> Lease:
+    async def _lease(self, rt: Runtime, keep_alive_s: float | None) -> Lease:
         started = self.clock()
         rt.keep_alive_s = keep_alive_s
         self._ensure_reaper()
@@ -279,17 +224,17 @@ class Engine:
                 return await self._lease(rt, keep_alive_s)
         return self._grant(rt, int((self.clock() - started) * 1e9))
 
-    def _max_concurrency(self, rt: _Runtime) -> int:
+    def _max_concurrency(self, rt: Runtime) -> int:
         """Leases of `rt` at once: the model's `max_concurrency`, else its engine's, else the
         server's (the front's queue uses the same rule, dispatcher.limits)."""
         spec = self.settings.engine_specs.get(self.index)
         return (rt.spec.max_concurrency or (spec.max_concurrency if spec else None)
                 or self.settings.max_concurrency)
 
-    def _slot_free(self, rt: _Runtime) -> bool:
+    def _slot_free(self, rt: Runtime) -> bool:
         return not rt.slot_queue and len(rt.leases) + rt.slots_handed < self._max_concurrency(rt)
 
-    async def _wait_slot(self, rt: _Runtime) -> None:
+    async def _wait_slot(self, rt: Runtime) -> None:
         """Wait in `rt`'s slot queue until a release hands this request a turn."""
         turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         rt.slot_queue.append(turn)
@@ -304,7 +249,7 @@ class Engine:
             raise
         rt.slots_handed -= 1
 
-    def _hand_slot(self, rt: _Runtime) -> None:
+    def _hand_slot(self, rt: Runtime) -> None:
         """Hand free slots of `rt` to the waiters at the head of its queue."""
         while rt.slot_queue and len(rt.leases) + rt.slots_handed < self._max_concurrency(rt):
             turn = rt.slot_queue.popleft()
@@ -328,7 +273,7 @@ class Engine:
         self._ensure_reaper()
         return self._grant(rt, 0)  # nothing was loaded for it
 
-    def _grant(self, rt: _Runtime, load_duration_ns: int) -> Lease:
+    def _grant(self, rt: Runtime, load_duration_ns: int) -> Lease:
         assert rt.server is not None
         # Lease ids only need to be unique in this engine and unguessable to other fronts'
         # requests; 16 random bytes from the OS cost a fifth of uuid4's object.
@@ -383,7 +328,7 @@ class Engine:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    async def _wait_cool(self, rt: _Runtime) -> None:
+    async def _wait_cool(self, rt: Runtime) -> None:
         if self._cool.is_set():
             return
         try:
@@ -408,7 +353,7 @@ class Engine:
             self._cool.set()
         self.paused_reason = reason
 
-    def _check_cooldown(self, rt: _Runtime) -> None:
+    def _check_cooldown(self, rt: Runtime) -> None:
         remaining = rt.cooldown_until - self.clock()
         if remaining <= 0 or rt.last_error is None:
             return
@@ -422,11 +367,11 @@ class Engine:
 
     # ---- placement ------------------------------------------------------------------------
 
-    def _want_bytes(self, rt: _Runtime) -> int:
+    def _want_bytes(self, rt: Runtime) -> int:
         return serving_bytes(rt.spec, self._estimates.get(rt.entry.id),
                              measured=rt.known_bytes, file_bytes=rt.entry.size_bytes)
 
-    def _keep_alive(self, rt: _Runtime) -> float | None:
+    def _keep_alive(self, rt: Runtime) -> float | None:
         if rt.spec.pinned:
             return None
         value = rt.keep_alive_s
@@ -451,7 +396,7 @@ class Engine:
                 rt.known_bytes = rt.measured_bytes + host
 
     @staticmethod
-    def _pinned(rt: _Runtime) -> bool:
+    def _pinned(rt: Runtime) -> bool:
         """Never evicted nor expired: pinned, or a service that manages itself or has no
         unload route."""
         spec = rt.spec
@@ -459,7 +404,7 @@ class Engine:
         cannot_unload = isinstance(spec, ServiceModel) and spec.unload_path is None
         return spec.pinned or self_managed or cannot_unload
 
-    def _placed(self, exclude: _Runtime | None = None) -> tuple[ModelStatus, ...]:
+    def _placed(self, exclude: Runtime | None = None) -> tuple[ModelStatus, ...]:
         """What the policy reads of each loaded or loading model: the same records the
         engine reports (less the report-only figures), so the front's prediction from /status
         and the engine's decision come from one builder (placement/view.py)."""
@@ -470,7 +415,7 @@ class Engine:
             if rt is not exclude and rt.state in (ModelState.READY, ModelState.LOADING)
         )
 
-    def _residents(self, exclude: _Runtime | None = None) -> list[scheduler.Resident]:
+    def _residents(self, exclude: Runtime | None = None) -> list[scheduler.Resident]:
         return placement.residents(self._placed(exclude))
 
     def _max_loaded(self) -> int | None:
@@ -479,7 +424,7 @@ class Engine:
             return spec.max_loaded_models
         return self.settings.max_loaded_models
 
-    def _profile(self, rt: _Runtime) -> LayerProfile | None:
+    def _profile(self, rt: Runtime) -> LayerProfile | None:
         """The model's memory by layer, to split it by layers or offload some (store/estimate.py
         `estimate_profile`: it rides on the estimate); None: placed by its total bytes. The
         policy scales it to the bytes it places (a measured load)."""
@@ -494,7 +439,7 @@ class Engine:
             return tensor_parallel_sizes(attention_heads(spec.path), len(self.device.infos()))
         return None
 
-    def _decide(self, rt: _Runtime) -> scheduler.Decision:
+    def _decide(self, rt: Runtime) -> scheduler.Decision:
         self._measure()
         infos = self.device.infos()
         info = self.device.info()
@@ -540,7 +485,7 @@ class Engine:
         return DeviceStatus(kind="host", name="host RAM", index=-1, total_bytes=total,
                             free_bytes=max(0, free - pending))
 
-    async def _place(self, rt: _Runtime) -> bool:
+    async def _place(self, rt: Runtime) -> bool:
         """Make room for `rt` and reserve it: True with rt LOADING; False when nobody waits for
         it any more (every client left), before anything was evicted for it; or raises.
 
@@ -666,7 +611,7 @@ class Engine:
                 held[d] = held.get(d, 0) + max(0, n - r.measured_by_device.get(d, 0))
         return held
 
-    def _record_swap(self, rt: _Runtime, reason: str) -> None:
+    def _record_swap(self, rt: Runtime, reason: str) -> None:
         kind = {"idle": "expirations", "unload": "unloads", "reload": "unloads"}.get(
             reason, "evictions")
         self.stats[kind] += 1
@@ -737,14 +682,14 @@ class Engine:
         log.info("config reloaded: %s", diff.to_json())
         return {**diff.to_json(), "restarting": sorted(restarting)}
 
-    def _retarget(self, rt: _Runtime, entry: Entry | None) -> None:
+    def _retarget(self, rt: Runtime, entry: Entry | None) -> None:
         """Give an idle runtime its new entry; None forgets it."""
         if entry is not None:
             rt.entry = entry
         elif self._models.get(rt.entry.id) is rt:
             del self._models[rt.entry.id]
 
-    async def _retire(self, rt: _Runtime) -> None:
+    async def _retire(self, rt: Runtime) -> None:
         """Stop `rt`'s server once its leases are released (a reload changed or removed its
         spec), as `unload` does; requests that arrive meanwhile wait for it, then load anew."""
         try:
@@ -830,7 +775,7 @@ class Engine:
 
     # ---- loading and stopping -------------------------------------------------------------
 
-    async def _load(self, rt: _Runtime) -> None:
+    async def _load(self, rt: Runtime) -> None:
         started = self.clock()
         try:
             if rt.entry.hub is not None and rt.entry.path is not None and not (
@@ -910,7 +855,7 @@ class Engine:
         if rt.entry.id in self._drafts:
             self._drafts[rt.entry.id].new_server()
 
-    async def _pull_here(self, rt: _Runtime) -> None:
+    async def _pull_here(self, rt: Runtime) -> None:
         """Pull the model's files onto this node, one pull per hub origin at a time (a context
         variant, a copy and a preset of one model share it), then serve it from there."""
         hub = rt.entry.hub
@@ -924,11 +869,11 @@ class Engine:
             rt.entry = served_locally(rt.entry, self.catalog.copies)
             await asyncio.to_thread(self.catalog.refresh, self.registry, self.settings.models_dir)
 
-    def _spawned(self, rt: _Runtime, pid: int) -> None:
+    def _spawned(self, rt: Runtime, pid: int) -> None:
         rt.pid = pid
         self.device.on_spawn(pid, rt.reserved_bytes, rt.placement)
 
-    async def _watch_exit(self, rt: _Runtime, server: Backend) -> None:
+    async def _watch_exit(self, rt: Runtime, server: Backend) -> None:
         await server.wait_exit()
         self._forget_dead_server(rt, server)
         entry = self.warm.get(rt.entry.id)
@@ -937,7 +882,7 @@ class Engine:
             self.warm.drop(rt.entry.id)
             self._notify()
 
-    def _forget_dead_server(self, rt: _Runtime, server: Backend) -> None:
+    def _forget_dead_server(self, rt: Runtime, server: Backend) -> None:
         if rt.server is not server or rt.state is not ModelState.READY:
             return
         # It died on its own: the next request reloads it; streams in flight see the drop.
@@ -954,7 +899,7 @@ class Engine:
         metrics.model_crashed(rt.entry.id, self.index)
         self._notify()
 
-    async def _stop(self, rt: _Runtime, *, warm: bool = False) -> bool:
+    async def _stop(self, rt: Runtime, *, warm: bool = False) -> bool:
         """Stop `rt`'s server, or with `warm`, keep it in the warm tier if it can be: True
         when it went there."""
         server = rt.server
@@ -974,7 +919,7 @@ class Engine:
 
     # ---- the warm tier (engine/warm_tier.py) ----------------------------------------------
 
-    async def _suspend(self, rt: _Runtime, server: Backend) -> bool:
+    async def _suspend(self, rt: Runtime, server: Backend) -> bool:
         """Put `server` in the warm tier instead of stopping it, if it can go and host RAM
         allows; older warm models make room by the tier's LRU."""
         if not isinstance(server, Warmable) or self.warm.budget_bytes <= 0:
@@ -1004,7 +949,7 @@ class Engine:
         await self._drop_warm(self.warm.admit(entry))
         return True
 
-    async def _warm_copy(self, rt: _Runtime) -> WarmEntry | None:
+    async def _warm_copy(self, rt: Runtime) -> WarmEntry | None:
         """`rt`'s warm entry if it is the spec asked for; a stale one is dropped."""
         entry = self.warm.get(rt.entry.id)
         if entry is None or entry.fingerprint == fingerprint(rt.spec):
@@ -1013,7 +958,7 @@ class Engine:
         await self._drop_warm([entry])
         return None
 
-    async def _reclaim_warm(self, rt: _Runtime) -> None:
+    async def _reclaim_warm(self, rt: Runtime) -> None:
         """Stop the warm models whose device memory `rt`'s load needs (placement counted it as
         free); `rt`'s own warm copy is what it loads from."""
         if not self.warm.device_bytes:
@@ -1040,7 +985,7 @@ class Engine:
             await wait_for_recovery(self.device, pids, 0, self.settings.memory_recovery_timeout_s)
         self._notify()
 
-    def _read_ahead(self, rt: _Runtime) -> None:
+    def _read_ahead(self, rt: Runtime) -> None:
         """A request waits for cold GGUF `rt`: read its files into the page cache meanwhile
         (once per load), so llama-server maps them from memory (engine/read_ahead.py)."""
         spec = rt.spec
@@ -1156,7 +1101,7 @@ class Engine:
         """`model_statuses()` as the engine's /status carries them."""
         return [m.to_json() for m in self.model_statuses()]
 
-    def _model_status(self, rt: _Runtime, now: float, *, report: bool = True) -> ModelStatus:
+    def _model_status(self, rt: Runtime, now: float, *, report: bool = True) -> ModelStatus:
         """`rt` as reported; without `report`, only what placement reads (no estimate, backend
         stats or host memory: those cost a walk of the process tree or a lock)."""
         server = rt.server
@@ -1207,7 +1152,7 @@ class Engine:
             placement=rt.placement if placed else None,
         )
 
-    def _paired(self, rt: _Runtime) -> ModelSpec:
+    def _paired(self, rt: Runtime) -> ModelSpec:
         """`rt`'s spec with its speculative-decoding draft resolved to a file, and its draft
         counts kept from now on (a transformers model's say why it runs without its draft)."""
         spec = rt.spec
