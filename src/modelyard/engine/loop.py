@@ -232,30 +232,15 @@ class Engine:
                 or self.settings.max_concurrency)
 
     def _slot_free(self, rt: Runtime) -> bool:
-        return not rt.slot_queue and len(rt.leases) + rt.slots_handed < self._max_concurrency(rt)
+        return rt.slots.free(len(rt.leases), self._max_concurrency(rt))
 
     async def _wait_slot(self, rt: Runtime) -> None:
         """Wait in `rt`'s slot queue until a release hands this request a turn."""
-        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        rt.slot_queue.append(turn)
-        try:
-            await turn
-        except asyncio.CancelledError:
-            if turn.done() and not turn.cancelled():
-                rt.slots_handed -= 1
-                self._hand_slot(rt)  # handed a turn it will not take: the next one's
-            elif turn in rt.slot_queue:
-                rt.slot_queue.remove(turn)
-            raise
-        rt.slots_handed -= 1
+        await rt.slots.wait(lambda: self._hand_slot(rt))
 
     def _hand_slot(self, rt: Runtime) -> None:
         """Hand free slots of `rt` to the waiters at the head of its queue."""
-        while rt.slot_queue and len(rt.leases) + rt.slots_handed < self._max_concurrency(rt):
-            turn = rt.slot_queue.popleft()
-            if not turn.done():
-                rt.slots_handed += 1
-                turn.set_result(None)
+        rt.slots.hand(len(rt.leases), self._max_concurrency(rt))
 
     def lease_ready(self, name: str, keep_alive_s: float | None = None) -> Lease | None:
         """A lease on `name` at once, without awaiting, if it is ready to serve now (the hot
@@ -295,7 +280,7 @@ class Engine:
         rt = self._models[model_id]
         rt.leases.discard(lease_id)
         rt.last_used = self.clock()
-        if rt.slot_queue:
+        if rt.slots.waiting:
             self._hand_slot(rt)
         if rt.leases:
             return

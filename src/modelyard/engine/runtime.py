@@ -6,13 +6,13 @@ Mutated only from the engine's event loop (DESIGN.md §3.1), like the rest of it
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from modelyard.config import ModelSpec
 from modelyard.engine.backends.base import Backend
+from modelyard.engine.slot_queue import SlotQueue
 from modelyard.errors import ModelyardError
 from modelyard.placement.devices import Placement
 from modelyard.store.registry import Entry
@@ -60,11 +60,8 @@ class Runtime:
     # The device counts its backend can split it over (vLLM: divisors of the attention heads);
     # None: any.
     split_sizes: frozenset[int] | None = None
-    # Requests waiting for one of its `max_concurrency` lease slots, first come first served
-    # (several fronts each keep their own queue: the engine is where the model's concurrency
-    # holds for all of them), and the turns handed to waiters that have not taken them yet.
-    slot_queue: deque[asyncio.Future[None]] = field(default_factory=deque)
-    slots_handed: int = 0
+    # Its `max_concurrency` lease slots and the requests waiting for one (engine/slot_queue.py).
+    slots: SlotQueue = field(default_factory=SlotQueue)
 
     @property
     def spec(self) -> ModelSpec:
