@@ -21,7 +21,6 @@ policy in placement/policy.py; this module applies its decisions:
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import dataclasses
 import logging
@@ -29,21 +28,20 @@ import math
 import os
 import secrets
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from modelyard import metrics
 from modelyard.config import LlamaCppModel, ModelSpec, ServiceModel, Settings, TransformersModel
 from modelyard.engine.backends.base import Backend, make_backend
 from modelyard.engine.backends.openai_server import ChildServer
-from modelyard.engine.device_group import DeviceGroup, make_device
-from modelyard.engine.ledger import Device, HostDevice, host_memory, wait_for_recovery
-from modelyard.engine.node_pull import Hub, pull_here, served_locally
-from modelyard.engine.pushed_catalog import PushedCatalog, catalog_pushed
-from modelyard.engine.read_ahead import Fadvise, read_ahead
+from modelyard.engine.ledger import host_memory, wait_for_recovery
+from modelyard.engine.node_pull import pull_here, served_locally
+from modelyard.engine.read_ahead import read_ahead
 from modelyard.engine.runtime import ModelState, Runtime
 from modelyard.engine.speculative import TRANSFORMERS_OFF, DraftCounts
-from modelyard.engine.warm_tier import Warmable, WarmEntry, WarmTier, fingerprint
+from modelyard.engine.state import MIB, EngineState
+from modelyard.engine.warm_tier import Warmable, WarmEntry, fingerprint
 from modelyard.errors import (
     EngineCooling,
     InsufficientMemory,
@@ -62,8 +60,8 @@ from modelyard.placement.tensor_parallel import tensor_parallel_sizes
 from modelyard.store.attention import attention_heads
 from modelyard.store.config_diff import diff_specs, keep_running, spec_views
 from modelyard.store.draft import with_draft_path
-from modelyard.store.estimate import MemoryEstimate, estimate_model, serving_bytes
-from modelyard.store.registry import Entry, ModelRegistry, served_name
+from modelyard.store.estimate import estimate_model
+from modelyard.store.registry import Entry, served_name
 from modelyard.types import Lease
 from modelyard.wire.catalog import CatalogSnapshot
 from modelyard.wire.status import (
@@ -77,58 +75,8 @@ from modelyard.wire.status import (
 
 log = logging.getLogger("modelyard.engine")
 
-MIB = 2**20
-# Swaps remembered for /status and `modelyard ps`.
-RECENT_SWAPS = 50
 
-
-class Engine:
-    def __init__(
-        self,
-        settings: Settings,
-        registry: ModelRegistry,
-        *,
-        index: int = 0,
-        env: Mapping[str, str] | None = None,
-        device: Device | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        fadvise: Fadvise | None = None,
-    ) -> None:
-        self.settings = settings
-        self.registry = registry
-        self.index = index
-        self.clock = clock
-        self._models: dict[str, Runtime] = {}
-        self._leases: dict[str, str] = {}
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._placing = asyncio.Lock()
-        self._changed = asyncio.Event()  # replaced on every change; waiters re-plan
-        self._waiters = 0  # loads and unloads waiting for a change
-        self._estimates: dict[str, MemoryEstimate | None] = {}  # read ahead of cold loads
-        self._arrivals: dict[str, None] = {}  # loads not placed yet, in the order they began
-        self._reaper_wakes_at = math.inf  # when the keep-alive reaper looks next
-        self._cool = asyncio.Event()
-        self._cool.set()
-        self.paused_reason: str | None = None
-        # The devices it owns (config `engine_devices`): a group of one or several.
-        self.device = (DeviceGroup.of(device) if device is not None
-                       else make_device(settings, index, self._child_pids))
-        self.warm = WarmTier(settings.warm_tier_bytes, clock)
-        self._fadvise = fadvise  # the GGUF read-ahead's seam (None: os.posix_fadvise)
-        host = self.device.first
-        if isinstance(host, HostDevice):  # warm models hold the CPU engine's device
-            host.held_elsewhere = lambda: self.warm.device_bytes
-        self.env = {**(env if env is not None else os.environ), **self.device.child_env()}
-        metrics.child_env(self.env)  # a backend keeps its own metrics out of ours
-        self.stats: collections.Counter[str] = collections.Counter()
-        self.swaps: collections.deque[Swap] = collections.deque(maxlen=RECENT_SWAPS)
-        self.started_at = time.time()
-        self._reaper: asyncio.Task[None] | None = None
-        self._drafts: dict[str, DraftCounts] = {}  # speculative decoding, by model id
-        # What the front pushed of its catalog (engine/pushed_catalog.py).
-        self.catalog = PushedCatalog(catalog_pushed(settings, env))
-        self._pulls: dict[Hub, asyncio.Lock] = {}  # pulls onto this node, one per model
-
+class Engine(EngineState):
     # ---- leases ---------------------------------------------------------------------------
 
     def _runtime(self, entry: Entry) -> Runtime:
@@ -179,10 +127,6 @@ class Engine:
                 self.registry = registry
         elif not self.catalog.pushed_only:
             self.registry = await asyncio.to_thread(self.catalog.build, self.settings)
-
-    def _say(self, rt: Runtime, text: str) -> None:
-        for listener in list(rt.listeners):
-            listener(text)
 
     async def _acquire(self, rt: Runtime, keep_alive_s: float | None) -> Lease:
         # While it waits it counts among the model's waiters: the model is not idle (no
@@ -295,23 +239,11 @@ class Engine:
             # after the answer: off the request path
             counts.poke(rt.server.url, self._spawn, api_key=rt.server.api_key)
 
-    async def _wait_for(self, changed: asyncio.Event, timeout: float | None) -> None:
-        """Wait for a change, counted, so releases know someone needs waking."""
-        self._waiters += 1
-        try:
-            await asyncio.wait_for(changed.wait(), timeout)
-        finally:
-            self._waiters -= 1
-
     def change_event(self) -> asyncio.Event:
         """Set at the next change of the models (loads, unloads, evictions, failures), for an
         observer (the lease channel's State frames). Not counted as a waiter: releases do not
         wake it (lease counts are not what it reports)."""
         return self._changed
-
-    def _notify(self) -> None:
-        self._changed.set()
-        self._changed = asyncio.Event()
 
     async def _wait_cool(self, rt: Runtime) -> None:
         if self._cool.is_set():
@@ -352,43 +284,6 @@ class Engine:
 
     # ---- placement ------------------------------------------------------------------------
 
-    def _want_bytes(self, rt: Runtime) -> int:
-        return serving_bytes(rt.spec, self._estimates.get(rt.entry.id),
-                             measured=rt.known_bytes, file_bytes=rt.entry.size_bytes)
-
-    def _keep_alive(self, rt: Runtime) -> float | None:
-        if rt.spec.pinned:
-            return None
-        value = rt.keep_alive_s
-        if value is None:
-            value = rt.spec.keep_alive_s
-        if value is None:
-            value = self.settings.keep_alive_s
-        return None if value < 0 else value
-
-    def _measure(self) -> None:
-        """Refresh what each loading or loaded model holds on each device."""
-        pids = {rt.pid: rt for rt in self._models.values() if rt.pid is not None}
-        by_device = self.device.used_by_device(pids)
-        for pid, rt in pids.items():
-            rt.measured_by_device = {d: held[pid] for d, held in by_device.items() if pid in held}
-            rt.measured_bytes = sum(rt.measured_by_device.values()) if rt.measured_by_device \
-                else None
-            if rt.state is ModelState.READY and rt.measured_bytes:
-                rt.placement = measured_placement(rt.placement, rt.measured_by_device)
-                # A partial offload's host part is no device's: the next load needs it too.
-                host = rt.placement.host_bytes if rt.placement is not None else 0
-                rt.known_bytes = rt.measured_bytes + host
-
-    @staticmethod
-    def _pinned(rt: Runtime) -> bool:
-        """Never evicted nor expired: pinned, or a service that manages itself or has no
-        unload route."""
-        spec = rt.spec
-        self_managed = isinstance(spec, ServiceModel) and spec.self_managed
-        cannot_unload = isinstance(spec, ServiceModel) and spec.unload_path is None
-        return spec.pinned or self_managed or cannot_unload
-
     def _placed(self, exclude: Runtime | None = None) -> tuple[ModelStatus, ...]:
         """What the policy reads of each loaded or loading model: the same records the
         engine reports (less the report-only figures), so the front's prediction from /status
@@ -402,12 +297,6 @@ class Engine:
 
     def _residents(self, exclude: Runtime | None = None) -> list[scheduler.Resident]:
         return placement.residents(self._placed(exclude))
-
-    def _max_loaded(self) -> int | None:
-        spec = self.settings.engine_specs.get(self.index)
-        if spec is not None and spec.max_loaded_models is not None:
-            return spec.max_loaded_models
-        return self.settings.max_loaded_models
 
     def _profile(self, rt: Runtime) -> LayerProfile | None:
         """The model's memory by layer, to split it by layers or offload some (store/estimate.py
@@ -992,26 +881,6 @@ class Engine:
         for task in list(self._tasks):
             task.cancel()
 
-    def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
-        task = asyncio.create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._reap)
-        return task
-
-    def _reap(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        # Load failures are reported to every waiter; retrieving here keeps asyncio quiet
-        # when all of them have gone.
-        if task.cancelled():
-            return
-        exc = task.exception()
-        if exc is not None and task.get_name() in ("keep-alive", "thermal"):
-            log.error("%s task failed", task.get_name(), exc_info=exc)
-
-    def _child_pids(self) -> list[int]:
-        return [rt.server.pid for rt in self._models.values()
-                if rt.server is not None and rt.server.pid is not None]
-
     # ---- reports --------------------------------------------------------------------------
 
     def status(self) -> EngineStatus:
@@ -1169,11 +1038,3 @@ def sibling_devices(model: str, placed: Sequence[ModelStatus]) -> frozenset[int]
     )
 
 
-def measured_placement(placed: Placement | None, measured: Mapping[int, int]) -> Placement | None:
-    """`placed` with the bytes the devices show on each of its devices instead of the
-    estimate's (the next plan and the report read what is true); its host bytes and layers
-    stay as they were placed."""
-    if placed is None or not measured:
-        return placed
-    return dataclasses.replace(placed, device_bytes=tuple(
-        (d, measured.get(d, n)) for d, n in placed.device_bytes))
