@@ -2,7 +2,8 @@
 
 All state here is mutated only from the engine's event loop, so there is one owner (DESIGN.md
 §3.1) without locks on the state itself. What to load and what to evict is decided by the pure
-policy in placement/policy.py; this module applies its decisions:
+policy in placement/policy.py; this module and its parts (`Engine`'s docstring) apply its
+decisions:
 
 * a burst of requests for a cold model joins one load task (§3.5);
 * placement decisions are taken one at a time (``_placing``), and a model being loaded holds its
@@ -57,6 +58,12 @@ log = logging.getLogger("modelyard.engine")
 
 
 class Engine(ConfigReload):
+    """One device group's engine, the one entry point of this package. Its parts are classes
+    over one shared state (engine/state.py), each one concept: the reports (reports.py), the
+    warm-tier glue (warm_flow.py), placement and eviction (placement_flow.py), config reload
+    (reload_flow.py); here: leases, unloading on request, background duties, the keep-alive
+    reaper, loading and stopping."""
+
     # ---- leases ---------------------------------------------------------------------------
 
     def _runtime(self, entry: Entry) -> Runtime:
