@@ -13,7 +13,7 @@ import pytest
 from modelyard.config import Settings
 from modelyard.engine.device_group import DeviceGroup, engine_group, make_device
 from modelyard.engine.ledger import SimulatedDevice
-from modelyard.engine.loop import measured_placement
+from modelyard.engine.state import measured_placement
 from modelyard.hw.simulated import CLAIM_SPLIT_ENV, CLAIMS_DIR_ENV, SimulatedGpu, split_claim
 from modelyard.placement.devices import Placement
 from modelyard.types import DeviceInfo

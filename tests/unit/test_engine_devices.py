@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from modelyard.config import Settings
-from modelyard.engine.loop import Engine, ModelState
+from modelyard.engine.loop import Engine
+from modelyard.engine.runtime import ModelState
 from modelyard.placement import policy as scheduler
 from modelyard.store.registry import ModelRegistry
 

@@ -20,7 +20,8 @@ import orjson
 import pytest
 
 from modelyard.config import OpenAIServerModel, Settings
-from modelyard.engine.loop import Engine, ModelState
+from modelyard.engine.loop import Engine
+from modelyard.engine.runtime import ModelState
 from modelyard.front.dispatch import routing
 from modelyard.placement import policy as scheduler
 from modelyard.placement import view as placement

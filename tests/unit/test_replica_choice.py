@@ -118,7 +118,7 @@ def test_balance_counts_requests_chosen_but_not_queued_yet(tmp_path: Path) -> No
 def test_a_copy_asks_the_engine_to_avoid_its_siblings_devices() -> None:
     """An engine over several devices places a copy away from the other copies (Want's
     `avoid_devices`): the devices of the model's other copies, nobody else's."""
-    from modelyard.engine.loop import sibling_devices
+    from modelyard.engine.placement_flow import sibling_devices
     from modelyard.placement.devices import Placement
     from modelyard.wire.status import ModelStatus
 

@@ -2,7 +2,8 @@
 
 All state here is mutated only from the engine's event loop, so there is one owner (DESIGN.md
 §3.1) without locks on the state itself. What to load and what to evict is decided by the pure
-policy in placement/policy.py; this module applies its decisions:
+policy in placement/policy.py; this module and its parts (`Engine`'s docstring) apply its
+decisions:
 
 * a burst of requests for a cold model joins one load task (§3.5);
 * placement decisions are taken one at a time (``_placing``), and a model being loaded holds its
@@ -21,175 +22,54 @@ policy in placement/policy.py; this module applies its decisions:
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
-import dataclasses
 import logging
 import math
-import os
 import secrets
 import time
-from collections import deque
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import Any
+from collections.abc import Callable
 
 from modelyard import metrics
-from modelyard.config import LlamaCppModel, ModelSpec, ServiceModel, Settings, TransformersModel
+from modelyard.config import ModelSpec, TransformersModel
 from modelyard.engine.backends.base import Backend, make_backend
-from modelyard.engine.backends.openai_server import ChildServer
-from modelyard.engine.device_group import DeviceGroup, make_device
-from modelyard.engine.ledger import Device, HostDevice, host_memory, wait_for_recovery
-from modelyard.engine.node_pull import Hub, pull_here, served_locally
-from modelyard.engine.pushed_catalog import PushedCatalog, catalog_pushed
-from modelyard.engine.read_ahead import Fadvise, read_ahead
+from modelyard.engine.node_pull import pull_here, served_locally
+from modelyard.engine.reload_flow import ConfigReload
+from modelyard.engine.runtime import ModelState, Runtime
 from modelyard.engine.speculative import TRANSFORMERS_OFF, DraftCounts
-from modelyard.engine.warm_tier import Warmable, WarmEntry, WarmTier, fingerprint
+from modelyard.engine.state import MIB
+from modelyard.engine.warm_tier import Warmable
 from modelyard.errors import (
     EngineCooling,
-    InsufficientMemory,
     ModelFilesMissing,
     ModelLoadFailed,
     ModelNotFound,
     ModelyardError,
 )
-from modelyard.hw.devices import describe_devices
 from modelyard.hw.thermal import DEFAULT_THRESHOLDS, ThermalSensors, engine_paused
 from modelyard.placement import policy as scheduler
-from modelyard.placement import view as placement
-from modelyard.placement.devices import LayerProfile, Placement
-from modelyard.placement.ledger import Loading, plannable_free
-from modelyard.placement.tensor_parallel import tensor_parallel_sizes
-from modelyard.store.attention import attention_heads
-from modelyard.store.config_diff import diff_specs, keep_running, spec_views
+from modelyard.placement.devices import Placement
 from modelyard.store.draft import with_draft_path
-from modelyard.store.estimate import MemoryEstimate, estimate_model, serving_bytes
-from modelyard.store.registry import Entry, ModelRegistry, served_name
+from modelyard.store.estimate import estimate_model
+from modelyard.store.registry import Entry
 from modelyard.types import Lease
 from modelyard.wire.catalog import CatalogSnapshot
-from modelyard.wire.status import (
-    DeviceStatus,
-    EngineStatus,
-    ModelMemory,
-    ModelStatus,
-    SchedulerStatus,
-    Swap,
-)
 
 log = logging.getLogger("modelyard.engine")
 
-MIB = 2**20
-# Swaps remembered for /status and `modelyard ps`.
-RECENT_SWAPS = 50
 
-
-class ModelState(StrEnum):
-    STOPPED = "stopped"
-    LOADING = "loading"
-    READY = "ready"
-    FAILED = "failed"
-    STOPPING = "stopping"
-
-
-@dataclass
-class _Runtime:
-    entry: Entry
-    state: ModelState = ModelState.STOPPED
-    server: Backend | None = None
-    load: asyncio.Task[None] | None = None
-    leases: set[str] = field(default_factory=set)
-    cooldown_until: float = 0.0
-    last_error: ModelyardError | None = None
-    loaded_at: float | None = None
-    load_duration_s: float | None = None
-    last_used: float = 0.0
-    restarts: int = 0
-    reserved_bytes: int = 0  # what the ledger promised it when it was placed
-    pid: int | None = None  # the process holding its memory, from spawn to stop
-    measured_bytes: int | None = None  # what the device shows that process holding now
-    # Where its memory goes (devices and bytes on each, host RAM of a partial offload), from
-    # the decision that placed it; once ready, the bytes measured on each device replace the
-    # estimate's (`measured_placement`).
-    placement: Placement | None = None
-    measured_by_device: dict[int, int] = field(default_factory=dict)
-    known_bytes: int | None = None  # measured while ready: the next load's estimate
-    keep_alive_s: float | None = None  # the last request's keep_alive; None: the configured one
-    waiting_since: float | None = None  # a load waiting for busy models to make room
-    waiters: int = 0  # requests in acquire() that have no lease yet: the load is for them
-    listeners: set[Callable[[str], None]] = field(default_factory=set)  # swap progress
-    # A reload changed or removed its spec: it stops once idle, then takes `retire_to` (None:
-    # it is forgotten); meanwhile requests wait instead of leasing the old server.
-    retiring: asyncio.Task[None] | None = None
-    retire_to: Entry | None = None
-    read_ahead: bool = False  # this load's GGUF read-ahead was asked for
-    # The device counts its backend can split it over (vLLM: divisors of the attention heads);
-    # None: any.
-    split_sizes: frozenset[int] | None = None
-    # Requests waiting for one of its `max_concurrency` lease slots, first come first served
-    # (several fronts each keep their own queue: the engine is where the model's concurrency
-    # holds for all of them), and the turns handed to waiters that have not taken them yet.
-    slot_queue: deque[asyncio.Future[None]] = field(default_factory=deque)
-    slots_handed: int = 0
-
-    @property
-    def spec(self) -> ModelSpec:
-        return self.entry.spec
-
-
-class Engine:
-    def __init__(
-        self,
-        settings: Settings,
-        registry: ModelRegistry,
-        *,
-        index: int = 0,
-        env: Mapping[str, str] | None = None,
-        device: Device | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        fadvise: Fadvise | None = None,
-    ) -> None:
-        self.settings = settings
-        self.registry = registry
-        self.index = index
-        self.clock = clock
-        self._models: dict[str, _Runtime] = {}
-        self._leases: dict[str, str] = {}
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._placing = asyncio.Lock()
-        self._changed = asyncio.Event()  # replaced on every change; waiters re-plan
-        self._waiters = 0  # loads and unloads waiting for a change
-        self._estimates: dict[str, MemoryEstimate | None] = {}  # read ahead of cold loads
-        self._arrivals: dict[str, None] = {}  # loads not placed yet, in the order they began
-        self._reaper_wakes_at = math.inf  # when the keep-alive reaper looks next
-        self._cool = asyncio.Event()
-        self._cool.set()
-        self.paused_reason: str | None = None
-        # The devices it owns (config `engine_devices`): a group of one or several.
-        self.device = (DeviceGroup.of(device) if device is not None
-                       else make_device(settings, index, self._child_pids))
-        self.warm = WarmTier(settings.warm_tier_bytes, clock)
-        self._fadvise = fadvise  # the GGUF read-ahead's seam (None: os.posix_fadvise)
-        host = self.device.first
-        if isinstance(host, HostDevice):  # warm models hold the CPU engine's device
-            host.held_elsewhere = lambda: self.warm.device_bytes
-        self.env = {**(env if env is not None else os.environ), **self.device.child_env()}
-        metrics.child_env(self.env)  # a backend keeps its own metrics out of ours
-        self.stats: collections.Counter[str] = collections.Counter()
-        self.swaps: collections.deque[Swap] = collections.deque(maxlen=RECENT_SWAPS)
-        self.started_at = time.time()
-        self._reaper: asyncio.Task[None] | None = None
-        self._drafts: dict[str, DraftCounts] = {}  # speculative decoding, by model id
-        # What the front pushed of its catalog (engine/pushed_catalog.py).
-        self.catalog = PushedCatalog(catalog_pushed(settings, env))
-        self._pulls: dict[Hub, asyncio.Lock] = {}  # pulls onto this node, one per model
+class Engine(ConfigReload):
+    """One device group's engine, the one entry point of this package. Its parts are classes
+    over one shared state (engine/state.py), each one concept: the reports (reports.py), the
+    warm-tier glue (warm_flow.py), placement and eviction (placement_flow.py), config reload
+    (reload_flow.py); here: leases, unloading on request, background duties, the keep-alive
+    reaper, loading and stopping."""
 
     # ---- leases ---------------------------------------------------------------------------
 
-    def _runtime(self, entry: Entry) -> _Runtime:
+    def _runtime(self, entry: Entry) -> Runtime:
         rt = self._models.get(entry.id)
         if rt is None:
-            rt = self._models[entry.id] = _Runtime(entry)
+            rt = self._models[entry.id] = Runtime(entry)
         return rt
 
     async def acquire(
@@ -235,11 +115,7 @@ class Engine:
         elif not self.catalog.pushed_only:
             self.registry = await asyncio.to_thread(self.catalog.build, self.settings)
 
-    def _say(self, rt: _Runtime, text: str) -> None:
-        for listener in list(rt.listeners):
-            listener(text)
-
-    async def _acquire(self, rt: _Runtime, keep_alive_s: float | None) -> Lease:
+    async def _acquire(self, rt: Runtime, keep_alive_s: float | None) -> Lease:
         # While it waits it counts among the model's waiters: the model is not idle (no
         # keep-alive expiry, no eviction) and its load is wanted. One that leaves without a
         # lease wakes the placer and the reaper, which may then drop the load or expire it.
@@ -253,7 +129,7 @@ class Engine:
         rt.waiters -= 1
         return lease
 
-    async def _lease(self, rt: _Runtime, keep_alive_s: float | None) -> Lease:
+    async def _lease(self, rt: Runtime, keep_alive_s: float | None) -> Lease:
         started = self.clock()
         rt.keep_alive_s = keep_alive_s
         self._ensure_reaper()
@@ -279,38 +155,23 @@ class Engine:
                 return await self._lease(rt, keep_alive_s)
         return self._grant(rt, int((self.clock() - started) * 1e9))
 
-    def _max_concurrency(self, rt: _Runtime) -> int:
+    def _max_concurrency(self, rt: Runtime) -> int:
         """Leases of `rt` at once: the model's `max_concurrency`, else its engine's, else the
         server's (the front's queue uses the same rule, dispatcher.limits)."""
         spec = self.settings.engine_specs.get(self.index)
         return (rt.spec.max_concurrency or (spec.max_concurrency if spec else None)
                 or self.settings.max_concurrency)
 
-    def _slot_free(self, rt: _Runtime) -> bool:
-        return not rt.slot_queue and len(rt.leases) + rt.slots_handed < self._max_concurrency(rt)
+    def _slot_free(self, rt: Runtime) -> bool:
+        return rt.slots.free(len(rt.leases), self._max_concurrency(rt))
 
-    async def _wait_slot(self, rt: _Runtime) -> None:
+    async def _wait_slot(self, rt: Runtime) -> None:
         """Wait in `rt`'s slot queue until a release hands this request a turn."""
-        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        rt.slot_queue.append(turn)
-        try:
-            await turn
-        except asyncio.CancelledError:
-            if turn.done() and not turn.cancelled():
-                rt.slots_handed -= 1
-                self._hand_slot(rt)  # handed a turn it will not take: the next one's
-            elif turn in rt.slot_queue:
-                rt.slot_queue.remove(turn)
-            raise
-        rt.slots_handed -= 1
+        await rt.slots.wait(lambda: self._hand_slot(rt))
 
-    def _hand_slot(self, rt: _Runtime) -> None:
+    def _hand_slot(self, rt: Runtime) -> None:
         """Hand free slots of `rt` to the waiters at the head of its queue."""
-        while rt.slot_queue and len(rt.leases) + rt.slots_handed < self._max_concurrency(rt):
-            turn = rt.slot_queue.popleft()
-            if not turn.done():
-                rt.slots_handed += 1
-                turn.set_result(None)
+        rt.slots.hand(len(rt.leases), self._max_concurrency(rt))
 
     def lease_ready(self, name: str, keep_alive_s: float | None = None) -> Lease | None:
         """A lease on `name` at once, without awaiting, if it is ready to serve now (the hot
@@ -328,7 +189,7 @@ class Engine:
         self._ensure_reaper()
         return self._grant(rt, 0)  # nothing was loaded for it
 
-    def _grant(self, rt: _Runtime, load_duration_ns: int) -> Lease:
+    def _grant(self, rt: Runtime, load_duration_ns: int) -> Lease:
         assert rt.server is not None
         # Lease ids only need to be unique in this engine and unguessable to other fronts'
         # requests; 16 random bytes from the OS cost a fifth of uuid4's object.
@@ -350,7 +211,7 @@ class Engine:
         rt = self._models[model_id]
         rt.leases.discard(lease_id)
         rt.last_used = self.clock()
-        if rt.slot_queue:
+        if rt.slots.waiting:
             self._hand_slot(rt)
         if rt.leases:
             return
@@ -365,25 +226,13 @@ class Engine:
             # after the answer: off the request path
             counts.poke(rt.server.url, self._spawn, api_key=rt.server.api_key)
 
-    async def _wait_for(self, changed: asyncio.Event, timeout: float | None) -> None:
-        """Wait for a change, counted, so releases know someone needs waking."""
-        self._waiters += 1
-        try:
-            await asyncio.wait_for(changed.wait(), timeout)
-        finally:
-            self._waiters -= 1
-
     def change_event(self) -> asyncio.Event:
         """Set at the next change of the models (loads, unloads, evictions, failures), for an
         observer (the lease channel's State frames). Not counted as a waiter: releases do not
         wake it (lease counts are not what it reports)."""
         return self._changed
 
-    def _notify(self) -> None:
-        self._changed.set()
-        self._changed = asyncio.Event()
-
-    async def _wait_cool(self, rt: _Runtime) -> None:
+    async def _wait_cool(self, rt: Runtime) -> None:
         if self._cool.is_set():
             return
         try:
@@ -408,7 +257,7 @@ class Engine:
             self._cool.set()
         self.paused_reason = reason
 
-    def _check_cooldown(self, rt: _Runtime) -> None:
+    def _check_cooldown(self, rt: Runtime) -> None:
         remaining = rt.cooldown_until - self.clock()
         if remaining <= 0 or rt.last_error is None:
             return
@@ -420,260 +269,7 @@ class Engine:
             log_tail=err.log_tail,
         )
 
-    # ---- placement ------------------------------------------------------------------------
-
-    def _want_bytes(self, rt: _Runtime) -> int:
-        return serving_bytes(rt.spec, self._estimates.get(rt.entry.id),
-                             measured=rt.known_bytes, file_bytes=rt.entry.size_bytes)
-
-    def _keep_alive(self, rt: _Runtime) -> float | None:
-        if rt.spec.pinned:
-            return None
-        value = rt.keep_alive_s
-        if value is None:
-            value = rt.spec.keep_alive_s
-        if value is None:
-            value = self.settings.keep_alive_s
-        return None if value < 0 else value
-
-    def _measure(self) -> None:
-        """Refresh what each loading or loaded model holds on each device."""
-        pids = {rt.pid: rt for rt in self._models.values() if rt.pid is not None}
-        by_device = self.device.used_by_device(pids)
-        for pid, rt in pids.items():
-            rt.measured_by_device = {d: held[pid] for d, held in by_device.items() if pid in held}
-            rt.measured_bytes = sum(rt.measured_by_device.values()) if rt.measured_by_device \
-                else None
-            if rt.state is ModelState.READY and rt.measured_bytes:
-                rt.placement = measured_placement(rt.placement, rt.measured_by_device)
-                # A partial offload's host part is no device's: the next load needs it too.
-                host = rt.placement.host_bytes if rt.placement is not None else 0
-                rt.known_bytes = rt.measured_bytes + host
-
-    @staticmethod
-    def _pinned(rt: _Runtime) -> bool:
-        """Never evicted nor expired: pinned, or a service that manages itself or has no
-        unload route."""
-        spec = rt.spec
-        self_managed = isinstance(spec, ServiceModel) and spec.self_managed
-        cannot_unload = isinstance(spec, ServiceModel) and spec.unload_path is None
-        return spec.pinned or self_managed or cannot_unload
-
-    def _placed(self, exclude: _Runtime | None = None) -> tuple[ModelStatus, ...]:
-        """What the policy reads of each loaded or loading model: the same records the
-        engine reports (less the report-only figures), so the front's prediction from /status
-        and the engine's decision come from one builder (placement/view.py)."""
-        now = self.clock()
-        return tuple(
-            self._model_status(rt, now, report=False)
-            for rt in self._models.values()
-            if rt is not exclude and rt.state in (ModelState.READY, ModelState.LOADING)
-        )
-
-    def _residents(self, exclude: _Runtime | None = None) -> list[scheduler.Resident]:
-        return placement.residents(self._placed(exclude))
-
-    def _max_loaded(self) -> int | None:
-        spec = self.settings.engine_specs.get(self.index)
-        if spec is not None and spec.max_loaded_models is not None:
-            return spec.max_loaded_models
-        return self.settings.max_loaded_models
-
-    def _profile(self, rt: _Runtime) -> LayerProfile | None:
-        """The model's memory by layer, to split it by layers or offload some (store/estimate.py
-        `estimate_profile`: it rides on the estimate); None: placed by its total bytes. The
-        policy scales it to the bytes it places (a measured load)."""
-        found = self._estimates.get(rt.entry.id)
-        return found.profile if found is not None else None
-
-    def _split_sizes(self, spec: ModelSpec, server: Backend) -> frozenset[int] | None:
-        """A safetensors model that runs as a child server is vLLM (engine/backends/base.py
-        `vllm_spec`): its tensor-parallel size must divide its attention heads, so the policy
-        only considers such device counts. Other backends split by layers: any count."""
-        if isinstance(spec, TransformersModel) and isinstance(server, ChildServer):
-            return tensor_parallel_sizes(attention_heads(spec.path), len(self.device.infos()))
-        return None
-
-    def _decide(self, rt: _Runtime) -> scheduler.Decision:
-        self._measure()
-        infos = self.device.infos()
-        info = self.device.info()
-        spec = rt.spec
-        want = scheduler.Want(
-            model=rt.entry.id,
-            bytes=self._want_bytes(rt),
-            group=spec.group,
-            coexist_with=frozenset(spec.can_coexist_with),
-            priority=spec.priority,
-            avoid_devices=sibling_devices(rt.entry.id, self._placed(exclude=rt)),
-            profile=self._profile(rt),
-            offload=getattr(spec, "offload", "off") == "auto",
-            # A registered service is one process on one device: never split.
-            splittable=not isinstance(spec, ServiceModel),
-            split_sizes=rt.split_sizes,
-        )
-        # The engine's own view, in the shape it reports: the front plans on /status the same way.
-        view = EngineStatus(
-            device=DeviceStatus(total_bytes=info.total_bytes, free_bytes=info.free_bytes,
-                                warm_bytes=self.warm.device_bytes),
-            devices=tuple(DeviceStatus(index=i.index, kind=i.kind, total_bytes=i.total_bytes,
-                                       free_bytes=i.free_bytes) for i in infos),
-            host=self._host_status(),
-            scheduler=SchedulerStatus(max_loaded_models=self._max_loaded(),
-                                      placing=tuple(self._arrivals)),
-            models=self._placed(exclude=rt),
-        )
-        return placement.plan_from_status(view, want)
-
-    def _host_status(self) -> DeviceStatus | None:
-        """Host RAM as a partial offload's room: what is available, less the host part of the
-        offloads placed (the host ledger: llama.cpp maps a GGUF's CPU layers from the file,
-        and the kernel counts mapped file pages as available, so what an offload keeps in
-        host RAM must be counted here, not left to the reading); None on the CPU engine,
-        whose device is host RAM already."""
-        if self.device.kind == "cpu":
-            return None
-        free, total = host_memory()
-        pending = sum(r.placement.host_bytes for r in self._models.values()
-                      if r.state in (ModelState.LOADING, ModelState.READY)
-                      and r.placement is not None)
-        return DeviceStatus(kind="host", name="host RAM", index=-1, total_bytes=total,
-                            free_bytes=max(0, free - pending))
-
-    async def _place(self, rt: _Runtime) -> bool:
-        """Make room for `rt` and reserve it: True with rt LOADING; False when nobody waits for
-        it any more (every client left), before anything was evicted for it; or raises.
-
-        An eviction and the load it made room for are one decision under `_placing`: a later
-        load cannot take the room in between. Loads that must wait keep their place in
-        `_arrivals`, so they are placed in the order they began."""
-        deadline = self.clock() + self.settings.memory_wait_timeout_s
-        if self._placing.locked() or next(iter(self._arrivals), rt.entry.id) != rt.entry.id:
-            self._read_ahead(rt)  # it waits behind another load's placement
-        try:
-            while True:
-                async with self._placing:
-                    while True:
-                        if not rt.waiters:
-                            log.info("nobody waits for %s any more: its load is dropped",
-                                     rt.entry.id)
-                            rt.waiting_since = None
-                            return False
-                        decision = self._decide(rt)
-                        if not isinstance(decision, scheduler.Evict):
-                            break
-                        self._read_ahead(rt)  # while the victims stop
-                        await self._evict(decision.victims, for_model=rt.entry.id)
-                    if isinstance(decision, scheduler.Load):
-                        await self._reclaim_warm(rt)
-                        rt.placement = self._placement_of(decision, self._want_bytes(rt))
-                        # What the devices were promised: a partial offload's host part is
-                        # counted in the host ledger (`_host_status`), not on a device.
-                        rt.reserved_bytes = rt.placement.bytes
-                        rt.measured_bytes = None
-                        rt.measured_by_device = {}
-                        rt.state = ModelState.LOADING
-                        rt.waiting_since = None
-                        return True
-                    if isinstance(decision, scheduler.NoFit):
-                        self.stats["no_fit"] += 1
-                        raise InsufficientMemory(decision.reason, model=rt.entry.id)
-                    assert isinstance(decision, scheduler.Wait), decision
-                    changed = self._changed  # taken under the lock: no change can be missed
-                self._read_ahead(rt)  # while it waits for memory
-                if rt.waiting_since is None:
-                    rt.waiting_since = self.clock()
-                    self.stats["waits"] += 1
-                    log.info("%s", decision.reason)
-                    self._say(rt, decision.reason)
-                remaining = deadline - self.clock()
-                if remaining <= 0:
-                    rt.waiting_since = None
-                    raise InsufficientMemory(
-                        f"{decision.reason}; gave up after memory_wait_timeout_s "
-                        f"({self.settings.memory_wait_timeout_s:.0f} s)",
-                        model=rt.entry.id,
-                        retry_after_s=5.0,
-                    )
-                with contextlib.suppress(TimeoutError):
-                    await self._wait_for(changed, remaining)
-        finally:
-            # Placed, dropped or failed: the loads behind it may go now.
-            if rt.entry.id in self._arrivals:
-                del self._arrivals[rt.entry.id]
-                self._notify()
-
-    async def _evict(
-        self, victims: tuple[str, ...], *, for_model: str | None, reason: str = "unload"
-    ) -> None:
-        """Unload idle `victims` (caller holds `_placing`) and wait for their memory."""
-        runtimes = [self._models[v] for v in victims]
-        for rt in runtimes:  # before any await: no lease can be granted on them from here on
-            assert not rt.leases, f"policy chose busy {rt.entry.id}"
-            rt.state = ModelState.STOPPING
-        self._measure()
-        # Per device: models loading meanwhile (loads run outside `_placing`) go on claiming
-        # what they were promised: counting it as free here would wait for memory that never
-        # comes back.
-        before = {r.index: r.free_bytes for r in self.device.rooms(self._loading_held())}
-        # Only memory the device showed them holding can be waited for: a service's unload
-        # route is trusted once it answered. A victim spanning several devices frees each.
-        freed: dict[int, int] = {}
-        for rt in runtimes:
-            if rt.pid is not None:
-                for d, n in rt.measured_by_device.items():
-                    freed[d] = freed.get(d, 0) + n
-        victim_pids = [rt.pid for rt in runtimes]
-        pids = {pid for pid in victim_pids if pid is not None}
-        reason = f"for {for_model}" if for_model else reason
-        for rt in runtimes:
-            self._record_swap(rt, reason)
-            metrics.model_evicted(rt.entry.id, self.index, reason, for_model)
-        if for_model is not None:
-            names = ", ".join(victims)
-            self._say(self._models[for_model], f"unloading {names} to make room for {for_model}")
-        # A reload changed the spec: the old copy is worth nothing warm.
-        warm = await asyncio.gather(*(self._stop(rt, warm=reason != "reload") for rt in runtimes))
-        asleep = {pid for pid, kept in zip(victim_pids, warm, strict=True) if kept and pid}
-        if asleep:  # a sleeping server lives on, holding a little: wait for the rest only
-            pids -= asleep
-            for d, held in self.device.used_by_device(asleep).items():
-                freed[d] = max(0, freed.get(d, 0) - sum(held.values()))
-        # Expect most of it back: allocators and drivers keep a little. Host RAM has no driver
-        # that frees it late, and every other process on the host moves its free figure: there,
-        # the processes being gone is the memory being back.
-        want = {} if self.device.kind == "cpu" else {
-            d: before.get(d, 0) + int(n * 0.9) for d, n in freed.items() if n}
-        await self.device.wait_for_recovery(pids, want, self.settings.memory_recovery_timeout_s)
-        self._notify()
-
-    def _placement_of(self, decision: scheduler.Load, nbytes: int) -> Placement:
-        """Where the decision puts the load (a policy without device sets: all of it on the
-        group's first device)."""
-        placed = decision.placement
-        return placed if placed is not None else Placement.whole(self.device.indexes[0], nbytes)
-
-    def _loading_held(self) -> dict[int, int]:
-        """Per device, what loads in progress were promised and the device does not show them
-        holding yet (placement/ledger.py `plannable_free`, device by device)."""
-        held: dict[int, int] = {}
-        for r in self._models.values():
-            if r.state is not ModelState.LOADING:
-                continue
-            promised = (r.placement.device_bytes if r.placement is not None
-                        else ((self.device.indexes[0], r.reserved_bytes),))
-            for d, n in promised:
-                held[d] = held.get(d, 0) + max(0, n - r.measured_by_device.get(d, 0))
-        return held
-
-    def _record_swap(self, rt: _Runtime, reason: str) -> None:
-        kind = {"idle": "expirations", "unload": "unloads", "reload": "unloads"}.get(
-            reason, "evictions")
-        self.stats[kind] += 1
-        self.swaps.append(
-            Swap(time.time(), rt.entry.id, reason, rt.measured_bytes or rt.reserved_bytes)
-        )
-        log.info("unloading %s (%s)", rt.entry.id, reason)
+    # ---- unloading on request -------------------------------------------------------------
 
     async def unload(self, name: str) -> bool:
         """Unload `name` once it is idle (admin route, keep_alive 0): waits for its leases."""
@@ -692,79 +288,6 @@ class Engine:
                     return True
                 changed = self._changed
             await self._wait_for(changed, None)
-
-    # ---- config reload --------------------------------------------------------------------
-
-    async def reload(self, settings: Settings) -> dict[str, Any]:
-        """Take up a new configuration. A model whose spec changed (or that is gone) stops once
-        its requests in flight are done, and the next request loads the new spec; the others
-        keep running. Settings that need a restart keep their running values."""
-        settings = keep_running(settings, self.settings)
-        registry = await asyncio.to_thread(self.catalog.build, settings)
-        running = list(self._models)  # context variants among them are compared too
-        diff = diff_specs(spec_views(self.registry, self.settings, running),
-                          spec_views(registry, settings, running))
-        self.settings, self.registry = settings, registry
-        restarting = []
-        for rt in list(self._models.values()):
-            model_id = rt.entry.id
-            entry = registry.get(model_id) if model_id not in diff.removed else None
-            if model_id not in diff.restart:
-                if rt.retiring is not None:
-                    rt.retire_to = entry
-                elif entry is not None:  # the same server; new aliases, priority, keep-alive…
-                    rt.entry = entry
-                continue
-            self._estimates.pop(model_id, None)
-            rt.known_bytes = None
-            rt.cooldown_until, rt.last_error = 0.0, None  # a new spec deserves a new try
-            if rt.retiring is not None:
-                rt.retire_to = entry
-            elif rt.state in (ModelState.STOPPED, ModelState.FAILED) and rt.load is None:
-                self._retarget(rt, entry)
-            else:
-                rt.retire_to = entry
-                rt.retiring = self._spawn(self._retire(rt), f"retire:{model_id}")
-            restarting.append(model_id)
-        # Warm copies of a spec that changed or went are stale; a smaller budget drops some.
-        stale = [self.warm.drop(e.model) for e in self.warm
-                 if (entry := registry.get(e.model)) is None
-                 or e.fingerprint != fingerprint(entry.spec)]
-        dropped = [e for e in stale if e is not None] + self.warm.resize(settings.warm_tier_bytes)
-        self._spawn(self._drop_warm(dropped), "warm-drop")
-        self._spawn(self._prefetch_estimates(), "estimates")
-        self._notify()
-        log.info("config reloaded: %s", diff.to_json())
-        return {**diff.to_json(), "restarting": sorted(restarting)}
-
-    def _retarget(self, rt: _Runtime, entry: Entry | None) -> None:
-        """Give an idle runtime its new entry; None forgets it."""
-        if entry is not None:
-            rt.entry = entry
-        elif self._models.get(rt.entry.id) is rt:
-            del self._models[rt.entry.id]
-
-    async def _retire(self, rt: _Runtime) -> None:
-        """Stop `rt`'s server once its leases are released (a reload changed or removed its
-        spec), as `unload` does; requests that arrive meanwhile wait for it, then load anew."""
-        try:
-            if rt.load is not None:
-                with contextlib.suppress(Exception):  # its waiters hear how it failed
-                    await asyncio.shield(rt.load)
-            while True:
-                async with self._placing:
-                    if rt.state is not ModelState.READY:
-                        break  # it failed, crashed or was evicted meanwhile
-                    if not rt.leases:
-                        await self._evict((rt.entry.id,), for_model=None, reason="reload")
-                        break
-                    changed = self._changed
-                await self._wait_for(changed, None)
-        finally:
-            rt.retiring = None
-            self._retarget(rt, rt.retire_to)
-            rt.retire_to = None
-            self._notify()
 
     # ---- background duties ----------------------------------------------------------------
 
@@ -830,7 +353,7 @@ class Engine:
 
     # ---- loading and stopping -------------------------------------------------------------
 
-    async def _load(self, rt: _Runtime) -> None:
+    async def _load(self, rt: Runtime) -> None:
         started = self.clock()
         try:
             if rt.entry.hub is not None and rt.entry.path is not None and not (
@@ -910,7 +433,7 @@ class Engine:
         if rt.entry.id in self._drafts:
             self._drafts[rt.entry.id].new_server()
 
-    async def _pull_here(self, rt: _Runtime) -> None:
+    async def _pull_here(self, rt: Runtime) -> None:
         """Pull the model's files onto this node, one pull per hub origin at a time (a context
         variant, a copy and a preset of one model share it), then serve it from there."""
         hub = rt.entry.hub
@@ -924,11 +447,11 @@ class Engine:
             rt.entry = served_locally(rt.entry, self.catalog.copies)
             await asyncio.to_thread(self.catalog.refresh, self.registry, self.settings.models_dir)
 
-    def _spawned(self, rt: _Runtime, pid: int) -> None:
+    def _spawned(self, rt: Runtime, pid: int) -> None:
         rt.pid = pid
         self.device.on_spawn(pid, rt.reserved_bytes, rt.placement)
 
-    async def _watch_exit(self, rt: _Runtime, server: Backend) -> None:
+    async def _watch_exit(self, rt: Runtime, server: Backend) -> None:
         await server.wait_exit()
         self._forget_dead_server(rt, server)
         entry = self.warm.get(rt.entry.id)
@@ -937,7 +460,7 @@ class Engine:
             self.warm.drop(rt.entry.id)
             self._notify()
 
-    def _forget_dead_server(self, rt: _Runtime, server: Backend) -> None:
+    def _forget_dead_server(self, rt: Runtime, server: Backend) -> None:
         if rt.server is not server or rt.state is not ModelState.READY:
             return
         # It died on its own: the next request reloads it; streams in flight see the drop.
@@ -954,7 +477,7 @@ class Engine:
         metrics.model_crashed(rt.entry.id, self.index)
         self._notify()
 
-    async def _stop(self, rt: _Runtime, *, warm: bool = False) -> bool:
+    async def _stop(self, rt: Runtime, *, warm: bool = False) -> bool:
         """Stop `rt`'s server, or with `warm`, keep it in the warm tier if it can be: True
         when it went there."""
         server = rt.server
@@ -972,86 +495,6 @@ class Engine:
             rt.pid = rt.measured_bytes = rt.placement = None
         return False
 
-    # ---- the warm tier (engine/warm_tier.py) ----------------------------------------------
-
-    async def _suspend(self, rt: _Runtime, server: Backend) -> bool:
-        """Put `server` in the warm tier instead of stopping it, if it can go and host RAM
-        allows; older warm models make room by the tier's LRU."""
-        if not isinstance(server, Warmable) or self.warm.budget_bytes <= 0:
-            return False
-        host = server.warm_bytes()
-        # On a CPU engine an in-process model stays where it is: nothing moves into host RAM.
-        in_place = self.device.kind == "cpu" and server.pid is None
-        free, total = host_memory()
-        if not self.warm.admits(host, new_host_bytes=0 if in_place else host,
-                                host_free=free, host_total=total):
-            return False
-        pid = server.pid
-        try:
-            kept = await server.suspend()
-        except Exception:
-            log.exception("%s could not be suspended: stopping it", rt.entry.id)
-            kept = False
-        if not kept:
-            return False
-        held = self.device.used_by((pid,)).get(pid, 0) if pid is not None else 0
-        entry = WarmEntry(
-            model=rt.entry.id, fingerprint=fingerprint(rt.spec), backend=server, host_bytes=host,
-            device_bytes=host if in_place else held, how="host" if pid is None else "asleep",
-            since=self.clock(),
-        )
-        log.info("%s kept warm (%d MiB of host RAM)", rt.entry.id, host // MIB)
-        await self._drop_warm(self.warm.admit(entry))
-        return True
-
-    async def _warm_copy(self, rt: _Runtime) -> WarmEntry | None:
-        """`rt`'s warm entry if it is the spec asked for; a stale one is dropped."""
-        entry = self.warm.get(rt.entry.id)
-        if entry is None or entry.fingerprint == fingerprint(rt.spec):
-            return entry
-        self.warm.drop(rt.entry.id)
-        await self._drop_warm([entry])
-        return None
-
-    async def _reclaim_warm(self, rt: _Runtime) -> None:
-        """Stop the warm models whose device memory `rt`'s load needs (placement counted it as
-        free); `rt`'s own warm copy is what it loads from."""
-        if not self.warm.device_bytes:
-            return
-        info = self.device.info()
-        free = plannable_free(info.free_bytes or 0, [
-            Loading(r.reserved_bytes, r.measured_bytes or 0)
-            for r in self._models.values() if r.state is ModelState.LOADING
-        ])
-        own = self.warm.get(rt.entry.id)
-        need = self._want_bytes(rt) - free - (own.device_bytes if own is not None else 0)
-        if need > 0:
-            await self._drop_warm(self.warm.reclaim(need, keep=rt.entry.id))
-
-    async def _drop_warm(self, entries: list[WarmEntry]) -> None:
-        """Stop warm models the tier let go, and wait for their processes' memory."""
-        if not entries:
-            return
-        pids = {e.backend.pid for e in entries if e.backend.pid is not None}
-        for e in entries:
-            log.info("%s leaves the warm tier", e.model)
-        await asyncio.gather(*(e.backend.stop() for e in entries))
-        if pids:
-            await wait_for_recovery(self.device, pids, 0, self.settings.memory_recovery_timeout_s)
-        self._notify()
-
-    def _read_ahead(self, rt: _Runtime) -> None:
-        """A request waits for cold GGUF `rt`: read its files into the page cache meanwhile
-        (once per load), so llama-server maps them from memory (engine/read_ahead.py)."""
-        spec = rt.spec
-        if rt.read_ahead or not self.settings.gguf_read_ahead or not isinstance(
-                spec, LlamaCppModel):
-            return
-        rt.read_ahead = True
-        log.info("%s waits: reading its file ahead into the page cache", spec.id)
-        paths = [spec.path] + ([spec.mmproj] if spec.mmproj is not None else [])
-        self._spawn(asyncio.to_thread(read_ahead, paths, self._fadvise), f"read-ahead:{spec.id}")
-
     async def shutdown(self) -> None:
         for rt in self._models.values():
             if rt.load is not None:
@@ -1062,152 +505,9 @@ class Engine:
         for task in list(self._tasks):
             task.cancel()
 
-    def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
-        task = asyncio.create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._reap)
-        return task
+    # ---- the draft of speculative decoding ------------------------------------------------
 
-    def _reap(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        # Load failures are reported to every waiter; retrieving here keeps asyncio quiet
-        # when all of them have gone.
-        if task.cancelled():
-            return
-        exc = task.exception()
-        if exc is not None and task.get_name() in ("keep-alive", "thermal"):
-            log.error("%s task failed", task.get_name(), exc_info=exc)
-
-    def _child_pids(self) -> list[int]:
-        return [rt.server.pid for rt in self._models.values()
-                if rt.server is not None and rt.server.pid is not None]
-
-    # ---- reports --------------------------------------------------------------------------
-
-    def status(self) -> EngineStatus:
-        self._measure()
-        info = self.device.info()
-        return EngineStatus(
-            engine=self.index,
-            pid=os.getpid(),
-            started_at=self.started_at,
-            device=DeviceStatus(
-                kind=info.kind,
-                name=info.name,
-                total_bytes=info.total_bytes,
-                used_bytes=info.used_bytes,
-                free_bytes=info.free_bytes,
-                temperature_c=info.temperature_c,
-                utilization_pct=info.utilization_pct,
-                reserved_loading_bytes=sum(
-                    rt.reserved_bytes for rt in self._models.values()
-                    if rt.state is ModelState.LOADING
-                ),
-                warm_bytes=self.warm.device_bytes,
-            ),
-            paused=self.paused_reason,
-            scheduler=SchedulerStatus(
-                max_loaded_models=self._max_loaded(),
-                counters=dict(self.stats),
-                recent_swaps=tuple(self.swaps),
-                placing=tuple(self._arrivals),
-            ),
-            models=self.model_statuses(),
-            devices=self._device_statuses(),
-            host=self._host_status(),
-            storage_id=self.catalog.storage_id,
-            missing_files=self.catalog.missing,
-        )
-
-    def _device_statuses(self) -> tuple[DeviceStatus, ...]:
-        """One record per device of the group, by physical index: what the front plans a
-        placement with, and what `modelyard ps` shows per device."""
-        promised: dict[int, int] = {}
-        for rt in self._models.values():
-            if rt.state is ModelState.LOADING and rt.placement is not None:
-                for d, n in rt.placement.device_bytes:
-                    promised[d] = promised.get(d, 0) + n
-        return tuple(
-            DeviceStatus(index=i.index, kind=i.kind, name=i.name, total_bytes=i.total_bytes,
-                         used_bytes=i.used_bytes, free_bytes=i.free_bytes,
-                         temperature_c=i.temperature_c, utilization_pct=i.utilization_pct,
-                         reserved_loading_bytes=promised.get(i.index, 0))
-            for i in self.device.infos())
-
-    def diag(self) -> dict[str, Any]:
-        return {
-            "engine": self.index,
-            "device": dataclasses.asdict(self.device.info()),
-            "devices": describe_devices(),
-        }
-
-    def model_statuses(self) -> tuple[ModelStatus, ...]:
-        now = self.clock()
-        return tuple(self.warm.report(self._model_status(rt, now))
-                     for rt in self._models.values())
-
-    def backend_key(self, model_id: str) -> str | None:
-        """The key of `model_id`'s server, for the engine's own calls to it (slot save and
-        restore); None when it runs none or takes no key."""
-        rt = self._models.get(model_id)
-        return rt.server.api_key if rt is not None and rt.server is not None else None
-
-    def model_status(self) -> list[dict[str, Any]]:
-        """`model_statuses()` as the engine's /status carries them."""
-        return [m.to_json() for m in self.model_statuses()]
-
-    def _model_status(self, rt: _Runtime, now: float, *, report: bool = True) -> ModelStatus:
-        """`rt` as reported; without `report`, only what placement reads (no estimate, backend
-        stats or host memory: those cost a walk of the process tree or a lock)."""
-        server = rt.server
-        keep_alive = self._keep_alive(rt)
-        idle = rt.state is ModelState.READY and not rt.leases
-        placed = server is not None or rt.load is not None
-        estimate = self._estimates.get(rt.entry.id) if report else None
-        return ModelStatus(
-            model=rt.entry.id,
-            backend=rt.spec.backend,
-            state=str(rt.state),
-            pid=server.pid if server else None,
-            upstream=server.url if server else None,
-            leases=len(rt.leases),
-            loaded_at=rt.loaded_at if server else None,
-            load_duration_s=rt.load_duration_s,
-            size_bytes=rt.entry.size_bytes,
-            pinned=self._pinned(rt),
-            last_used=rt.last_used,
-            priority=rt.spec.priority,
-            group=rt.spec.group,
-            keep_alive_s=keep_alive,
-            expires_in_s=(
-                max(0.0, rt.last_used + keep_alive - now)
-                if idle and keep_alive is not None else None
-            ),
-            waiting_for_memory_s=(
-                now - rt.waiting_since if rt.waiting_since is not None else None
-            ),
-            memory=ModelMemory(
-                estimate_bytes=estimate.total_bytes if estimate else None,
-                estimate=estimate.to_json() if estimate else None,
-                reserved_bytes=rt.reserved_bytes if placed else None,
-                # While loading too: the ledger counts what it holds already (plannable_free).
-                measured_bytes=rt.measured_bytes if placed else None,
-                host_bytes=server.memory_bytes() if server and report else None,
-                load_bytes=self._want_bytes(rt),
-            ),
-            # What the backend says of itself (batching, prefix-cache hit rate…).
-            backend_stats=_backend_stats(server) if report else None,
-            restarts=rt.restarts,
-            last_error=rt.last_error.message if rt.last_error else None,
-            cooldown_s=max(0.0, rt.cooldown_until - now) or None,
-            coexist_with=tuple(rt.spec.can_coexist_with),
-            waiters=rt.waiters,
-            speculative=(self._drafts[rt.entry.id].status()
-                         if rt.entry.id in self._drafts else None),
-            placement=rt.placement if placed else None,
-        )
-
-    def _paired(self, rt: _Runtime) -> ModelSpec:
+    def _paired(self, rt: Runtime) -> ModelSpec:
         """`rt`'s spec with its speculative-decoding draft resolved to a file, and its draft
         counts kept from now on (a transformers model's say why it runs without its draft)."""
         spec = rt.spec
@@ -1223,27 +523,5 @@ class Engine:
         return resolved
 
 
-def _backend_stats(server: Backend | None) -> dict[str, Any] | None:
-    stats = getattr(server, "stats", None)
-    return stats() if callable(stats) else None
 
 
-def sibling_devices(model: str, placed: Sequence[ModelStatus]) -> frozenset[int]:
-    """The devices holding other copies of `model` (`<model>#<k>`, front/dispatch/replicas.py):
-    a copy rather goes elsewhere, so that the copies of a hot model compute side by side."""
-    family = served_name(model)
-    return frozenset(
-        device for m in placed
-        if m.model != model and m.placement is not None and served_name(m.model) == family
-        for device in m.placement.devices
-    )
-
-
-def measured_placement(placed: Placement | None, measured: Mapping[int, int]) -> Placement | None:
-    """`placed` with the bytes the devices show on each of its devices instead of the
-    estimate's (the next plan and the report read what is true); its host bytes and layers
-    stay as they were placed."""
-    if placed is None or not measured:
-        return placed
-    return dataclasses.replace(placed, device_bytes=tuple(
-        (d, measured.get(d, n)) for d, n in placed.device_bytes))

@@ -7,7 +7,7 @@ Loading such a model again moves it back instead of re-reading and re-converting
 This module is the bookkeeping only, with no I/O and no awaits, so its decisions are tested as
 a table: what fits (`warm_tier_bytes` and the host's free memory), who goes first (least
 recently used) when the budget, the host or a load on the device needs the room. The engine
-(engine/loop.py) suspends, resumes and stops the backends it names.
+(engine/warm_flow.py) suspends, resumes and stops the backends it names.
 
 Two figures per entry, because they are different ledgers:
 

@@ -1,9 +1,9 @@
 """The policy's view of an engine, built from its typed status: ONE builder for both ends.
 
-The engine plans from the same `ModelStatus` records it reports (engine/loop.py), and the front
-runs `plan_from_status` on the report it received, so the front's prediction of a decision is
-the engine's decision, not a copy of it that drifts (issue 16: the front once ignored
-`coexist_with` and routed to an engine that then refused the load).
+The engine plans from the same `ModelStatus` records it reports (engine/reports.py), and the
+front runs `plan_from_status` on the report it received, so the front's prediction of a
+decision is the engine's decision, not a copy of it that drifts (issue 16: the front once
+ignored `coexist_with` and routed to an engine that then refused the load).
 
 Several devices: `plan_from_status` gives the policy one room per device the status lists
 (each device's free bytes less what models still loading will take *on it*, by their

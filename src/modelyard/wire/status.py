@@ -183,7 +183,7 @@ class ModelMemory:
 
 @dataclass(frozen=True, slots=True)
 class ModelStatus:
-    """One model an engine knows, in one of the states of engine/loop.py `ModelState`.
+    """One model an engine knows, in one of the states of engine/runtime.py `ModelState`.
 
     `last_used` is on the engine's monotonic clock: compare it only with the same engine's.
     `pinned` is what the engine treats as pinned (a self-managed service, or one without an

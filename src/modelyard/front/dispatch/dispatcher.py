@@ -217,7 +217,8 @@ class Dispatcher:
             group=entry.spec.group,
             coexist_with=frozenset(entry.spec.can_coexist_with),
             priority=entry.spec.priority,
-            # As the engine asks (engine/loop.py `_decide`), so the prediction is its decision.
+            # As the engine asks (engine/placement_flow.py `_decide`), so the prediction is its
+            # decision.
             profile=self._profile(entry),
             offload=getattr(entry.spec, "offload", "off") == "auto",
             # A registered service is one process on one device: never split.
