@@ -194,8 +194,8 @@ class BatchRunner:
                  sum(len(q) for q in run.pending.values()))
 
     async def _schedule(self) -> None:
-        if len(self.in_flight) >= self.max_concurrency:
-            return
+        if len(self.in_flight) >= self.max_concurrency or not self._pending():
+            return  # nothing to start: no need to know what is loaded
         loaded = await self._loaded_models()
         while len(self.in_flight) < self.max_concurrency:
             pending: dict[str, int] = defaultdict(int)
@@ -223,10 +223,9 @@ class BatchRunner:
 
     async def _loaded_models(self) -> set[str]:
         try:
-            models = await self.state.dispatch.running_models()
+            return await self.state.dispatch.loaded_models()
         except Exception:
             return set()
-        return {m for m, em in models.items() if em.status.state in ("ready", "loading")}
 
     async def _finish_done(self) -> None:
         """Batches with nothing left to run or in flight: finalize them."""

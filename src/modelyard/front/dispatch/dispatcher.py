@@ -268,6 +268,22 @@ class Dispatcher:
                 models[m.model] = EngineModel(engine.name, m)
         return models
 
+    async def loaded_models(self) -> set[str]:
+        """Models loaded or loading on the engines that are up: what each engine pushed (no
+        round trip), else one `/status` call (an engine that has not pushed yet)."""
+        loaded: set[str] = set()
+        for engine in self.engines:
+            if not engine.up:
+                continue
+            status = engine.latest_status()
+            if status is None:
+                try:
+                    status = await engine.status()
+                except ModelyardError:
+                    continue
+            loaded.update(m.model for m in status.models if m.state in ("ready", "loading"))
+        return loaded
+
     async def open_relay(
         self,
         model: str,

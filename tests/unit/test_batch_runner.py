@@ -1,9 +1,12 @@
-"""A batch taken up again trusts its output and error files, not its counters.
+"""The batch runner (front/batches/runner.py) on a real SQLite file and real files, against a tiny
+ASGI app standing in for the front's routes.
 
-The runner appends a finished line to the output file, then counts it in the database; a front
-stopped between the two (it happened in CI) left a resumed batch "completed" one line short.
-This runs the real runner loop on a real SQLite file and real files, against a tiny ASGI app
-standing in for the front's routes.
+A batch taken up again trusts its output and error files, not its counters: the runner appends
+a finished line to the output file, then counts it in the database; a front stopped between the
+two (it happened in CI) left a resumed batch "completed" one line short.
+
+An idle runner asks the engines nothing: it polled every engine's /status each tick even with no
+batch, which also broke the "a cold route makes no /status call" test when a tick fell inside it.
 """
 
 from __future__ import annotations
@@ -72,7 +75,7 @@ async def test_a_line_written_but_not_counted_is_counted_when_the_batch_resumes(
 
     app = Answers()
     state = SimpleNamespace(dispatch=SimpleNamespace(
-        queues=SimpleNamespace(queued=lambda model: 0), running_models=_nothing_running))
+        queues=SimpleNamespace(queued=lambda model: 0), loaded_models=_nothing_loaded))
     runner = BatchRunner(app, state, files, store,  # type: ignore[arg-type]
                          max_concurrency=2, lease_s=30.0)
     runner.start()
@@ -92,5 +95,36 @@ async def test_a_line_written_but_not_counted_is_counted_when_the_batch_resumes(
     assert sorted(out) == ["a", "b", "c"]
 
 
-async def _nothing_running() -> dict[str, Any]:
-    return {}
+async def _nothing_loaded() -> set[str]:
+    return set()
+
+
+class Dispatch:
+    """Counts what the runner asks the dispatcher."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+        self.queues = SimpleNamespace(queued=lambda model: 0)
+
+    async def loaded_models(self) -> set[str]:
+        self.asked += 1
+        return set()
+
+    running_models = loaded_models
+
+
+async def test_an_idle_runner_asks_the_engines_nothing(tmp_path: Path) -> None:
+    database = db.connect(f"sqlite:///{tmp_path / 'modelyard.db'}")
+    dispatch = Dispatch()
+    runner = BatchRunner(Answers(), SimpleNamespace(dispatch=dispatch),  # type: ignore[arg-type]
+                         FileStore(database, tmp_path / "files", 1 << 20), BatchStore(database),
+                         max_concurrency=2, lease_s=30.0)
+    try:
+        for _ in range(3):  # what each tick of the loop does, with no batch
+            await runner._claim_and_renew()
+            await runner._schedule()
+            await runner._finish_done()
+        assert dispatch.asked == 0
+    finally:
+        await runner.close()
+        database.dispose()
