@@ -239,22 +239,22 @@ def test_cookie_requests_refuse_foreign_origins_and_non_json(server: Server) -> 
 
 def test_the_studio_may_upload_a_batch_file_as_multipart_with_its_csrf_header(
         server: Server) -> None:
-    add_user(server, "xena", "xena-pw-1234")
-    xena = login(server, "xena", "xena-pw-1234")
+    add_user(server, "yara", "yara-pw-1234")
+    yara = login(server, "yara", "yara-pw-1234")
     line = orjson.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
                          "body": {"model": "m1", "messages": HELLO}}) + b"\n"
     form: dict[str, Any] = {"files": {"file": ("in.jsonl", line)}, "data": {"purpose": "batch"}}
-    r = xena.post("/v1/files", headers={"Origin": server.url}, **form)
+    r = yara.post("/v1/files", headers={"Origin": server.url}, **form)
     assert r.status_code == 200 and r.json()["purpose"] == "batch", r.text
     # The CSRF header is what a cross-site form cannot send: without it, refused.
-    r = xena.post("/v1/files", headers={"X-CSRF-Token": ""}, **form)
+    r = yara.post("/v1/files", headers={"X-CSRF-Token": ""}, **form)
     assert r.status_code == 403 and r.json()["error"]["code"] == "csrf_failed", r.text
-    r = xena.post("/v1/files", headers={"Origin": "http://evil.example"}, **form)
+    r = yara.post("/v1/files", headers={"Origin": "http://evil.example"}, **form)
     assert r.status_code == 403, r.text
     # Only that upload: multipart elsewhere, and text/plain there, stay refused.
-    r = xena.post("/v1/chat/completions", **form)
+    r = yara.post("/v1/chat/completions", **form)
     assert r.status_code == 415, r.text
-    r = xena.post("/v1/files", content=line, headers={"Content-Type": "text/plain"})
+    r = yara.post("/v1/files", content=line, headers={"Content-Type": "text/plain"})
     assert r.status_code == 415, r.text
 
 
