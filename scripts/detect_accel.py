@@ -26,9 +26,7 @@ Modes (what goes to stdout; notes and warnings go to stderr):
   detect_accel.py                               variant=... and what was seen, key=value lines
   detect_accel.py --plan --version V --cache D  the llama-server build plan: variant=, dest=,
                                                 then one cmake=ARG line per cmake argument
-  detect_accel.py --torch VERSION               the pip requirement for torch
-  detect_accel.py --extras dev,transformers     the project's extras, plus `gpu` with CUDA torch
-  detect_accel.py --install-variant             cpu or cuda: which torch `make install` installs
+  detect_accel.py --torch-variant               cpu or cuda: which torch `make install` installs
 
 Environment: MODELYARD_ACCEL (override), MODELYARD_CUDA_ARCHS (e.g. "90" or "8.6,8.9": build for
 these instead of the detected GPUs, e.g. a CUDA build on a machine without one),
@@ -324,33 +322,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--plan", action="store_true", help="print the llama-server build plan")
-    mode.add_argument("--torch", metavar="VERSION", help="print the pip requirement for torch")
-    mode.add_argument("--extras", metavar="LIST", help="print the extras for `pip install -e`")
-    mode.add_argument("--install-variant", action="store_true", help="print cpu or cuda")
+    mode.add_argument("--torch-variant", action="store_true",
+                      help="print cpu or cuda: the torch build `make install` installs")
     parser.add_argument("--version", default="", help="llama-server version (with --plan)")
     parser.add_argument("--cache", default="", help="the cache folder (with --plan)")
     args = parser.parse_args(argv)
 
     override = os.environ.get("MODELYARD_ACCEL", "").strip().lower()
     machine = probe()
-    if args.torch or args.extras is not None or args.install_variant:
+    if args.torch_variant:
         # torch's CUDA wheels carry their own CUDA runtime: an NVIDIA GPU (a driver) is enough,
         # no toolkit needed. PyPI has no ROCm or Vulkan torch: those machines get the CPU build.
         if override and override not in VARIANTS:
-            print(f"detect_accel: MODELYARD_ACCEL={override!r}: expected one of "
+            print(f"detect_accel: ERROR: MODELYARD_ACCEL={override!r}: expected one of "
                   f"{', '.join(VARIANTS)}", file=sys.stderr)
             return 2
-        cuda = override == "cuda" or (not override and bool(machine.nvidia))
-        if args.install_variant:
-            print("cuda" if cuda else "cpu")
-        elif args.torch:
-            # The CPU path as it always was: on these machines `==` takes the local +cpu file
-            # (see the Makefile). `===` is PEP 440's exact match: it refuses "X+cpu", so pip
-            # takes PyPI's plain X, whose Linux x86_64 wheel is the CUDA build.
-            print(f"torch{'===' if cuda else '=='}{args.torch}")
-        else:
-            extras = [e for e in args.extras.split(",") if e]
-            print(",".join([*extras, "gpu"] if cuda and "gpu" not in extras else extras))
+        print("cuda" if override == "cuda" or (not override and machine.nvidia) else "cpu")
         return 0
 
     try:
