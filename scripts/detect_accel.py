@@ -198,7 +198,7 @@ def describe_nvidia(m: Machine) -> str:
 
 def loud(lines: list[str]) -> str:
     bar = "!" * 78
-    return "\n".join([bar, *(f"! {line}" for line in lines), bar])
+    return "\n".join([bar, f"! WARNING: {lines[0]}", *(f"! {line}" for line in lines[1:]), bar])
 
 
 def choose(m: Machine, override: str) -> Choice:
@@ -346,7 +346,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"detect_accel: ERROR: {exc}", file=sys.stderr)
         return 2
     for warning in choice.warnings:
-        print(warning, file=sys.stderr)
+        print(warning if warning.startswith("!") else f"detect_accel: note: {warning}",
+              file=sys.stderr)
     out = [f"variant={choice.variant}", f"reason={choice.reason}"]
     if choice.archs:
         out.append(f"archs={' '.join(choice.archs)}")

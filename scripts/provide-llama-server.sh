@@ -36,7 +36,7 @@ SELECTED="$CACHE/llama-server-$VERSION.selected"
 say() { echo "provide-llama-server: $*" >&2; }
 loud() {
   local bar='!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!'
-  { echo "$bar"; for line in "$@"; do echo "! $line"; done; echo "$bar"; } >&2
+  { echo "$bar"; echo "! WARNING: $1"; shift; for line in "$@"; do echo "! $line"; done; echo "$bar"; } >&2
 }
 
 # plan [ACCEL]: switches to MODELYARD_ACCEL=ACCEL if given; fills VARIANT, DEST and CMAKE_ARGS from detect_accel.py --plan.
