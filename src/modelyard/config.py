@@ -957,9 +957,23 @@ class Settings(BaseSettings):
         return self.database_url or f"sqlite:///{self.home / 'modelyard.db'}"
 
     def resolve_llama_server(self) -> Path | None:
-        """The llama-server binary to use, or None when there is none to be had."""
+        """The llama-server binary to use, or None when there is none to be had.
+
+        `llama_server_path` wins. Then the build `scripts/provide-llama-server.sh` chose last
+        (`make run` / `make llama-server`): it names it in `llama-server-<version>.selected` in
+        the cache, because the choice (CUDA, ROCm, Vulkan or CPU, and the fallback to the CPU
+        when a GPU build failed) is made there, once, with the detection; guessing it again here
+        at every start could pick a build the script had given up on. Then the CPU build's
+        folder (caches made before that file existed), then `llama-server` on PATH."""
         if self.llama_server_path is not None:
             return self.llama_server_path if self.llama_server_path.is_file() else None
+        selected = cache_dir() / f"llama-server-{LLAMA_SERVER_VERSION}.selected"
+        try:
+            chosen = Path(selected.read_text().strip())
+        except (OSError, UnicodeDecodeError):
+            chosen = None
+        if chosen is not None and chosen.is_absolute() and chosen.is_file():
+            return chosen
         built = cache_dir() / f"llama-server-{LLAMA_SERVER_VERSION}-avx2" / "llama-server"
         if built.is_file():
             return built
