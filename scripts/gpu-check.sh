@@ -82,28 +82,19 @@ if [ -f "$KIT/llama-server-cuda.xz" ]; then
   fi
 fi
 if [ "${BIN_ARGS[0]}" = "--build-dir" ]; then
-  rm -rf "$BUILD" && mkdir -p "$BUILD/src"
-  ( (
-    set -e
-    tar xf "$KIT/llama-cpp-cuda-src.tar.xz" -C "$BUILD/src" --strip-components=1
-    extra=()
-    [ -e "$LIBS/libcublas.so" ] && extra+=("-DCUDA_cublas_LIBRARY=$LIBS/libcublas.so"
-                                          "-DCUDA_cublasLt_LIBRARY=$LIBS/libcublasLt.so")
-    [ -n "$DRIVER" ] && extra+=("-DCUDA_cuda_driver_LIBRARY=$DRIVER")
-    if [ -n "$INCS" ]; then
-      flags=$(echo "$INCS" | tr ';' '\n' | sed 's/^/-I/' | tr '\n' ' ')
-      extra+=("-DCMAKE_CUDA_FLAGS=$flags" "-DCMAKE_CXX_FLAGS=$flags")
-    fi
-    nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
-    cmake -S "$BUILD/src/llama.cpp" -B "$BUILD/tree" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-      -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
-      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON \
-      -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
-      -DGGML_CUDA=ON -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES="${CC:-90}-real" \
-      -DGGML_CUDA_FA_ALL_QUANTS=OFF "${extra[@]}"
-    cmake --build "$BUILD/tree" --target llama-server -j "$(nproc)"
-    mkdir -p "$BUILD/bin" && cp "$BUILD/tree/bin/llama-server" "$BUILD/bin/llama-server"
-  ); echo $? >"$BUILD/rc" ) >"$OUT/build.log" 2>&1 &
+  # The project's own build script, with the kit's source instead of the download, for this
+  # GPU's architecture only (scripts/detect_accel.py), cuBLAS from wherever it was found above.
+  extra=""
+  [ -e "$LIBS/libcublas.so" ] && extra="-DCUDA_cublas_LIBRARY=$LIBS/libcublas.so -DCUDA_cublasLt_LIBRARY=$LIBS/libcublasLt.so"
+  [ -n "$DRIVER" ] && extra="$extra -DCUDA_cuda_driver_LIBRARY=$DRIVER"
+  [ -n "$INCS" ] && extra="$extra -DCMAKE_CUDA_FLAGS=-I${INCS%%;*} -DCMAKE_CXX_FLAGS=-I${INCS%%;*}"
+  rm -rf "$BUILD" && mkdir -p "$BUILD/bin"
+  ( MODELYARD_ACCEL=cuda MODELYARD_CACHE="$WORK/cache" MODELYARD_NO_CPU_FALLBACK=1 \
+    MODELYARD_LLAMA_SOURCE="$KIT/llama-cpp-cuda-src.tar.xz" MODELYARD_BUILD_JOBS="$(nproc)" \
+    MODELYARD_CMAKE_ARGS="$extra" PYTHON="$PY" \
+    bash "$ROOT/scripts/provide-llama-server.sh" >"$BUILD/path" &&
+    ln -sf "$(cat "$BUILD/path")" "$BUILD/bin/llama-server"
+    echo $? >"$BUILD/rc" ) 2>"$OUT/build.log" &
   say "building llama-server for sm_${CC:-90} in the background (build.log)"
 fi
 

