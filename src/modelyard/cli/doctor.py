@@ -210,7 +210,7 @@ def doctor(
     they can open, vLLM, disk and RAM; each problem comes with its fix."""
     console = Console(highlight=False)
     report: DoctorReport | None = None
-    why = "asked no server (--local)"
+    why = f"asked no server ({'--local' if local else '--simulate-gpus'})"
     if not local and simulate_gpus is None:
         report, why = ask_server(url)
     if report is None:

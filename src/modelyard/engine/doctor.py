@@ -186,13 +186,14 @@ def torch_facts(*, quick: bool = False, env: Mapping[str, str] | None = None,
     if "error" in found:
         return build.model_copy(update={"error": str(found["error"])})
     count = found.get("device_count")
+    names = found.get("devices")
     return Torch(
         installed=True,
         version=str(found.get("version") or build.version),
         cuda=str(found["cuda"]) if found.get("cuda") else None,
         cuda_available=bool(found.get("cuda_available")),
         device_count=int(count) if isinstance(count, int) else None,
-        devices=tuple(str(d) for d in found.get("devices") or ()),  # type: ignore[attr-defined]
+        devices=tuple(str(d) for d in names) if isinstance(names, list) else (),
         warning=str(found["warning"]) if found.get("warning") else None,
     )
 
@@ -233,16 +234,18 @@ def gather(
     env: Mapping[str, str] | None = None,
     quick: bool = False,
     nvml: NvmlProbe | None = None,
+    nvml_bindings: str | None = "given",
     run: RunFn = subprocess.run,
 ) -> EngineDoctor:
     """What engine `name` (or the CLI for the whole machine) sees: its `simulated` GPUs, else
     the real ones `env`'s CUDA_VISIBLE_DEVICES names (this process's environment by default).
-    `quick` leaves out what takes seconds (importing torch in a child)."""
+    `quick` leaves out what takes seconds (importing torch in a child). Tests inject `nvml` (a
+    probe over a fake module) with the `nvml_bindings` version it stands for, and `run`
+    (nvidia-smi's runner)."""
     source = env if env is not None else os.environ
     probe = nvml if nvml is not None else NvmlProbe()
     smi = shutil.which("nvidia-smi", path=source.get("PATH"))
-    # An injected NVML (tests) stands for installed bindings.
-    bindings = _dist_version("nvidia-ml-py", "pynvml") if nvml is None else "given"
+    bindings = _dist_version("nvidia-ml-py", "pynvml") if nvml is None else nvml_bindings
     try:
         if simulated:
             driver = Driver(nvidia_smi=smi)
