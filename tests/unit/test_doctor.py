@@ -18,7 +18,12 @@ from typer.testing import CliRunner
 
 from modelyard.cli.main import app
 from modelyard.config import Settings
-from modelyard.engine.doctor import gather, nvml_accounting, simulated_gpus
+from modelyard.engine.doctor import (
+    cuda_of_version_py,
+    gather,
+    nvml_accounting,
+    simulated_gpus,
+)
 from modelyard.hw.nvml import NvmlProbe
 from modelyard.hw.smi import parse_driver_csv
 from modelyard.types import DeviceInfo
@@ -364,6 +369,13 @@ def test_nvml_per_process_accounting(procs: list[Proc], used: int, verdict: str,
     # The same verdict straight from the readings.
     gpus = [DeviceInfo(0, "GPU-1", "NVIDIA H200", 141 * GIB, used, None, None, None)]
     assert nvml_accounting(probe, gpus, bindings_version="12").per_process == verdict
+
+
+def test_torch_build_is_read_from_its_files_without_importing_it() -> None:
+    cuda = "__version__ = '2.13.0+cu130'\ndebug = False\ncuda: Optional[str] = '13.0'\n"
+    assert cuda_of_version_py(cuda) == "13.0"
+    assert cuda_of_version_py("__version__ = '2.13.0+cpu'\ncuda: Optional[str] = None\n") is None
+    assert cuda_of_version_py('cuda = "12.8"\nhip = None\n') == "12.8"
 
 
 # ---- the command -------------------------------------------------------------------------------

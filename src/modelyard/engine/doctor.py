@@ -13,7 +13,6 @@ cannot be read is reported as unknown.
 
 from __future__ import annotations
 
-import functools
 import importlib.metadata
 import json
 import os
@@ -48,7 +47,8 @@ from modelyard.wire.doctor import (
 if TYPE_CHECKING:
     from modelyard.engine.state import EngineState
 
-__all__ = ["engine_report", "gather", "nvml_accounting", "simulated_gpus", "torch_facts"]
+__all__ = ["cuda_of_version_py", "engine_report", "gather", "nvml_accounting", "simulated_gpus",
+           "torch_facts"]
 
 # Memory in use with no process listed above this (the driver itself holds a few hundred MiB):
 # NVML's per-process readings are empty, not merely idle.
@@ -138,13 +138,33 @@ def _torch_build(dist: importlib.metadata.Distribution) -> str | None:
         text = Path(str(dist.locate_file("torch/version.py"))).read_text()
     except OSError:
         return None
+    return cuda_of_version_py(text)
+
+
+def cuda_of_version_py(text: str) -> str | None:
+    """`cuda` of torch's version.py (`cuda: Optional[str] = '12.8'`, or None: a CPU build)."""
     match = _CUDA_LINE.search(text)
     return (match.group(1) or match.group(2)) if match else None
 
 
-@functools.lru_cache(maxsize=8)
+# What the child process said, by (python, visible devices, torch install): torch is imported
+# once per install and device set, not on every report. Failures are not kept (a timeout on a
+# busy machine may pass the next time).
+_TORCH_SEEN: dict[tuple[str, str | None, str], dict[str, object]] = {}
+
+
 def _torch_runtime(python: str, visible: str | None, stamp: str,
                    timeout_s: float) -> dict[str, object]:
+    key = (python, visible, stamp)
+    if key not in _TORCH_SEEN:
+        found = _ask_torch(python, visible, timeout_s)
+        if "error" in found:
+            return found
+        _TORCH_SEEN[key] = found
+    return _TORCH_SEEN[key]
+
+
+def _ask_torch(python: str, visible: str | None, timeout_s: float) -> dict[str, object]:
     env = dict(os.environ)
     if visible is None:
         env.pop("CUDA_VISIBLE_DEVICES", None)
