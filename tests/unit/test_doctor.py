@@ -57,6 +57,12 @@ CUDA_TORCH = Torch(installed=True, version="2.13.0+cu130", cuda="13.0", cuda_ava
                    device_count=1)
 
 
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No built llama-server, no failed-build log from this machine's cache."""
+    monkeypatch.setenv("MODELYARD_CACHE", str(tmp_path / "cache"))
+
+
 def gpu_engine(**changes: Any) -> EngineDoctor:
     """An engine on a real GPU where everything works."""
     base = EngineDoctor(
@@ -89,6 +95,14 @@ def test_a_cpu_only_llama_server_on_a_gpu_is_an_error_with_its_fix() -> None:
     mine = cpu_build.model_copy(update={"configured": True})
     _, fix = codes(gpu_engine(llama_server=mine))["llama_server_no_gpu"]
     assert "llama_server_path" in fix and BUILD_CUDA.removeprefix("run ") in fix
+
+
+def test_a_gpu_build_that_failed_before_is_named_in_the_fix() -> None:
+    failed = LlamaServer(path="/c/llama-server-11434.0.0-avx2/llama-server", found=True,
+                         devices=(), failed_builds=("/c/llama-server-11434.0.0-cuda-sm90.failed",))
+    _, fix = codes(gpu_engine(llama_server=failed))["llama_server_no_gpu"]
+    assert fix == ("a GPU build failed before: read /c/llama-server-11434.0.0-cuda-sm90.failed, "
+                   "fix what it says, delete it, then " + BUILD_CUDA)
 
 
 def test_a_listing_llama_server_could_not_give_is_unknown_not_no_gpu() -> None:
@@ -270,8 +284,12 @@ def test_the_driver_and_gpus_from_nvidia_smi_and_a_cpu_llama_server(
     smi = fake_smi(tmp_path, monkeypatch, "two_gpus.csv",
                    "0, 570.124.06, 8.9\\n1, 570.124.06, 8.6\\n")
     binary = fake_llama_server(tmp_path / "cpu", "cpu_only.txt")
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "llama-server-11434.0.0-cuda-sm89.failed").write_text("nvcc: error")
     s = settings(tmp_path, llama_server_path=binary)
     part = gather(s, "local", quick=True, nvml=NvmlProbe(NoNvml()), nvml_bindings=None)
+    assert part.llama_server.failed_builds == (
+        str(tmp_path / "cache" / "llama-server-11434.0.0-cuda-sm89.failed"),)
     assert part.driver == Driver(version="570.124.06", source="nvidia-smi", nvidia_smi=str(smi))
     assert [(g.index, g.name, g.compute_capability, g.temperature_c) for g in part.gpus] == [
         (0, "NVIDIA GeForce RTX 4090", "8.9", 45), (1, "NVIDIA GeForce RTX 3090", "8.6", 71)]

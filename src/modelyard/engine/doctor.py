@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from modelyard.config import Settings
+from modelyard.config import LLAMA_SERVER_VERSION, Settings, cache_dir
 from modelyard.engine.backends.llamacpp import binary_version
 from modelyard.engine.ledger import simulated_device
 from modelyard.hw.backend_devices import llama_server_devices
@@ -218,18 +218,29 @@ def torch_facts(*, quick: bool = False, env: Mapping[str, str] | None = None,
     )
 
 
+def _failed_builds() -> tuple[str, ...]:
+    """The logs provide-llama-server.sh leaves for a GPU build that failed (it falls back to
+    the CPU build and does not retry while the log is there)."""
+    try:
+        found = sorted(cache_dir().glob(f"llama-server-{LLAMA_SERVER_VERSION}-*.failed"))
+    except OSError:
+        return ()
+    return tuple(str(f) for f in found)
+
+
 def _llama_server(settings: Settings, env: Mapping[str, str] | None) -> LlamaServer:
     configured = settings.llama_server_path is not None
     binary = settings.resolve_llama_server()
+    failed = _failed_builds()
     if binary is None:
         where = str(settings.llama_server_path) if configured else None
-        return LlamaServer(path=where, configured=configured)
+        return LlamaServer(path=where, configured=configured, failed_builds=failed)
     listed = llama_server_devices(binary, env, timeout_s=LIST_DEVICES_TIMEOUT_S)
     devices = None if listed is None else tuple(
         ListedDevice(name=d.name, description=d.description, total_bytes=d.total_bytes,
                      api=d.api) for d in listed)
     return LlamaServer(path=str(binary), configured=configured, found=True,
-                       version=binary_version(binary), devices=devices)
+                       version=binary_version(binary), devices=devices, failed_builds=failed)
 
 
 def _real_gpus(probe: NvmlProbe, visible: str | None, run: RunFn,

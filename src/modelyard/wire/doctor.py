@@ -112,6 +112,9 @@ class LlamaServer(_Model):
     version: str | None = Field(None, description="Its `--version` line.")
     devices: tuple[ListedDevice, ...] | None = Field(
         None, description="What `--list-devices` lists; null: unknown (it failed or timed out).")
+    failed_builds: tuple[str, ...] = Field(
+        (), description="Logs of GPU builds that failed (`<cache folder>.failed`): "
+                        "provide-llama-server.sh does not retry them.")
 
     @property
     def gpu_devices(self) -> tuple[ListedDevice, ...] | None:
@@ -257,6 +260,9 @@ def _engine_problems(e: EngineDoctor) -> Iterable[tuple[str, Severity, str, str]
     elif some_gpu and not ls.gpu_devices:
         fix = (f"point `llama_server_path` at a CUDA or Vulkan build, or unset it and "
                f"{_BUILD_CUDA}" if ls.configured else _BUILD_CUDA)
+        if ls.failed_builds and not ls.configured:
+            fix = (f"a GPU build failed before: read {ls.failed_builds[0]}, fix what it says, "
+                   f"delete it, then {_BUILD_CUDA}")
         yield ("llama_server_no_gpu", gpu_level,
                f"GPU present but llama-server has no GPU backend ({ls.path} lists no GPU): "
                f"GGUF models run on the CPU{note}", fix)
