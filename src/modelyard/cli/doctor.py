@@ -17,7 +17,7 @@ import httpx
 import typer
 from rich.console import Console, Group
 from rich.markup import escape
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 
 from modelyard import __version__
@@ -138,7 +138,8 @@ def render(report: DoctorReport, where: str) -> Group:
         f"[bold]modelyard doctor[/bold] {report.version} — {escape(where)}\n"
         f"host: {host.cpus} CPUs, RAM {_gib(host.ram_available_bytes)} available of "
         f"{_gib(host.ram_total_bytes)}")
-    disks = Table("DISK", "PATH", "FREE / TOTAL", box=None, padding=(0, 2))
+    disks = Table(Column("DISK", no_wrap=True), "PATH", "FREE / TOTAL", box=None,
+                  padding=(0, 2))
     for d in report.disks:
         disks.add_row(d.what, d.path, f"{_gib(d.free_bytes)} / {_gib(d.total_bytes)}")
     problems = _problems(report.problems) or ["[green]no problem found[/green]"]
