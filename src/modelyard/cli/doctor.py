@@ -138,7 +138,8 @@ def render(report: DoctorReport, where: str) -> Group:
         f"[bold]modelyard doctor[/bold] {report.version} — {escape(where)}\n"
         f"host: {host.cpus} CPUs, RAM {_gib(host.ram_available_bytes)} available of "
         f"{_gib(host.ram_total_bytes)}")
-    disks = Table(Column("DISK", no_wrap=True), "PATH", "FREE / TOTAL", box=None,
+    disks = Table(Column("DISK", no_wrap=True), Column("PATH", overflow="fold"),
+                  Column("FREE / TOTAL", no_wrap=True), box=None,
                   padding=(0, 2))
     for d in report.disks:
         disks.add_row(d.what, d.path, f"{_gib(d.free_bytes)} / {_gib(d.total_bytes)}")
