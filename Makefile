@@ -54,7 +54,10 @@ demo-safetensors: demo-model
 	@$(BIN)/python scripts/provide_demo_safetensors.py \
 	  "$$(PYTHON=$(BIN)/python bash scripts/provide-demo-model.sh)" "$(DEMO_ST)"
 
+# The doctor's few lines first (driver, GPUs, what llama-server and torch can open, disk, RAM,
+# each problem's fix): gathered here, without importing torch, in about a CLI start's time.
 run: install llama-server demo-model
+	@$(BIN)/modelyard doctor --summary --local || true
 	$(BIN)/modelyard serve
 
 # The e2e tier needs the real llama-server and demo model: here they are provided, so the

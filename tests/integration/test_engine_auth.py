@@ -67,6 +67,7 @@ def test_without_the_secret_every_route_is_refused(engine: tuple[int, str, int])
     port, _, _ = engine
     host = {"Host": f"127.0.0.1:{port}"}
     for method, path in [("GET", "/health"), ("GET", "/status"), ("GET", "/diag"),
+                         ("GET", "/doctor"),
                          ("POST", "/rescan"), ("POST", "/models/m1/load"),
                          ("POST", "/models/m1/unload"), ("POST", "/reload"),
                          ("GET", "/logs?model=m1"), ("GET", "/logs/stream?model=m1"),

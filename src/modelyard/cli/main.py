@@ -497,6 +497,7 @@ def _register_account_commands() -> None:
     from modelyard.cli.accounts import tokens_app, users_app
     from modelyard.cli.cluster import cluster_app, join
     from modelyard.cli.db import db_app
+    from modelyard.cli.doctor import doctor
     from modelyard.cli.limits import limits_app
     from modelyard.cli.usage import usage
 
@@ -507,6 +508,7 @@ def _register_account_commands() -> None:
     app.add_typer(db_app, name="db")
     app.add_typer(limits_app, name="limits")
     app.command()(usage)
+    app.command()(doctor)
 
 
 _register_account_commands()

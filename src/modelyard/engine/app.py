@@ -4,6 +4,9 @@ only by the front.
     GET    /health                      liveness, and the port of the lease channel
     GET    /status                      models, their state and leases
     GET    /diag                        the device this engine owns
+    GET    /doctor                      its GPUs, driver, NVML accounting and backends' builds
+                                        (wire/doctor.py EngineDoctor; takes seconds: torch is
+                                        asked in a child process)
     POST   /models/{id}/load            load a model (evicting if needed) and keep it per keep-alive
     POST   /models/{id}/unload          unload a model once its requests in flight are done
     POST   /rescan                      take the front's catalog (wire/catalog.py: the body), or
@@ -46,6 +49,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from modelyard import __version__, metrics
 from modelyard.config import Settings
+from modelyard.engine.doctor import engine_report
 from modelyard.engine.lease_channel import engine_protocol, serve_lease_channel
 from modelyard.engine.logs import model_log
 from modelyard.engine.loop import Engine
@@ -119,6 +123,10 @@ def create_engine_app(
 
     async def diag(_: Request) -> Response:
         return JSONResponse(engine.diag())
+
+    async def doctor(_: Request) -> Response:
+        found = await asyncio.to_thread(engine_report, engine)
+        return JSONResponse(found.model_dump(mode="json"))
 
     async def load(request: Request) -> Response:
         name = request.path_params["model"]
@@ -242,6 +250,7 @@ def create_engine_app(
         Route("/health", health),
         Route("/status", status),
         Route("/diag", diag),
+        Route("/doctor", doctor),
         Route("/models/{model:path}/load", load, methods=["POST"]),
         Route("/models/{model:path}/unload", unload, methods=["POST"]),
         Route("/rescan", rescan, methods=["POST"]),

@@ -139,6 +139,27 @@ class NvmlProbe:
             return None
         return self._temperature(nvml, handle)
 
+    def driver_version(self) -> str | None:
+        """The NVIDIA driver's version (e.g. 570.124.06), or None when NVML cannot say."""
+        nvml = self._init()
+        if nvml is None:
+            return None
+        return _text(self._field(nvml, "nvmlSystemGetDriverVersion"))
+
+    def compute_capability(self, index: int) -> str | None:
+        """`major.minor` of NVML device `index` (9.0 for an H100/H200), or None."""
+        nvml = self._init()
+        if nvml is None:
+            return None
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        except self._errors(nvml):
+            return None
+        found = self._field(nvml, "nvmlDeviceGetCudaComputeCapability", handle)
+        if not found or len(found) != 2:
+            return None
+        return f"{int(found[0])}.{int(found[1])}"
+
     def shutdown(self) -> None:
         """Release NVML (it is reference counted by the library); safe to call twice."""
         if not self._initialized:

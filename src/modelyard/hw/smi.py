@@ -127,3 +127,51 @@ def query_gpus(run: RunFn = subprocess.run, timeout_s: float = 5.0) -> list[Devi
     if isinstance(stdout, bytes):
         stdout = stdout.decode("utf-8", errors="replace")
     return parse_query_gpu_csv(str(stdout))
+
+
+# The driver and each GPU's compute capability, asked apart from the main query: `compute_cap`
+# is a newer field (drivers from 2021), and an unknown field fails the whole query.
+DRIVER_ARGS: tuple[str, ...] = (
+    "nvidia-smi", "--query-gpu=index,driver_version,compute_cap",
+    "--format=csv,noheader,nounits",
+)
+DRIVER_ONLY_ARGS: tuple[str, ...] = (
+    "nvidia-smi", "--query-gpu=index,driver_version", "--format=csv,noheader,nounits",
+)
+
+
+def parse_driver_csv(text: str) -> tuple[str | None, dict[int, str]]:
+    """(driver version, {index: compute capability}) from DRIVER_ARGS' (or DRIVER_ONLY_ARGS')
+    output; unreadable values are left out."""
+    driver: str | None = None
+    caps: dict[int, str] = {}
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 2:
+            continue
+        index = _to_int(parts[0])
+        if index is None:
+            continue
+        driver = driver or _clean(parts[1])
+        cap = _clean(parts[2]) if len(parts) > 2 else None
+        if cap is not None:
+            caps[index] = cap
+    return driver, caps
+
+
+def query_driver(run: RunFn = subprocess.run,
+                 timeout_s: float = 5.0) -> tuple[str | None, dict[int, str]]:
+    """The driver's version and the GPUs' compute capabilities by nvidia-smi; (None, {}) when
+    it is absent, fails or hangs."""
+    for args in (DRIVER_ARGS, DRIVER_ONLY_ARGS):
+        try:
+            proc = run(list(args), capture_output=True, text=True, timeout=timeout_s,
+                       check=False)
+        except (OSError, subprocess.SubprocessError, ValueError):
+            return None, {}
+        if proc.returncode == 0 and proc.stdout:
+            stdout = proc.stdout
+            if isinstance(stdout, bytes):
+                stdout = stdout.decode("utf-8", errors="replace")
+            return parse_driver_csv(str(stdout))
+    return None, {}

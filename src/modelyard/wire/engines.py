@@ -25,6 +25,7 @@ from modelyard.errors import ModelyardError
 from modelyard.types import Lease
 from modelyard.wire.catalog import CatalogSnapshot
 from modelyard.wire.cluster import NodeReport
+from modelyard.wire.doctor import EngineDoctor
 from modelyard.wire.logs import LogLine
 from modelyard.wire.status import EngineStatus
 
@@ -83,6 +84,11 @@ class EngineClient(Protocol):
         ...
 
     async def diag(self) -> dict[str, Any]: ...
+
+    async def doctor(self) -> EngineDoctor:
+        """What `modelyard doctor` needs of this engine: its GPUs, driver, NVML accounting and
+        backends' builds (seconds: torch is asked in a child process)."""
+        ...
 
     # ---- logs -------------------------------------------------------------------------------
 

@@ -5,6 +5,9 @@
     GET  /admin/engines              each engine: up, device memory, scheduler figures, models
     POST /admin/reload               re-read the config file (front/ops/reload.py); 400 names the
                                      field of an invalid one, which changes nothing
+    GET  /admin/doctor               `modelyard doctor`: each engine's GPUs, driver, NVML
+                                     accounting and backends, the host's RAM and disks, and each
+                                     problem with its fix (front/ops/doctor.py, wire/doctor.py)
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from modelyard.front.ops.doctor import server_report
 from modelyard.front.state import read_json_object, state_of, validate
 
 
@@ -65,9 +69,16 @@ async def reload(request: Request) -> Response:
     return _json(await state_of(request).ops.reloader.reload())
 
 
+async def doctor(request: Request) -> Response:
+    state = state_of(request)
+    report = await server_report(state.catalog.settings, list(state.dispatch.engines))
+    return _json(report.model_dump(mode="json"))
+
+
 routes = [
     Route("/admin/models/{model:path}/load", load, methods=["POST"]),
     Route("/admin/models/{model:path}/unload", unload, methods=["POST"]),
     Route("/admin/engines", engines, methods=["GET"]),
     Route("/admin/reload", reload, methods=["POST"]),
+    Route("/admin/doctor", doctor, methods=["GET"]),
 ]

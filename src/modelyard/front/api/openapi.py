@@ -44,6 +44,7 @@ from modelyard.front.chat import anthropic_shapes
 from modelyard.front.identity.auth import LOGIN_COOKIE, RouteClass, route_class
 from modelyard.front.ops.logs import MAX_LIMIT
 from modelyard.rerank_shapes import MAX_DOCUMENTS
+from modelyard.wire.doctor import DoctorReport
 
 JSON = "application/json"
 SSE = "text/event-stream"
@@ -138,6 +139,7 @@ class Op:
     body_media: str = JSON
     query: tuple[tuple[str, Schema], ...] = ()
     answers: tuple[str, ...] = (JSON,)  # media types of a successful answer
+    answer: type[BaseModel] | None = None  # the JSON answer's model, where it has one
 
 
 _STR: Schema = {"type": "string"}
@@ -286,6 +288,9 @@ OPERATIONS: dict[tuple[str, str], Op] = {
     ("POST", "/admin/models/{model:path}/unload"): Op("admin", "Unload a model"),
     ("GET", "/admin/engines"): Op("admin", "Engines and queues"),
     ("POST", "/admin/reload"): Op("admin", "Reload the config file"),
+    ("GET", "/admin/doctor"): Op(
+        "admin", "Driver, GPUs, backends' builds and devices, disk and RAM, each problem with "
+        "its fix (`modelyard doctor`)", answer=DoctorReport),
     ("POST", "/admin/rescan"): Op("admin", "Rescan the model folders"),
     ("POST", "/admin/import"): Op("admin", "Import a folder's GGUF files", pulls.ImportRequest),
     ("GET", "/admin/logs"): Op("admin", "Log lines", query=_LOGS_QUERY),
@@ -345,7 +350,8 @@ _SECURITY: list[dict[str, list[str]]] = [{"bearer": []}, {"session": []}]
 _OPEN_SECURITY = [*_SECURITY, {}]
 
 
-def _operation(method: str, path: str, op: Op, bodies: dict[type[BaseModel], Schema]) -> Schema:
+def _operation(method: str, path: str, op: Op, bodies: dict[type[BaseModel], Schema],
+               answers: dict[type[BaseModel], Schema]) -> Schema:
     params: list[Schema] = [
         {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
         for name in _PARAM.findall(path)
@@ -363,7 +369,9 @@ def _operation(method: str, path: str, op: Op, bodies: dict[type[BaseModel], Sch
         "x-modelyard-route-class": str(cls),
         "security": security,
         "responses": {
-            "200": {"description": "OK", "content": {media: {} for media in op.answers}},
+            "200": {"description": "OK", "content": {
+                media: {"schema": answers[op.answer]} if op.answer and media == JSON else {}
+                for media in op.answers}},
             "default": {"description": "An error, in the API family's shape",
                         "content": {JSON: {"schema": error}}},
         },
@@ -380,12 +388,17 @@ def _operation(method: str, path: str, op: Op, bodies: dict[type[BaseModel], Sch
 def document() -> Schema:
     models = sorted({op.body for op in OPERATIONS.values() if op.body is not None},
                     key=lambda m: m.__qualname__)
-    refs, defs = models_json_schema([(m, "validation") for m in models], ref_template=_REF)
+    shown = sorted({op.answer for op in OPERATIONS.values() if op.answer is not None},
+                   key=lambda m: m.__qualname__)
+    refs, defs = models_json_schema(
+        [(m, "validation") for m in models] + [(m, "serialization") for m in shown],
+        ref_template=_REF)
     bodies = {m: refs[(m, "validation")] for m in models}
+    answers = {m: refs[(m, "serialization")] for m in shown}
     paths: dict[str, Schema] = {}
     for (method, path), op in OPERATIONS.items():
         paths.setdefault(openapi_path(path), {})[method.lower()] = _operation(
-            method, path, op, bodies)
+            method, path, op, bodies, answers)
     return {
         "openapi": "3.1.0",
         "info": {"title": "modelyard", "version": __version__,

@@ -34,6 +34,7 @@ from modelyard.front.engines.lease_client import LeaseClient
 from modelyard.serving import ENGINE_CLIENT_KEEPALIVE_S
 from modelyard.types import Lease
 from modelyard.wire.catalog import CatalogSnapshot
+from modelyard.wire.doctor import EngineDoctor
 from modelyard.wire.engines import EngineClient, SlotAction
 from modelyard.wire.logs import LogLine, LogSource
 
@@ -41,6 +42,8 @@ __all__ = ["ENGINE_RETRY_AFTER_S", "EngineClient", "HttpEngineClient"]
 from modelyard.wire.status import EngineStatus
 
 ENGINE_RETRY_AFTER_S = 2.0
+# An engine's doctor report waits for torch's import in a child process (engine/doctor.py).
+DOCTOR_TIMEOUT_S = 120.0
 
 log = logging.getLogger("modelyard.front.engines.client")
 
@@ -237,6 +240,11 @@ class HttpEngineClient:
 
     async def diag(self) -> dict[str, Any]:
         return dict(await self._call("GET", "/diag", timeout=self._report_timeout))
+
+    async def doctor(self) -> EngineDoctor:
+        # Not the report timeout: the engine imports torch in a child process to answer.
+        return EngineDoctor.model_validate(await self._call(
+            "GET", "/doctor", timeout=aiohttp.ClientTimeout(total=DOCTOR_TIMEOUT_S)))
 
     async def read_log(
         self, model: str | None, after: int | None, limit: int

@@ -40,6 +40,7 @@ from modelyard.proc.process import ChildProcess
 from modelyard.store.registry import ModelRegistry
 from modelyard.types import Lease
 from modelyard.wire.catalog import CatalogSnapshot
+from modelyard.wire.doctor import EngineDoctor
 from modelyard.wire.engines import EngineSet, SlotAction
 from modelyard.wire.logs import LogLine
 from modelyard.wire.status import EngineStatus
@@ -147,6 +148,11 @@ class LocalEngineClient:
 
     async def diag(self) -> dict[str, Any]:
         return self.engine.diag()
+
+    async def doctor(self) -> EngineDoctor:
+        from modelyard.engine.doctor import engine_report
+
+        return await asyncio.to_thread(engine_report, self.engine)
 
     def watch(self, relay: Abortable) -> Callable[[], None]:
         return _nothing  # in this process: it cannot stop while the front runs
