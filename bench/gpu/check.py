@@ -319,6 +319,8 @@ class Ctx:
     work: Path
     models: dict[str, Path] = field(default_factory=dict)  # "0.5b-gguf" → path
     binary: Path | None = None
+    # The running step's result so far: kept when the step runs out of time.
+    partial: dict[str, Any] = field(default_factory=dict)
 
     @property
     def dry(self) -> bool:
@@ -340,7 +342,7 @@ def sizes(ctx: Ctx) -> list[str]:
 
 
 async def step_standins(ctx: Ctx) -> dict[str, Any]:
-    made = {}
+    made = ctx.partial
     for size in sizes(ctx):
         for fmt in ("gguf", "st"):
             t0 = time.perf_counter()
@@ -364,7 +366,7 @@ def model_entry(ctx: Ctx, key: str, **extra: Any) -> dict[str, Any]:
 async def memory_truth(ctx: Ctx, fmt: str) -> dict[str, Any]:
     keys = [f"{s}-{fmt}" for s in sizes(ctx) if s != "demo" or ctx.dry]
     config = {**ctx.base_config(), "models": [model_entry(ctx, k) for k in keys]}
-    rows = {}
+    rows = ctx.partial
     async with Server(ctx.work, f"memory-{fmt}", config) as server, \
             httpx.AsyncClient() as client:
         for key in keys:
@@ -400,13 +402,16 @@ async def memory_truth(ctx: Ctx, fmt: str) -> dict[str, Any]:
                 row["estimate_over_truth"] = round(estimate / truth, 3)
             rows[key] = row
             await server.unload(client, key)
-            await wait_for(lambda b=before: settled(ctx, b), 60, f"{key}: memory back")
+            # The engine waits for the device to free it (DESIGN.md §3 rule 7) before the
+            # record leaves memory; what the device still shows then did not come back.
+            await wait_for(lambda k=key: gone(server, client, k), 60, f"{key}: unloaded")
+            row["not_returned_bytes"] = ctx.device.used_bytes() - before
     return rows
 
 
-async def settled(ctx: Ctx, before: int) -> bool:
-    slack = 512 * MIB if ctx.dry else 256 * MIB
-    return ctx.device.used_bytes() <= before + slack
+async def gone(server: Server, client: httpx.AsyncClient, key: str) -> bool:
+    rec = await server.model(client, key)
+    return rec is None or rec.get("state") not in ("ready", "loading", "stopping")
 
 
 async def step_memory_truth_transformers(ctx: Ctx) -> dict[str, Any]:
@@ -420,15 +425,17 @@ async def step_memory_truth_gguf(ctx: Ctx) -> dict[str, Any]:
 async def step_batching_transformers(ctx: Ctx) -> dict[str, Any]:
     key = "demo-st" if ctx.dry else "0.5b-st"
     streams = [1, 2] if ctx.dry else [1, 8, 32]
-    tokens = 8 if ctx.dry else 64
+    tokens = 4 if ctx.dry else 64
     config = {**ctx.base_config(),
               "models": [model_entry(ctx, key, max_batch_size=max(streams))]}
-    out: dict[str, Any] = {"model": key, "max_tokens": tokens}
+    out = ctx.partial
+    out.update({"model": key, "max_tokens": tokens})
     async with Server(ctx.work, "batching", config) as server, httpx.AsyncClient() as client:
         await server.load(client, key)
         await drive(server.url, key, 2, 2, 4)  # warm-up
         for n in streams:
-            out[f"streams_{n}"] = (await drive(server.url, key, n, n * 2, tokens)).summary()
+            count = n if ctx.dry else n * 2
+            out[f"streams_{n}"] = (await drive(server.url, key, n, count, tokens)).summary()
         out["record"] = await server.model(client, key)
     one = out["streams_1"]["tokens_per_s"] or 0
     top = out[f"streams_{streams[-1]}"]["tokens_per_s"] or 0
@@ -462,13 +469,33 @@ async def step_gpu_tests(ctx: Ctx) -> dict[str, Any]:
     return {"returncode": proc.returncode, "tail": tail}
 
 
+async def step_doctor(ctx: Ctx) -> dict[str, Any]:
+    """`modelyard doctor --local --json` with the check's llama-server: the driver, NVML's
+    per-process accounting, what each backend build can open, as a user would see them."""
+    config = ctx.work / "doctor.yaml"
+    config.write_text(yaml.safe_dump({"home": str(ctx.work / "home-doctor"),
+                                      **({"llama_server_path": str(ctx.binary)}
+                                         if ctx.binary else {})}))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "modelyard", "doctor", "--local", "--json", "--config",
+        str(config), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await proc.communicate()
+    try:
+        report = json.loads(out)
+    except ValueError:
+        return {"returncode": proc.returncode, "stdout": out.decode()[-2000:],
+                "stderr": err.decode()[-2000:]}
+    return {"returncode": proc.returncode, "report": report}
+
+
 async def step_throughput_llamacpp(ctx: Ctx) -> dict[str, Any]:
     key = "demo-gguf" if ctx.dry else "0.5b-gguf"
     levels = [1, 2] if ctx.dry else [1, 8, 64]
-    per_level = {1: 16, 2: 8, 8: 64, 64: 256}
-    tokens = 8 if ctx.dry else 32
+    per_level = {1: 4, 2: 4} if ctx.dry else {1: 16, 8: 64, 64: 256}
+    tokens = 4 if ctx.dry else 32
     config = {**ctx.base_config(), "models": [model_entry(ctx, key)]}
-    out: dict[str, Any] = {"model": key, "max_tokens": tokens}
+    out = ctx.partial
+    out.update({"model": key, "max_tokens": tokens})
     async with Server(ctx.work, "throughput", config) as server, \
             httpx.AsyncClient() as client:
         await server.load(client, key)
@@ -486,7 +513,7 @@ async def step_throughput_llamacpp(ctx: Ctx) -> dict[str, Any]:
             await wait_for(lambda: get_ok(f"{direct_url}/health"), 300, "direct llama-server",
                            direct)
             for url in (direct_url, server.url):
-                await drive(url, key, 4, 8, 4)  # warm-up
+                await drive(url, key, 2, 2, 4)  # warm-up
             for c in levels:
                 row = {}
                 for target, url in (("direct", direct_url), ("modelyard", server.url)):
@@ -553,7 +580,8 @@ class Holder:
 
 async def step_scheduling(ctx: Ctx) -> dict[str, Any]:
     """Fill a GPU with ~24 GiB left, ask for one more model, then for one that cannot fit."""
-    out: dict[str, Any] = {}
+    out = ctx.partial
+    out.update({})
     holder = None
     if ctx.dry:
         # A simulated 4 GiB GPU: stand-ins of the demo's shape fill it (each ~0.3 GiB F16).
@@ -627,7 +655,8 @@ async def step_swap(ctx: Ctx) -> dict[str, Any]:
     """Two models that cannot be loaded together (max_loaded_models 1): each request evicts the
     other. Cold: no warm tier, no read-ahead; warm: both on."""
     a, b = ("demo-gguf", "demo-st") if ctx.dry else ("3b-gguf", "3b-st")
-    out: dict[str, Any] = {}
+    out = ctx.partial
+    out.update({})
     for arm, extra in (("cold", {"warm_tier_bytes": 0, "gguf_read_ahead": False}),
                        ("warm", {"warm_tier_bytes": 32 * GIB, "gguf_read_ahead": True})):
         config = {**ctx.base_config(), **extra, "max_loaded_models": 1,
@@ -664,6 +693,7 @@ STEPS = [
     Step("batching_transformers", step_batching_transformers, 60),
     # The first step that needs llama-server waits for the background build out of its budget.
     Step("memory_truth_gguf", step_memory_truth_gguf, 240, needs_binary=True),
+    Step("doctor", step_doctor, 45),
     Step("gpu_tests", step_gpu_tests, 120, needs_binary=True),
     Step("scheduling", step_scheduling, 90, needs_binary=True),
     Step("throughput_llamacpp", step_throughput_llamacpp, 60, needs_binary=True),
@@ -740,14 +770,17 @@ async def run(args: argparse.Namespace) -> int:
                 continue
         print(f"[{time.monotonic() - start:6.1f} s] {step.name} (budget {budget:.0f} s)",
               flush=True)
+        ctx.partial = {}
         try:
             entry["result"] = await asyncio.wait_for(step.run(ctx),
                                                      budget - (time.monotonic() - t0))
             entry["status"] = "ok"
         except TimeoutError:
             entry["status"] = "timeout"
+            entry["result"] = ctx.partial
         except Exception as exc:
             entry["status"] = "failed"
+            entry["result"] = ctx.partial
             entry["error"] = "".join(traceback.format_exception(exc))[-3000:]
         entry["seconds"] = round(time.monotonic() - t0, 1)
         print(f"[{time.monotonic() - start:6.1f} s] {step.name}: {entry['status']}", flush=True)
