@@ -134,7 +134,11 @@ def ps_row(out: list[dict[str, Any]], entry: Entry, listed: dict[str, dict[str, 
            if k != "modified_at"}
     size = m.memory.measured_bytes or m.memory.reserved_bytes or entry.size_bytes or 0
     vram = size if on_gpu else 0
-    if on_gpu and m.placement is not None and m.placement.offloaded:
+    if m.placement is not None and not m.placement.device_bytes and m.placement.host_bytes:
+        # On the CPU of an engine with GPUs (its backend cannot use them): none of it in VRAM.
+        vram = 0
+        size = m.memory.host_bytes or m.placement.host_bytes
+    elif on_gpu and m.placement is not None and m.placement.offloaded:
         # A partial offload: its layers in host RAM are part of `size`, not of `size_vram`
         # (Ollama's clients show the split from these two).
         vram = m.placement.bytes
@@ -149,6 +153,8 @@ def ps_row(out: list[dict[str, Any]], entry: Entry, listed: dict[str, dict[str, 
         "context_length": _context_length(entry, info, default_ctx_size),
         "engine": engine,
     })
+    if m.cpu_reason is not None:  # why it is on the CPU (modelyard's own field)
+        row["cpu_reason"] = m.cpu_reason
     out.append(row)
 
 
