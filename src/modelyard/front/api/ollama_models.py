@@ -24,6 +24,7 @@ from modelyard import __version__
 from modelyard.errors import InvalidRequest, ModelyardError
 from modelyard.front.api.ollama_caps import capabilities, gguf_info, model_info
 from modelyard.front.chat.translate import rfc3339
+from modelyard.front.identity.principal import principal_of
 from modelyard.front.state import read_json_object, state_of, validate
 from modelyard.store.estimate import safetensors_params
 from modelyard.store.gguf import GgufInfo
@@ -107,6 +108,7 @@ async def ps(request: Request) -> Response:
     catalog = state.catalog
     listed = catalog.memo("ollama.by_name", _by_name)
     running: list[dict[str, Any]] = []
+    admin = principal_of(request).can("admin")
     for engine in state.dispatch.engines:
         if not engine.up:
             continue
@@ -121,15 +123,17 @@ async def ps(request: Request) -> Response:
             if m.state != "ready" or entry is None:
                 continue
             ps_row(running, entry, listed, m, engine.name, on_gpu,
-                   catalog.settings.default_ctx_size)
+                   catalog.settings.default_ctx_size, admin=admin)
     return _json({"models": running})
 
 
 def ps_row(out: list[dict[str, Any]], entry: Entry, listed: dict[str, dict[str, Any]],
-           m: ModelStatus, engine: str, on_gpu: bool, default_ctx_size: int) -> None:
+           m: ModelStatus, engine: str, on_gpu: bool, default_ctx_size: int, *,
+           admin: bool = True) -> None:
     """One /api/ps row: `size` what the model holds in memory (its measured or reserved bytes,
     else its file, plus host RAM of a partial offload), `size_vram` the part of it on GPUs
-    (never more than `size`)."""
+    (never more than `size`); a model on the CPU of an engine with GPUs, `cpu_reason` (a
+    client without the admin scope gets it without its details: they name local paths)."""
     row = {k: v for k, v in (listed.get(entry.name) or _tag(entry, entry.name)).items()
            if k != "modified_at"}
     size = m.memory.measured_bytes or m.memory.reserved_bytes or entry.size_bytes or 0
@@ -154,7 +158,7 @@ def ps_row(out: list[dict[str, Any]], entry: Entry, listed: dict[str, dict[str, 
         "engine": engine,
     })
     if m.cpu_reason is not None:  # why it is on the CPU (modelyard's own field)
-        row["cpu_reason"] = m.cpu_reason
+        row["cpu_reason"] = m.cpu_reason if admin else m.cpu_reason.split(":", 1)[0]
     out.append(row)
 
 
