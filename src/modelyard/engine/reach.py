@@ -166,12 +166,22 @@ class BackendReach:
             self._task = asyncio.get_running_loop().create_task(self._ask(), name="reach")
         await asyncio.shield(self._task)
 
+    def update(self, settings: Settings) -> None:
+        """A config reload: another `llama_server_path` is asked again, at the next `known()`
+        (what was found stays until then)."""
+        changed = settings.llama_server_path != self.settings.llama_server_path
+        self.settings = settings
+        if changed:
+            self._task = None
+
     async def _ask(self) -> None:
         try:
             found = await asyncio.to_thread(self._probe, self.settings)
         except Exception:
             log.exception("probing the backends' devices failed: assumed reachable")
             found = {}
+        if self._task is not asyncio.current_task():
+            return  # a reload asked again meanwhile: the newer answer wins
         self.found = found
         for r in found.values():
             if r.reason is not None:

@@ -125,6 +125,24 @@ async def test_the_engine_asks_once_and_says_so(tmp_path: Path) -> None:
     assert reach.to_json()["backends"]["llamacpp"]["reason"] == WHY
 
 
+async def test_a_reload_naming_another_binary_asks_again(tmp_path: Path) -> None:
+    binaries: list[object] = []
+
+    def probe(settings: Settings) -> dict[str, Reach]:
+        binaries.append(settings.llama_server_path)
+        return {}
+
+    first = Settings(home=tmp_path, probe_backend_devices="always",
+                     llama_server_path=tmp_path / "a")
+    reach = BackendReach(first, "simulated", 1, 0, probe=probe)
+    await reach.known()
+    reach.update(first.model_copy(update={"keep_alive_s": 5.0}))
+    await reach.known()
+    reach.update(first.model_copy(update={"llama_server_path": tmp_path / "b"}))
+    await reach.known()
+    assert binaries == [tmp_path / "a", tmp_path / "b"]
+
+
 async def test_simulated_gpus_are_reachable_unless_asked(tmp_path: Path) -> None:
     def probe(settings: Settings) -> dict[str, Reach]:
         raise AssertionError("not asked on simulated GPUs by default")
