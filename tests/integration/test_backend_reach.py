@@ -136,6 +136,10 @@ def test_a_build_without_gpu_support_runs_its_model_on_the_cpu_and_says_why(
     engine = status(server)["engines"][0]
     assert engine["devices"][0]["used_bytes"] == 0
     assert engine["cpu_backends"]["llamacpp"] == why
+    if "transformers" in engine["cpu_backends"]:  # a CPU build of torch too: no backend can
+        assert "no backend can use them" in engine["gpu_warning"]
+        log = (server.home / "logs" / "engine-0.log").read_text()
+        assert "no backend can use them" in log and "!!!!" in log  # loud, at start
 
     row = api_ps(server, "gguf")
     assert row["size_vram"] == 0 and row["size"] > 0 and row["cpu_reason"] == why
@@ -169,7 +173,8 @@ def test_a_build_that_lists_a_cuda_device_is_placed_on_the_gpu(
     assert m["cpu_reason"] is None
     assert m["placement"]["label"] == "gpu0" and m["placement"]["host_bytes"] == 0
     assert gpu_claim(server, m["pid"]) == GGUF_BYTES
-    assert "llamacpp" not in status(server)["engines"][0]["cpu_backends"]
+    engine = status(server)["engines"][0]
+    assert "llamacpp" not in engine["cpu_backends"] and engine["gpu_warning"] is None
     diag = httpx.get(server.url + "/diag", headers=server.admin_headers, timeout=10).json()
     reach = diag["engines"][0]["backend_reach"]["backends"]["llamacpp"]
     assert reach["devices"] == ["CUDA0: NVIDIA H200"] and reach["reason"] is None
