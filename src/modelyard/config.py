@@ -111,6 +111,13 @@ class _ModelBase(BaseModel):
         "transformers image-text-to-text repo, any OpenAI server; not services).",
     )
 
+    @property
+    def reach_backend(self) -> str:
+        """The backend whose reach to the GPUs decides where this model may go (the engine
+        probes `llamacpp` and `transformers`, engine/reach.py; any other is taken as
+        configured): engine and front key the engine's `cpu_backends` with it."""
+        return str(getattr(self, "backend", ""))
+
     @model_validator(mode="after")
     def _copies(self) -> _ModelBase:
         if self.max_replicas is not None and self.max_replicas < self.replicas:
@@ -186,6 +193,13 @@ class LlamaCppModel(_ModelBase):
         None, ge=0.0, le=1.0, description="Least draft probability to keep drafting "
         "(`--spec-draft-p-min`, greedy); null: llama-server's default (0).",
     )
+
+    @property
+    def reach_backend(self) -> str:
+        # A template that does not run `$llama_server` runs some other binary: as configured.
+        if self.argv is not None and not any("$llama_server" in a for a in self.argv):
+            return "openai"
+        return "llamacpp"
 
     @field_validator("draft_model", mode="after")
     @classmethod
@@ -317,6 +331,12 @@ class TransformersModel(_ModelBase):
         256, gt=0, description="Prompt tokens prefilled per step while other streams decode "
         "(smaller: smoother streams; larger: faster long prompts).",
     )
+
+    @property
+    def reach_backend(self) -> str:
+        # `runtime: vllm` is a child `vllm serve`, taken as configured; `auto` picks vLLM only
+        # where torch reaches a GPU (engine/backends/base.py `use_vllm`), so torch's reach holds.
+        return "vllm" if self.runtime == "vllm" else "transformers"
 
 
 ServiceKind = Literal["speech", "transcription", "image", "chat", "embeddings"]
@@ -700,6 +720,12 @@ class Settings(BaseSettings):
     simulate_gpus: str | None = Field(
         None, description="Simulated GPUs instead of real ones, e.g. `2x24GiB` or `24GiB,8GiB`: "
         "free memory is the total less what live processes claim.",
+    )
+    probe_backend_devices: Literal["auto", "always", "never"] = Field(
+        "auto", description="Ask each backend which GPUs it can use before placing on them "
+        "(llama-server `--list-devices`, torch's CUDA): a model whose backend cannot is placed "
+        "on the CPU, with the reason in its status. auto: on real GPUs (simulated ones are "
+        "reachable by every backend); always: on simulated GPUs too; never: assume reachable.",
     )
     keep_alive_s: float = Field(
         300.0, description="Idle time before a model is unloaded; negative: never."

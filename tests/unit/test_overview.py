@@ -32,7 +32,8 @@ def test_summary_devices_engines_services_and_scheduler() -> None:
     assert [m["model"] for m in up["models"]] == ["b"]  # stopped and services left out
     assert up["models"][0]["memory_bytes"] == 5500000000  # measured wins over reserved
     assert down == {"name": "engine-1", "up": False, "pid": None,
-                    "error": "engine-1 is restarting", "cooling": None, "models": []}
+                    "error": "engine-1 is restarting", "cooling": None, "gpu_warning": None,
+                    "models": []}
     assert view["services"] == [{"model": "tts", "engine": "engine-0", "state": "ready",
                                  "healthy": True, "url": "http://127.0.0.1:9000",
                                  "in_flight": 1, "memory_bytes": 500000000}]

@@ -93,6 +93,7 @@ STATUS: dict[str, Any] = {
         "placement": {"devices": [{"index": 0, "bytes": 2}, {"index": 1, "bytes": 1}],
                       "host_bytes": 1, "layers": [2, 1], "total_layers": 4,
                       "label": "gpu0+gpu1", "split": "25%/75% CPU/GPU"},
+        "cpu_reason": None,
     }],
     "devices": [{"kind": "simulated", "name": "simulated GPU 1", "total_bytes": 4,
                  "used_bytes": 2, "free_bytes": 2, "temperature_c": None, "utilization_pct": 0,
@@ -101,6 +102,9 @@ STATUS: dict[str, Any] = {
              "temperature_c": None, "utilization_pct": None, "reserved_loading_bytes": 0,
              "warm_bytes": 0, "index": 0},
     "storage_id": "5f0e", "missing_files": ["org/qwen:Q4_K_M"],
+    "cpu_backends": {"transformers": "backend has no GPU support: torch 2.13.0+cpu is a CPU "
+                                     "build (torch.version.cuda is None)"},
+    "gpu_warning": None,
 }
 
 
@@ -120,13 +124,16 @@ def test_engine_status_round_trips_byte_for_byte() -> None:
 def test_engine_status_from_an_engine_without_devices() -> None:
     """An engine that reports no device split (older, or one device) decodes leniently."""
     old = {k: v for k, v in STATUS.items()
-           if k not in ("devices", "host", "storage_id", "missing_files")}
-    old["models"] = [{k: v for k, v in STATUS["models"][0].items() if k != "placement"}]
+           if k not in ("devices", "host", "storage_id", "missing_files", "cpu_backends",
+                        "gpu_warning")}
+    old["models"] = [{k: v for k, v in STATUS["models"][0].items()
+                      if k not in ("placement", "cpu_reason")}]
     old["device"] = {k: v for k, v in STATUS["device"].items() if k != "index"}
     status = EngineStatus.from_json(old)
     assert status.devices == () and status.host is None
     assert status.storage_id is None and status.missing_files == ()  # it has every file
     assert status.models[0].placement is None and status.device.index == 0
+    assert status.cpu_backends == {} and status.models[0].cpu_reason is None  # all reachable
     # the keys it had keep their values and order; the new ones come after
     again = status.to_json()
     assert list(again)[: len(old)] == list(old)

@@ -63,12 +63,20 @@ def render(view: dict[str, Any], *, swaps: int = 10) -> Group:
     engines.add_row("all", "", "", "", str(sched["loads"]), str(sched["evictions"]), "")
     models = Table("MODEL", "ENGINE", "STATE", "PID", "IN FLIGHT", "MEMORY", "PLACEMENT",
                    "PROCESSOR", "EXPIRES", "LOAD TIME")
+    # Models on the CPU of an engine with GPUs, and why (their backend cannot use the GPUs).
+    on_cpu = Table("ON THE CPU", "WHY")
+    warnings = [Text(f"warning: {e['gpu_warning']}", style="bold red")
+                for e in view["engines"] if e.get("gpu_warning")]
     for engine in view["engines"]:
         for m in engine["models"]:
             load_s = m.get("load_duration_s")
+            processor = m.get("processor") or "-"
+            if m.get("cpu_reason"):
+                processor = "CPU (see below)"
+                on_cpu.add_row(m["model"], m["cpu_reason"])
             models.add_row(m["model"], engine["name"], str(m["state"]), str(m.get("pid") or "-"),
                            str(m["in_flight"]), size(m["memory_bytes"] or None),
-                           m.get("placement") or "-", m.get("processor") or "-", _expiry(m),
+                           m.get("placement") or "-", processor, _expiry(m),
                            f"{load_s:.2f} s" if load_s else "-")
     services = Table("SERVICE", "ENGINE", "STATE", "IN FLIGHT", "URL")
     for s in view["services"]:
@@ -87,8 +95,8 @@ def render(view: dict[str, Any], *, swaps: int = 10) -> Group:
     for swap in sched["recent_swaps"][-swaps:]:
         recent.add_row(time.strftime("%H:%M:%S", time.localtime(swap["at"])), swap["engine"],
                        swap["unloaded"], swap["reason"])
-    parts: list[Any] = [head, engines, models]
-    for table, title in ((services, None), (queues, None), (pulls, None),
+    parts: list[Any] = [head, *warnings, engines, models]
+    for table, title in ((on_cpu, None), (services, None), (queues, None), (pulls, None),
                          (recent, "recent swaps")):
         if table.row_count:
             if title:

@@ -119,7 +119,10 @@ class DeviceGroup:
 
     def child_env(self, placement: Placement | None = None) -> dict[str, str]:
         """The environment that puts a child on `placement`'s devices (None: the group's
-        first device, what a one-device engine always did)."""
+        first device, what a one-device engine always did; a placement with no device: the
+        CPU, every GPU hidden and no simulated device to claim on)."""
+        if placement is not None and not placement.device_bytes:
+            return {"CUDA_VISIBLE_DEVICES": "", CLAIMS_DIR_ENV: "", CLAIM_SPLIT_ENV: ""}
         devices = [d for d in (placement.devices if placement else ()) if d in self.members]
         if not devices:
             return self.first.child_env()
@@ -145,8 +148,11 @@ class DeviceGroup:
 
     def on_spawn(self, pid: int, reserved_bytes: int,
                  placement: Placement | None = None) -> None:
-        """A child was started: stand-in claims per device of its placement (its own win)."""
-        if placement is None or not placement.device_bytes:
+        """A child was started: stand-in claims per device of its placement (its own win);
+        none for a placement on the CPU (no device)."""
+        if placement is not None and not placement.device_bytes:
+            return
+        if placement is None:
             self.first.on_spawn(pid, reserved_bytes)
             return
         for index, nbytes in placement.device_bytes:

@@ -295,6 +295,7 @@ class Engine(ConfigReload):
         """Start the keep-alive reaper and the thermal watch (call from the engine's loop)."""
         self._ensure_reaper()
         self._spawn(self._prefetch_estimates(), "estimates")
+        self._spawn(self.reach.known(), "reach")  # its warning belongs at start
         if self.settings.thermal.enabled:
             self._spawn(self._watch_thermal(), "thermal")
 
@@ -373,6 +374,8 @@ class Engine(ConfigReload):
                                await asyncio.to_thread(make_backend, spec, self.settings,
                                                        env=self.env))
             rt.split_sizes = await asyncio.to_thread(self._split_sizes, spec, server)
+            await self.reach.known()  # never a GPU its backend cannot use (reach.py)
+            rt.cpu_reason = self.reach.reason_for(spec.reach_backend)
             if not await self._place(rt):
                 metrics.model_loaded(rt.entry.id, self.index, "cancelled")
                 return
@@ -382,10 +385,16 @@ class Engine(ConfigReload):
                 rt.placement = kept
             if warm is not None and not resumed:  # another load reclaimed it meanwhile
                 server = await asyncio.to_thread(make_backend, spec, self.settings, env=self.env)
-            log.info("loading %s (%d MiB reserved%s)", spec.id, rt.reserved_bytes // MIB,
-                     ", from the warm tier" if resumed else "")
-            self._say(rt, f"loading {spec.id} ({rt.reserved_bytes / 2**30:.1f} GiB"
-                          f"{', warm' if resumed else ''})")
+            if rt.cpu_reason is not None and rt.placement is not None:
+                log.info("loading %s on the CPU (%d MiB of host RAM): %s", spec.id,
+                         rt.placement.host_bytes // MIB, rt.cpu_reason)
+                self._say(rt, f"loading {spec.id} on the CPU "
+                              f"({rt.placement.host_bytes / 2**30:.1f} GiB): {rt.cpu_reason}")
+            else:
+                log.info("loading %s (%d MiB reserved%s)", spec.id, rt.reserved_bytes // MIB,
+                         ", from the warm tier" if resumed else "")
+                self._say(rt, f"loading {spec.id} ({rt.reserved_bytes / 2**30:.1f} GiB"
+                              f"{', warm' if resumed else ''})")
             if resumed:
                 assert isinstance(server, Warmable)
                 await server.resume()

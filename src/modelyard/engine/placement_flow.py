@@ -81,6 +81,8 @@ class PlacementFlow(Reports, WarmFlow):
             # A registered service is one process on one device: never split.
             splittable=not isinstance(spec, ServiceModel),
             split_sizes=rt.split_sizes,
+            backend=spec.reach_backend,
+            cpu_reason=rt.cpu_reason,  # its backend cannot use the GPUs: host RAM (reach.py)
         )
         # The engine's own view, in the shape it reports: the front plans on /status the same way.
         view = EngineStatus(
@@ -92,6 +94,7 @@ class PlacementFlow(Reports, WarmFlow):
             scheduler=SchedulerStatus(max_loaded_models=self._max_loaded(),
                                       placing=tuple(self._arrivals)),
             models=self._placed(exclude=rt),
+            cpu_backends=self.reach.cpu_backends(),
         )
         return placement.plan_from_status(view, want)
 

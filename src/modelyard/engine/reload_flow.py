@@ -32,6 +32,7 @@ class ConfigReload(PlacementFlow):
         diff = diff_specs(spec_views(self.registry, self.settings, running),
                           spec_views(registry, settings, running))
         self.settings, self.registry = settings, registry
+        self.reach.update(settings)  # another llama-server: asked again before its next load
         restarting = []
         for rt in list(self._models.values()):
             model_id = rt.entry.id

@@ -73,6 +73,8 @@ class Reports(EngineState):
             host=self._host_status(),
             storage_id=self.catalog.storage_id,
             missing_files=self.catalog.missing,
+            cpu_backends=self.reach.cpu_backends(),
+            gpu_warning=self.reach.warning,
         )
 
     def _device_statuses(self) -> tuple[DeviceStatus, ...]:
@@ -95,6 +97,8 @@ class Reports(EngineState):
             "engine": self.index,
             "device": dataclasses.asdict(self.device.info()),
             "devices": describe_devices(),
+            # Which backends can use its GPUs (engine/reach.py): what a doctor shows.
+            "backend_reach": self.reach.to_json(),
         }
 
     def model_statuses(self) -> tuple[ModelStatus, ...]:
@@ -161,6 +165,7 @@ class Reports(EngineState):
             speculative=(self._drafts[rt.entry.id].status()
                          if rt.entry.id in self._drafts else None),
             placement=rt.placement if placed else None,
+            cpu_reason=rt.cpu_reason if placed else None,
         )
 
 

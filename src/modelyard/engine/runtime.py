@@ -60,6 +60,9 @@ class Runtime:
     # The device counts its backend can split it over (vLLM: divisors of the attention heads);
     # None: any.
     split_sizes: frozenset[int] | None = None
+    # Why its backend cannot use the engine's GPUs (engine/reach.py): then it is placed whole
+    # in host RAM, and its status says why. Set before each placement.
+    cpu_reason: str | None = None
     # Its `max_concurrency` lease slots and the requests waiting for one (engine/slot_queue.py).
     slots: SlotQueue = field(default_factory=SlotQueue)
 

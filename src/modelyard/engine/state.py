@@ -25,6 +25,7 @@ from modelyard.engine.device_group import DeviceGroup, make_device
 from modelyard.engine.ledger import Device, HostDevice
 from modelyard.engine.node_pull import Hub
 from modelyard.engine.pushed_catalog import PushedCatalog, catalog_pushed
+from modelyard.engine.reach import BackendReach
 from modelyard.engine.read_ahead import Fadvise
 from modelyard.engine.runtime import ModelState, Runtime
 from modelyard.engine.speculative import DraftCounts
@@ -78,6 +79,10 @@ class EngineState:
         if isinstance(host, HostDevice):  # warm models hold the CPU engine's device
             host.held_elsewhere = lambda: self.warm.device_bytes
         self.env = {**(env if env is not None else os.environ), **self.device.child_env()}
+        # Which backends can use its GPUs, asked once before the first placement (reach.py).
+        kind = self.device.kind
+        self.reach = BackendReach(settings, kind, 0 if kind == "cpu" else len(self.device.indexes),
+                                  index, on_known=self._notify)
         metrics.child_env(self.env)  # a backend keeps its own metrics out of ours
         self.stats: collections.Counter[str] = collections.Counter()
         self.swaps: collections.deque[Swap] = collections.deque(maxlen=RECENT_SWAPS)

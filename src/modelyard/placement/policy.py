@@ -68,6 +68,15 @@ Several devices:
   counted against ``host.free_bytes`` → Load/Evict with ``placement.host_bytes > 0``. It does
   not wait for busy models (waiting could only move a few more layers to the devices) nor
   replace a Wait: a model that fits whole once a request finishes waits for it, at full speed.
+
+On the CPU (``want.cpu_reason``: its backend cannot use the group's GPUs, DESIGN.md §3.15):
+
+* The model is placed whole in host RAM (``host``), as a CPU engine would place it: the same
+  rules (exclusive groups, ``max_loaded_models``, busy models, the victim order) over one room,
+  the host, where each resident holds its placement's ``host_bytes`` (the host part of an
+  offload, another model on the CPU) → a placement with no device and ``host_bytes`` its
+  bytes. It never takes a device's room, so it never evicts for it. Without a ``host`` room
+  (a CPU engine, whose device is host RAM already) it is planned as any model.
 """
 
 from __future__ import annotations
@@ -128,6 +137,11 @@ class Want:
     avoid_devices: frozenset[int] = frozenset()  # rather not there (a replica's siblings)
     split_sizes: frozenset[int] | None = None  # the set sizes it may take (None: any)
     splittable: bool = True  # False: one device only
+    # The backend that serves it, as the engine keys its reach (config `reach_backend`): the
+    # view (placement/view.py) sets `cpu_reason` from the engine's status with it.
+    backend: str | None = None
+    # Why its backend cannot use the group's GPUs: then it is placed whole in host RAM.
+    cpu_reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,15 +215,20 @@ def _order(r: Resident) -> tuple[int, float, float]:
 # What each resident holds on each device, by model: computed once per plan.
 Holds = Mapping[str, Mapping[int, int]]
 
+# The host's index among the rooms of a plan on the CPU (the devices' are 0 and up).
+HOST = -1
+
 
 def _holdings(residents: Sequence[Resident], first: int) -> Holds:
     """What each resident holds on each device (one without placement: all of it on `first`,
-    the group's first device)."""
+    the group's first device), and in host RAM (`HOST`: its placement's host part)."""
     holds: dict[str, dict[int, int]] = {}
     for r in residents:
         on = holds.setdefault(r.model, {})
         for d, b in r.placement.device_bytes if r.placement is not None else ((first, r.bytes),):
             on[d] = on.get(d, 0) + b
+        if r.placement is not None and r.placement.host_bytes > 0:
+            on[HOST] = on.get(HOST, 0) + r.placement.host_bytes
     return holds
 
 
@@ -364,12 +383,16 @@ def plan(
     if any(r.model == want.model for r in residents):
         return Ready(want.model)
     rooms = tuple(devices) if devices else (DeviceRoom(0, free_bytes, total_bytes),)
-    sets = device_sets(rooms, splittable=want.splittable, sizes=want.split_sizes)
-    never = _never_fits(want, rooms, sets)
-    decision = never if never is not None else _plan(want, residents, rooms, sets,
-                                                     max_loaded_models)
-    if isinstance(decision, NoFit) and want.offload and host is not None:
-        decision = _offload(want, residents, rooms, sets, host, max_loaded_models, decision)
+    if want.cpu_reason is not None and host is not None:
+        decision = _on_cpu(want, residents, rooms[0].index, host, max_loaded_models)
+    else:
+        sets = device_sets(rooms, splittable=want.splittable, sizes=want.split_sizes)
+        never = _never_fits(want, rooms, sets)
+        decision = never if never is not None else _plan(want, residents, rooms, sets,
+                                                         max_loaded_models)
+        if isinstance(decision, NoFit) and want.offload and host is not None:
+            decision = _offload(want, residents, rooms, sets, host, max_loaded_models,
+                                decision)
     if ahead and not isinstance(decision, NoFit):
         return Wait(
             f"{want.model} waits for earlier loads to be placed first: {', '.join(ahead)}",
@@ -411,20 +434,45 @@ def _roles(
     return protected, evictable, forced, pinned_excl
 
 
+def _on_cpu(
+    want: Want, residents: Sequence[Resident], first: int, host: DeviceRoom,
+    max_loaded_models: int | None,
+) -> Decision:
+    """`want` whole in host RAM (its backend cannot use the GPUs): planned over the host as
+    one room, each resident holding its host part there; a placement with no device."""
+    room = DeviceRoom(HOST, host.free_bytes, host.total_bytes)
+    if want.bytes > room.total_bytes:
+        return NoFit(f"{want.model} runs on the CPU ({want.cpu_reason}) and needs "
+                     f"{_gib(want.bytes)}, host RAM has {_gib(room.total_bytes)} in all")
+    whole = Want(want.model, want.bytes, group=want.group, coexist_with=want.coexist_with,
+                 priority=want.priority, splittable=False)
+    decision = _plan(whole, residents, (room,), ((room,),), max_loaded_models, first=first)
+    on_host = Placement(device_bytes=(), host_bytes=want.bytes)
+    if isinstance(decision, Load):
+        return Load(want.model, on_host)
+    if isinstance(decision, Evict):
+        return Evict(decision.victims, then_load=want.model, placement=on_host)
+    return decision
+
+
 def _plan(
     want: Want,
     residents: Sequence[Resident],
     rooms: Sequence[DeviceRoom],
     sets: Sequence[tuple[DeviceRoom, ...]],
     max_loaded_models: int | None,
+    *,
+    first: int | None = None,
 ) -> Decision:
+    """`first`: the group's first device, where a resident without a placement holds its
+    bytes (default: the first room's)."""
     protected, evictable, forced, pinned_excl = _roles(want, residents)
     if pinned_excl:
         names = ", ".join(f"{r.model} (group {r.group})" for r in pinned_excl)
         return NoFit(
             f"{want.model} (group {want.group}) may not share the device with pinned {names}"
         )
-    holds = _holdings(residents, rooms[0].index)
+    holds = _holdings(residents, rooms[0].index if first is None else first)
     idle = sorted((r for r in evictable if not r.busy and r not in forced), key=_order)
     busy = sorted((r for r in evictable if r.busy and r not in forced), key=_order)
     n = len(residents)

@@ -105,15 +105,21 @@ def device_rooms(status: EngineStatus) -> tuple[DeviceRoom, ...]:
 def plan_from_status(status: EngineStatus, want: scheduler.Want) -> scheduler.Decision:
     """What the engine that reported `status` decides for `want` (the want itself, if it is
     loading, is resident: Ready). The engine promises a model what its status says its next load
-    takes, and places loads in the order they began: `want` waits behind those before it."""
+    takes, and places loads in the order they began: `want` waits behind those before it. A
+    want whose backend the status lists in `cpu_backends` (it cannot use the engine's GPUs) is
+    placed in host RAM, with that reason."""
     known = status.model(want.model)
     if known is not None and known.memory.load_bytes is not None:
         want = dataclasses.replace(want, bytes=known.memory.load_bytes)
+    # Its backend cannot use this engine's GPUs (DESIGN.md §3.15): placed in host RAM.
+    if want.cpu_reason is None and want.backend is not None:
+        want = dataclasses.replace(want, cpu_reason=status.cpu_backends.get(want.backend))
     ahead = tuple(itertools.takewhile(lambda m: m != want.model, status.scheduler.placing))
     models = status.models
     host = status.host
     host_room = (DeviceRoom(-1, host.free_bytes or 0, host.total_bytes)
-                 if want.offload and host is not None else None)
+                 if (want.offload or want.cpu_reason is not None) and host is not None
+                 else None)
     if status.devices:
         rooms = device_rooms(status)
         return scheduler.plan(

@@ -27,6 +27,7 @@ RESTART_REQUIRED: tuple[str, ...] = (
     "front_sync_interval_s", "single_process", "devices", "limits_refresh_s",
     "usage_flush_interval_s", "usage_metric_owners", "usage_metric_top_owners",
     "simulate_gpus", "engine_devices", "node_address", "cluster",
+    "probe_backend_devices",  # an engine asks its backends once, at start (engine/reach.py)
     "host_ram_cap_bytes", "request_timeout_s", "engine_start_timeout_s",
     "engine_restart_backoff_s", "engine_health_interval_s", "engine_health_timeout_s",
     "engine_health_failures", "engine_heartbeat_timeout_s", "shutdown_grace_s",

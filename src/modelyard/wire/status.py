@@ -219,6 +219,9 @@ class ModelStatus:
     # Where it is (or is being) loaded: devices, bytes on each, layers, host part; None when the
     # engine did not say (all of it on the group's first device).
     placement: Placement | None = None
+    # Why it is placed on the CPU on an engine with GPUs: its backend cannot use them
+    # (`backend has no GPU support: …`, DESIGN.md §3.15); None: it is where its placement says.
+    cpu_reason: str | None = None
 
     @property
     def resident(self) -> bool:
@@ -254,6 +257,7 @@ class ModelStatus:
             # Only for a model with a draft: the keys every engine has served stay as they were.
             **({"speculative": self.speculative.to_json()} if self.speculative else {}),
             "placement": self.placement.to_json() if self.placement is not None else None,
+            "cpu_reason": self.cpu_reason,
         }
 
     @classmethod
@@ -287,6 +291,7 @@ class ModelStatus:
             warm=_str(d.get("warm")),
             speculative=SpeculativeStatus.from_json(d.get("speculative")),
             placement=Placement.from_json(placement) if isinstance(placement, Mapping) else None,
+            cpu_reason=_str(d.get("cpu_reason")),
         )
 
 
@@ -311,6 +316,11 @@ class EngineStatus:
     # catalog's models whose files it cannot see (a node without the front's shared storage).
     storage_id: str | None = None
     missing_files: tuple[str, ...] = ()
+    # The backends (config `reach_backend`) that cannot use this engine's GPUs, with why: their
+    # models are placed in host RAM (placement/view.py reads it, so the front predicts that);
+    # and the warning when no backend can use a GPU the driver reports (engine/reach.py).
+    cpu_backends: Mapping[str, str] = field(default_factory=dict)
+    gpu_warning: str | None = None
 
     def model(self, model_id: str) -> ModelStatus | None:
         return next((m for m in self.models if m.model == model_id), None)
@@ -328,6 +338,8 @@ class EngineStatus:
             "host": self.host.to_json() if self.host is not None else None,
             "storage_id": self.storage_id,
             "missing_files": list(self.missing_files),
+            "cpu_backends": dict(self.cpu_backends),
+            "gpu_warning": self.gpu_warning,
         }
 
     @classmethod
@@ -346,6 +358,8 @@ class EngineStatus:
             host=DeviceStatus.from_json(host) if isinstance(host, Mapping) else None,
             storage_id=_str(d.get("storage_id")),
             missing_files=tuple(str(m) for m in d.get("missing_files") or ()),
+            cpu_backends={str(k): str(v) for k, v in (d.get("cpu_backends") or {}).items()},
+            gpu_warning=_str(d.get("gpu_warning")),
         )
 
 

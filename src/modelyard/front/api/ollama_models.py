@@ -24,6 +24,7 @@ from modelyard import __version__
 from modelyard.errors import InvalidRequest, ModelyardError
 from modelyard.front.api.ollama_caps import capabilities, gguf_info, model_info
 from modelyard.front.chat.translate import rfc3339
+from modelyard.front.identity.principal import principal_of
 from modelyard.front.state import read_json_object, state_of, validate
 from modelyard.store.estimate import safetensors_params
 from modelyard.store.gguf import GgufInfo
@@ -107,6 +108,7 @@ async def ps(request: Request) -> Response:
     catalog = state.catalog
     listed = catalog.memo("ollama.by_name", _by_name)
     running: list[dict[str, Any]] = []
+    admin = principal_of(request).can("admin")
     for engine in state.dispatch.engines:
         if not engine.up:
             continue
@@ -121,20 +123,26 @@ async def ps(request: Request) -> Response:
             if m.state != "ready" or entry is None:
                 continue
             ps_row(running, entry, listed, m, engine.name, on_gpu,
-                   catalog.settings.default_ctx_size)
+                   catalog.settings.default_ctx_size, admin=admin)
     return _json({"models": running})
 
 
 def ps_row(out: list[dict[str, Any]], entry: Entry, listed: dict[str, dict[str, Any]],
-           m: ModelStatus, engine: str, on_gpu: bool, default_ctx_size: int) -> None:
+           m: ModelStatus, engine: str, on_gpu: bool, default_ctx_size: int, *,
+           admin: bool = True) -> None:
     """One /api/ps row: `size` what the model holds in memory (its measured or reserved bytes,
     else its file, plus host RAM of a partial offload), `size_vram` the part of it on GPUs
-    (never more than `size`)."""
+    (never more than `size`); a model on the CPU of an engine with GPUs, `cpu_reason` (a
+    client without the admin scope gets it without its details: they name local paths)."""
     row = {k: v for k, v in (listed.get(entry.name) or _tag(entry, entry.name)).items()
            if k != "modified_at"}
     size = m.memory.measured_bytes or m.memory.reserved_bytes or entry.size_bytes or 0
     vram = size if on_gpu else 0
-    if on_gpu and m.placement is not None and m.placement.offloaded:
+    if m.placement is not None and not m.placement.device_bytes and m.placement.host_bytes:
+        # On the CPU of an engine with GPUs (its backend cannot use them): none of it in VRAM.
+        vram = 0
+        size = m.memory.host_bytes or m.placement.host_bytes
+    elif on_gpu and m.placement is not None and m.placement.offloaded:
         # A partial offload: its layers in host RAM are part of `size`, not of `size_vram`
         # (Ollama's clients show the split from these two).
         vram = m.placement.bytes
@@ -149,6 +157,8 @@ def ps_row(out: list[dict[str, Any]], entry: Entry, listed: dict[str, dict[str, 
         "context_length": _context_length(entry, info, default_ctx_size),
         "engine": engine,
     })
+    if m.cpu_reason is not None:  # why it is on the CPU (modelyard's own field)
+        row["cpu_reason"] = m.cpu_reason if admin else m.cpu_reason.split(":", 1)[0]
     out.append(row)
 
 

@@ -223,6 +223,8 @@ class Dispatcher:
             offload=getattr(entry.spec, "offload", "off") == "auto",
             # A registered service is one process on one device: never split.
             splittable=not isinstance(entry.spec, ServiceModel),
+            # A backend the engine's status lists in `cpu_backends` is placed in host RAM.
+            backend=entry.spec.reach_backend,
         )
 
     async def _want_bytes(self, entry: Entry) -> int:

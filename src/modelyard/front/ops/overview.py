@@ -37,7 +37,8 @@ def _device(report: EngineReport) -> dict[str, Any] | None:
 
 def _placement_label(model: ModelStatus, kind: str | None) -> str | None:
     if model.placement is None or not model.placement.device_bytes:
-        return None
+        # On the CPU of an engine with GPUs: its backend cannot use them (cpu_reason).
+        return "cpu" if model.placement is not None and model.placement.host_bytes else None
     return model.placement.label("cpu" if kind == "cpu" else "gpu")
 
 
@@ -54,10 +55,14 @@ def _model(model: ModelStatus, kind: str | None = None) -> dict[str, Any]:
         "state": model.state,
         "pid": model.pid,
         "in_flight": model.leases,
-        "memory_bytes": _held_bytes(model),
+        # On the CPU of an engine with GPUs it holds host RAM only: what it was placed with.
+        "memory_bytes": _held_bytes(model) or (
+            model.placement.host_bytes if model.placement is not None else 0),
         # Where it is: `gpu0+gpu1`, and Ollama's PROCESSOR split (`48%/52% CPU/GPU`).
         "placement": _placement_label(model, kind),
         "processor": _processor(model, kind),
+        # Why it runs on the CPU of an engine with GPUs (`backend has no GPU support: …`).
+        "cpu_reason": model.cpu_reason,
         "keep_alive_s": model.keep_alive_s,
         "expires_in_s": model.expires_in_s,
         "pinned": model.pinned,
@@ -80,6 +85,8 @@ def _engine(report: EngineReport) -> dict[str, Any]:
         "pid": status.pid if status is not None else None,
         "error": report.error,
         "cooling": status.paused if status is not None else None,
+        # GPUs the driver reports that no backend can use (engine/reach.py).
+        "gpu_warning": status.gpu_warning if status is not None else None,
         "models": [m for m in models if m["backend"] != "service"],
     }
 

@@ -105,6 +105,8 @@ function bytesOn(m, index) {
 
 // `gpu0+gpu1`, and the CPU/GPU split of a partial offload (Ollama's PROCESSOR column).
 function placementNote(m) {
+  // On the CPU of an engine with GPUs: its backend cannot use them (the reason on hover).
+  if (m.cpu_reason) return "CPU · no GPU support";
   const p = m.placement;
   if (!p || !p.label) return null;
   return p.host_bytes ? `${p.label} · ${p.split}` : p.label;
@@ -116,7 +118,7 @@ function engineModel(m, queue) {
   return h("div.engine-model", { dataset: { model: m.model }, title: m.last_error || "" },
     h("span.name", { title: m.model }, m.model),
     stateBadge(m.state),
-    h("span.muted.small.nowrap", { title: "Where it is loaded" }, placementNote(m) || ""),
+    h("span.muted.small.nowrap", { title: m.cpu_reason || "Where it is loaded" }, placementNote(m) || ""),
     h("span.muted.small.nowrap", modelBytes(m) ? fmtBytes(modelBytes(m)) : ""),
     h("span.muted.small.nowrap", { title: "Requests running · waiting" },
       busy ? `${m.leases || 0} running · ${q.queued || 0} queued` :

@@ -86,6 +86,8 @@ function jobRow(job, { onCancel, onResume }) {
 
 function placedOn(live) {
   if (!live) return "";
+  // On the CPU of an engine with GPUs: its backend cannot use them, and why.
+  if (live.cpuReason) return h("span.cpu-reason", { title: live.cpuReason }, `${live.engine} · CPU · ${live.cpuReason}`);
   const p = live.placement;
   if (!p || !p.label) return live.engine || "";
   return `${live.engine} · ${p.label} · ${p.split}`;
@@ -100,7 +102,7 @@ function liveStates(snapshot) {
   const states = new Map();
   for (const engine of snapshot?.status?.engines || []) {
     // Where it is loaded (gpu0+gpu1) and Ollama's split (48%/52% CPU/GPU): docs/multi-gpu.md.
-    for (const m of engine.models || []) states.set(m.model, { state: m.state, engine: engine.name, placement: m.placement });
+    for (const m of engine.models || []) states.set(m.model, { state: m.state, engine: engine.name, placement: m.placement, cpuReason: m.cpu_reason });
   }
   return states;
 }
