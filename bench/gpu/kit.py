@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 IMAGE_PACKAGES = Path(__file__).with_name("image-packages.txt")
 LIMIT_BYTES = 60 * 2**20
 # The tests the check runs need these beyond modelyard's own requirements.
-TEST_PACKAGES = ("pytest-asyncio", "pytest-timeout", "openai", "jsonschema")
+TEST_PACKAGES = ("pytest-asyncio", "pytest-timeout", "openai", "ollama", "jsonschema")
 ENV = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux",
        "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix",
        "implementation_name": "cpython", "platform_python_implementation": "CPython"}
