@@ -48,9 +48,10 @@ import httpx
 import psutil
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script
+from bench.gpu import standins
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-from bench.gpu import standins  # noqa: E402
 
 GIB = 2**30
 MIB = 2**20

