@@ -126,3 +126,23 @@ def poll(check: Callable[[], T], timeout_s: float = 20.0, what: str = "condition
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
         time.sleep(0.02)
+
+
+def tiny_gguf(path: Path, arch: str = "llama", template: str | None = None,
+              extra: dict[str, int] | None = None) -> Path:
+    """A real (tiny) GGUF file with the metadata the catalog's rules read, and one tensor."""
+    import numpy as np
+    from gguf import GGUFWriter
+
+    writer = GGUFWriter(path, arch)
+    writer.add_context_length(2048)
+    if template is not None:
+        writer.add_chat_template(template)
+    for key, value in (extra or {}).items():
+        writer.add_uint32(key, value)
+    writer.add_tensor("output_norm.weight", np.ones(4, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

@@ -19,9 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 import pytest
-from gguf import GGUFWriter
 from tests.integration.harness import (
     HELLO,
     config,
@@ -30,7 +28,7 @@ from tests.integration.harness import (
     process_env,
     status,
 )
-from tests.support import FAKE_BACKEND, Server, fake_model
+from tests.support import FAKE_BACKEND, Server, fake_model, tiny_gguf
 
 from modelyard.hw.simulated import SimulatedGpu
 
@@ -57,16 +55,6 @@ def fake_llama_server(path: Path, listing: str) -> Path:
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
     return path
 
-
-def tiny_gguf(path: Path) -> Path:
-    writer = GGUFWriter(path, "llama")
-    writer.add_context_length(2048)
-    writer.add_tensor("output_norm.weight", np.ones(4, dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
 
 
 def served(tmp: pytest.TempPathFactory, listing: str) -> Iterator[tuple[Server, Path]]:

@@ -17,14 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 import ollama
 import openai
 import pytest
-from gguf import GGUFWriter
 from langchain_ollama import ChatOllama
 from tests.integration.harness import HELLO, config, module_server
-from tests.support import Server, fake_model
+from tests.support import Server, fake_model, tiny_gguf
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 MAX_BODY = 64 * 1024
@@ -34,22 +32,6 @@ TOOLS_AND_THINKING = (
     "{% if enable_thinking %}<think>{% endif %}"
 )
 
-
-def tiny_gguf(path: Path, arch: str, template: str | None = None,
-              extra: dict[str, int] | None = None) -> Path:
-    """A real (tiny) GGUF file with the metadata the capability rules read."""
-    writer = GGUFWriter(path, arch)
-    writer.add_context_length(2048)
-    if template is not None:
-        writer.add_chat_template(template)
-    for key, value in (extra or {}).items():
-        writer.add_uint32(key, value)
-    writer.add_tensor("output_norm.weight", np.ones(4, dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
 
 
 @pytest.fixture(scope="module")

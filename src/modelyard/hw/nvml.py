@@ -130,14 +130,18 @@ class NvmlProbe:
 
     def temperature_c(self, index: int) -> int | None:
         """Die temperature of NVML device `index` (a thermal.ThermalSensors GPU reader)."""
+        found = self._handle(index)
+        return self._temperature(*found) if found is not None else None
+
+    def _handle(self, index: int) -> tuple[Any, Any] | None:
+        """(the NVML module, device `index`'s handle), or None when NVML cannot give it."""
         nvml = self._init()
         if nvml is None:
             return None
         try:
-            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            return nvml, nvml.nvmlDeviceGetHandleByIndex(index)
         except self._errors(nvml):
             return None
-        return self._temperature(nvml, handle)
 
     def driver_version(self) -> str | None:
         """The NVIDIA driver's version (e.g. 570.124.06), or None when NVML cannot say."""
@@ -148,13 +152,10 @@ class NvmlProbe:
 
     def compute_capability(self, index: int) -> str | None:
         """`major.minor` of NVML device `index` (9.0 for an H100/H200), or None."""
-        nvml = self._init()
-        if nvml is None:
+        device = self._handle(index)
+        if device is None:
             return None
-        try:
-            handle = nvml.nvmlDeviceGetHandleByIndex(index)
-        except self._errors(nvml):
-            return None
+        nvml, handle = device
         found = self._field(nvml, "nvmlDeviceGetCudaComputeCapability", handle)
         if not found or len(found) != 2:
             return None
