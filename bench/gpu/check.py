@@ -741,6 +741,43 @@ def render(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def unmet_requirements() -> list[str]:
+    """modelyard's (and its dependencies') requirements this Python does not meet: on the GPU
+    machine, where the image's packages stand in for the project's pins."""
+    import importlib.metadata as md
+
+    from packaging.requirements import Requirement
+
+    out: list[str] = []
+    seen: set[str] = set()
+    todo = ["fastapi", "uvicorn", "pydantic", "pydantic-settings", "httpx", "aiohttp", "typer",
+            "rich", "gguf", "sqlalchemy", "huggingface-hub", "transformers", "accelerate",
+            "mcp", "prometheus-client", "starlette"]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            dist = md.distribution(name)
+        except md.PackageNotFoundError:
+            out.append(f"{name}: not installed")
+            continue
+        for line in dist.requires or []:
+            req = Requirement(line)
+            if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+                continue
+            try:
+                version = md.version(req.name)
+            except md.PackageNotFoundError:
+                out.append(f"{name} needs {req}: not installed")
+                continue
+            if req.specifier and not req.specifier.contains(version, prereleases=True):
+                out.append(f"{name} needs {req}: {version} installed")
+            todo.append(req.name)
+    return sorted(set(out))
+
+
 async def run(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
@@ -750,6 +787,7 @@ async def run(args: argparse.Namespace) -> int:
         "started": time.strftime("%Y-%m-%d %H:%M:%S"), "dry_run": args.dry_run,
         "device": ctx.device.describe(), "host": {"cpus": os.cpu_count(),
                                                   "python": platform.python_version()},
+        "requirements_unmet": unmet_requirements(),
         "steps": {s.name: {"status": "not_run", "budget_s": s.budget_s} for s in STEPS}}
     write(args.out, results)
     only = set(args.only.split(",")) | {"standins"} if args.only else None

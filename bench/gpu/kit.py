@@ -34,6 +34,9 @@ from packaging.utils import canonicalize_name
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE_PACKAGES = Path(__file__).with_name("image-packages.txt")
 LIMIT_BYTES = 60 * 2**20
+# Carried even though the image has them: new pydantic needs a newer typing-extensions than an
+# older image may hold, and a newer one serves older code too.
+ALWAYS_CARRY = ("typing-extensions",)
 # The tests the check runs need these beyond modelyard's own requirements.
 TEST_PACKAGES = ("pytest-asyncio", "pytest-timeout", "openai", "ollama", "jsonschema")
 ENV = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux",
@@ -80,7 +83,8 @@ def closure(roots: list[tuple[str, tuple[str, ...]]]) -> dict[str, str]:
 def wheels(out: Path) -> list[str]:
     need = closure([("modelyard", ("transformers", "gpu"))] + [(p, ()) for p in TEST_PACKAGES])
     have = image_packages()
-    wanted = sorted(f"{n}=={v}" for n, v in need.items() if n not in have)
+    wanted = sorted(f"{n}=={v}" for n, v in need.items()
+                    if n not in have or n in ALWAYS_CARRY)
     out.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
            "--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
