@@ -244,7 +244,10 @@ async def wait_for(check: Callable[[], Awaitable[bool]], timeout_s: float, what:
 
 
 def chat_body(model: str, max_tokens: int, stream: bool = False) -> dict[str, Any]:
+    # ignore_eos (llama-server's and the transformers engine's extension): a random-weight
+    # model generates exactly max_tokens, whatever it draws.
     return {"model": model, "max_tokens": max_tokens, "temperature": 0, "stream": stream,
+            "ignore_eos": True,
             "messages": [{"role": "user", "content": "Count from one to twenty in words."}]}
 
 
@@ -731,7 +734,8 @@ def write(out: Path, results: dict[str, Any]) -> None:
 def render(results: dict[str, Any]) -> str:
     lines = [f"# GPU check {results['started']}", "",
              f"device: {results['device']}  ", f"dry run: {results['dry_run']}  ",
-             f"llama-server: {results.get('binary')} ({results.get('build')})", "",
+             f"llama-server: {results.get('binary')} ({results.get('build')})  ",
+             f"requirements unmet: {results.get('requirements_unmet') or 'none'}", "",
              "| step | status | seconds | budget |", "|---|---|---|---|"]
     for name, r in results["steps"].items():
         lines.append(f"| {name} | {r['status']} | {r.get('seconds', '')} | {r['budget_s']} |")
