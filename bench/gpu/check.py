@@ -469,8 +469,15 @@ async def step_gpu_tests(ctx: Ctx) -> dict[str, Any]:
                  "tests/e2e/test_transformers.py", "-k", "not structured"]
     proc = await asyncio.create_subprocess_exec(*argv, cwd=ROOT, env=env,
                                                 stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.STDOUT)
-    text = (await proc.communicate())[0].decode(errors="replace")
+                                                stderr=asyncio.subprocess.STDOUT,
+                                                start_new_session=True)
+    ctx.partial["report"] = str(report)
+    try:
+        text = (await proc.communicate())[0].decode(errors="replace")
+    finally:  # out of time: the tests and every server they started go too
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
     (ctx.args.out / "gpu-tests.log").write_text(text)
     tail = text.strip().splitlines()[-25:]
     return {"returncode": proc.returncode, "tail": tail}
