@@ -467,19 +467,19 @@ async def step_gpu_tests(ctx: Ctx) -> dict[str, Any]:
     else:
         argv += ["-m", "gpu or e2e", "tests/gpu", "tests/e2e/test_offload_argv.py",
                  "tests/e2e/test_transformers.py", "-k", "not structured"]
-    proc = await asyncio.create_subprocess_exec(*argv, cwd=ROOT, env=env,
-                                                stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.STDOUT,
-                                                start_new_session=True)
-    ctx.partial["report"] = str(report)
+    log = ctx.args.out / "gpu-tests.log"  # written as it runs: kept when time runs out
+    with log.open("wb") as sink:
+        proc = await asyncio.create_subprocess_exec(*argv, cwd=ROOT, env=env, stdout=sink,
+                                                    stderr=asyncio.subprocess.STDOUT,
+                                                    start_new_session=True)
+    ctx.partial["log"] = str(log)
     try:
-        text = (await proc.communicate())[0].decode(errors="replace")
+        await proc.wait()
     finally:  # out of time: the tests and every server they started go too
         if proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-    (ctx.args.out / "gpu-tests.log").write_text(text)
-    tail = text.strip().splitlines()[-25:]
+    tail = log.read_text(errors="replace").strip().splitlines()[-25:]
     return {"returncode": proc.returncode, "tail": tail}
 
 
