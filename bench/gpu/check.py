@@ -479,7 +479,10 @@ async def step_gpu_tests(ctx: Ctx) -> dict[str, Any]:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
     tail = log.read_text(errors="replace").strip().splitlines()[-25:]
-    return {"returncode": proc.returncode, "tail": tail}
+    ctx.partial.update(returncode=proc.returncode, tail=tail)
+    if proc.returncode != 0:
+        raise RuntimeError(f"pytest exited {proc.returncode}: {tail[-1] if tail else ''}")
+    return ctx.partial
 
 
 async def step_doctor(ctx: Ctx) -> dict[str, Any]:
