@@ -63,7 +63,10 @@ done
 INCS=$("$PY" -c 'import nvidia, os, glob; print(";".join(sorted({os.path.dirname(p) for d in nvidia.__path__ for p in glob.glob(os.path.join(d, "**", "cublas_v2.h"), recursive=True)})))' 2>/dev/null)
 DRIVER=$( (ls /usr/local/cuda/lib64/stubs/libcuda.so /usr/local/nvidia/lib64/libcuda.so.1 2>/dev/null;
            ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 /{print $NF}') | head -1)
-export LD_LIBRARY_PATH="$LIBS${DRIVER:+:$(dirname "$DRIVER")}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# At run time the driver's own libcuda.so.1 (never a link-time stub).
+RUNTIME_DRIVER_DIR=$( (ls -d /usr/local/nvidia/lib64 2>/dev/null;
+  ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 /{print $NF}' | xargs -r dirname) | head -1)
+export LD_LIBRARY_PATH="$LIBS${RUNTIME_DRIVER_DIR:+:$RUNTIME_DRIVER_DIR}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 { nvidia-smi; echo; nvcc --version 2>&1 | tail -2; "$PY" --version; cmake --version | head -1;
   ninja --version; echo "nproc $(nproc)"; free -g | head -2; df -h "$WORK" | tail -1
   echo "cuda libs: $(ls -l "$LIBS" | tail -n +2 | awk '{print $9, $11}' | tr '\n' ' ')"
