@@ -97,7 +97,8 @@ if [ "${BIN_ARGS[0]}" = "--build-dir" ]; then
   [ -n "$DRIVER" ] && extra="$extra -DCUDA_cuda_driver_LIBRARY=$DRIVER"
   [ -n "$INCS" ] && extra="$extra -DCMAKE_CUDA_FLAGS=-I${INCS%%;*} -DCMAKE_CXX_FLAGS=-I${INCS%%;*}"
   rm -rf "$BUILD" && mkdir -p "$BUILD/bin"
-  ( MODELYARD_ACCEL=cuda MODELYARD_CACHE="$WORK/cache" MODELYARD_NO_CPU_FALLBACK=1 \
+  ( MODELYARD_ACCEL=cuda MODELYARD_CUDA_ARCHS="${CC:-90}" MODELYARD_CACHE="$WORK/cache" \
+    MODELYARD_NO_CPU_FALLBACK=1 \
     MODELYARD_LLAMA_SOURCE="$KIT/llama-cpp-cuda-src.tar.xz" MODELYARD_BUILD_JOBS="$(nproc)" \
     MODELYARD_CMAKE_ARGS="$extra" PYTHON="$PY" \
     bash "$ROOT/scripts/provide-llama-server.sh" >"$BUILD/path" &&

@@ -73,11 +73,15 @@ class Device:
             from modelyard.hw.nvml import NvmlProbe
 
             self.nvml = NvmlProbe()
-            if not self.nvml.available():
-                raise RuntimeError("NVML is not available (nvidia-ml-py and a driver)")
+            if not self.nvml.available():  # nvidia-smi then: device totals, no processes
+                print("NVML is not available: reading nvidia-smi", flush=True)
 
     def _gpu(self) -> Any:
-        return self.nvml.devices()[0]
+        if self.nvml.available():
+            return self.nvml.devices()[0]
+        from modelyard.hw.smi import query_gpus
+
+        return query_gpus()[0]
 
     def describe(self) -> dict[str, Any]:
         if self.nvml is None:
@@ -109,6 +113,8 @@ class Device:
                 with contextlib.suppress(psutil.Error, TypeError, AttributeError):
                     out[p.info["pid"]] = int(p.info["memory_info"].rss)
             return out
+        if not self.nvml.available():
+            return {}
         return dict(self.nvml.processes(self._gpu().index))
 
 
