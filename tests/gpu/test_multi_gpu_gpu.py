@@ -163,8 +163,14 @@ async def test_transformers_offload_goes_through_device_map(tmp_path: Path) -> N
     backend = TransformersBackend(
         TransformersModel(id="t", path=repo, quantize="fp16", runtime="transformers"),
         Settings(home=tmp_path))
-    backend.place(Placement(device_bytes=((0, 60 * MIB),), host_bytes=400 * MIB,
-                            layers=(8,), total_layers=30), {})
+    # Half the model's 16-bit weights on GPU 0, the rest (and room to spare) in host RAM. A GPU
+    # share below the largest layer (the embeddings) is one accelerate fills with nothing.
+    weights = sum(f.stat().st_size for f in repo.glob("*.safetensors"))
+    if "float32" in (repo / "config.json").read_text():
+        weights //= 2  # loaded as 16-bit
+    half = weights // 2
+    backend.place(Placement(device_bytes=((0, half),), host_bytes=2 * half,
+                            layers=(15,), total_layers=30), {})
     await backend.start()
     try:
         model = backend._loaded.model
