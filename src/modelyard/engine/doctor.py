@@ -28,7 +28,7 @@ from modelyard.config import LLAMA_SERVER_VERSION, Settings, cache_dir
 from modelyard.engine.backends.llamacpp import binary_version
 from modelyard.engine.ledger import simulated_device
 from modelyard.hw.backend_devices import llama_server_devices
-from modelyard.hw.devices import visible_gpus
+from modelyard.hw.devices import env_with_visible, visible_gpus
 from modelyard.hw.nvml import NvmlProbe
 from modelyard.hw.simulated import parse_simulated_gpus
 from modelyard.hw.smi import RunFn, query_driver, query_gpus
@@ -165,11 +165,7 @@ def _torch_runtime(python: str, visible: str | None, stamp: str,
 
 
 def _ask_torch(python: str, visible: str | None, timeout_s: float) -> dict[str, object]:
-    env = dict(os.environ)
-    if visible is None:
-        env.pop("CUDA_VISIBLE_DEVICES", None)
-    else:
-        env["CUDA_VISIBLE_DEVICES"] = visible
+    env = env_with_visible(visible)
     try:
         done = subprocess.run([python, "-c", _TORCH_PROBE], capture_output=True, text=True,
                               timeout=timeout_s, check=False, env=env, stdin=subprocess.DEVNULL)

@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from modelyard.hw.devices import env_with_visible
+
 _MIB = 1024 * 1024
 
 # `  CUDA0: NVIDIA H200 (143771 MiB, 142890 MiB free)` (common/arg.cpp
@@ -81,11 +83,7 @@ def gpu_devices(devices: tuple[BackendDevice, ...]) -> tuple[BackendDevice, ...]
 @functools.lru_cache(maxsize=32)
 def _listed(binary: str, size: int, mtime_ns: int, visible: str | None,
             timeout_s: float) -> tuple[BackendDevice, ...] | None:
-    env = dict(os.environ)
-    if visible is None:
-        env.pop("CUDA_VISIBLE_DEVICES", None)
-    else:
-        env["CUDA_VISIBLE_DEVICES"] = visible
+    env = env_with_visible(visible)
     try:
         done = subprocess.run([binary, "--list-devices"], capture_output=True, text=True,
                               timeout=timeout_s, check=False, env=env, stdin=subprocess.DEVNULL)

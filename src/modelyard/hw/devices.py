@@ -39,6 +39,17 @@ def visible_gpus(gpus: list[DeviceInfo], cuda_visible: str | None) -> list[Devic
     return [g for g in gpus if str(g.index) in wanted or (g.uuid is not None and g.uuid in wanted)]
 
 
+def env_with_visible(visible: str | None) -> dict[str, str]:
+    """This process's environment for a child probe that must see exactly `visible`'s GPUs
+    (None: whatever the child would see by default)."""
+    env = dict(os.environ)
+    if visible is None:
+        env.pop("CUDA_VISIBLE_DEVICES", None)
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = visible
+    return env
+
+
 def describe_devices() -> list[dict[str, Any]]:
     gpus = visible_gpus(query_gpus(), os.environ.get("CUDA_VISIBLE_DEVICES"))
     return [asdict(d) for d in (gpus or [host_device()])]
