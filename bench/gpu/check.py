@@ -54,7 +54,6 @@ from bench.gpu import standins
 ROOT = Path(__file__).resolve().parents[2]
 
 GIB = 2**30
-MIB = 2**20
 HOST = "127.0.0.1"
 
 
