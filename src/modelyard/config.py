@@ -570,6 +570,26 @@ class Settings(BaseSettings):
         200 * 1024 * 1024, gt=0, description="Largest file POST /v1/files accepts (a batch's "
         "JSONL input; 413 beyond). Uploads are held to this, not to max_body_bytes.",
     )
+    # Uploads are open to any inference caller: without a bound per owner, one caller could
+    # fill the disk (and a front's memory once the batches run).
+    files_max_total_bytes_per_owner: int = Field(
+        1024 * 1024 * 1024, gt=0, description="Most bytes one owner's files (/v1/files uploads "
+        "and batch outputs) may take together; an upload beyond is a 413 `files_over_quota` "
+        "(delete files to upload more).",
+    )
+    # A batch's requests are checked and indexed in memory at a few bytes a line: this bounds
+    # that (OpenAI's own limit is 50,000).
+    batch_max_requests: int = Field(
+        100_000, gt=0, description="Most requests one batch input may hold (400 "
+        "`invalid_batch_file` beyond).",
+    )
+    # Each open batch holds a file open and its lines' offsets; one owner must not hold the
+    # runner (and that memory) with many.
+    batches_max_open_per_owner: int = Field(
+        10, gt=0, description="Batches one owner may have not yet ended (validating, "
+        "in_progress, finalizing, cancelling); creating one more is a 429 "
+        "`too_many_open_batches`.",
+    )
     batch_max_concurrency: int = Field(
         2, gt=0, description="Batch lines (/v1/batches) in flight at once on this front; they "
         "queue behind interactive requests (priority -100) and wait while a model's queue has "

@@ -193,8 +193,12 @@ def create_app(
             stack.push_async_callback(replacer.close)
             # /v1/batches: its runner sends lines through this app (front/batches/runner.py).
             app.state.batches = BatchRunner(
-                app, state, FileStore(identity.db, settings.home / "files",
-                                      settings.files_max_bytes), BatchStore(identity.db),
+                app, state, FileStore(
+                    identity.db, settings.home / "files", settings.files_max_bytes,
+                    max_total_bytes_per_owner=settings.files_max_total_bytes_per_owner,
+                    max_requests=settings.batch_max_requests),
+                BatchStore(identity.db,
+                           max_open_per_owner=settings.batches_max_open_per_owner),
                 max_concurrency=settings.batch_max_concurrency,
                 lease_s=settings.batch_claim_lease_s)
             app.state.batches.start()

@@ -21,7 +21,6 @@ from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
@@ -30,6 +29,7 @@ from modelyard.errors import InvalidRequest
 from modelyard.front.batches.files import PURPOSES, FileStore, file_object, new_id
 from modelyard.front.batches.runner import BatchRunner
 from modelyard.front.batches.store import BatchStore, batch_object
+from modelyard.front.batches.upload import receive_upload
 from modelyard.front.identity.principal import owner_key, principal_of
 from modelyard.front.state import read_json_object, validate
 
@@ -86,17 +86,20 @@ def _page(items: list[dict[str, Any]], limit: int) -> dict[str, Any]:
 
 
 async def upload(request: Request) -> Response:
-    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
-        raise InvalidRequest("send multipart/form-data with `file` and `purpose`", param="file")
+    """The form is parsed as it arrives and its file written straight to disk
+    (front/batches/upload.py): a 200 MiB upload costs the front a chunk, not the file."""
     principal = principal_of(request)
-    async with request.form(max_files=1, max_fields=4) as form:
-        purpose, part = form.get("purpose"), form.get("file")
-        if purpose not in PURPOSES or purpose != "batch":
-            raise InvalidRequest(f"purpose must be batch, not {purpose!r}", param="purpose")
-        if not isinstance(part, UploadFile):
-            raise InvalidRequest("a `file` part is required", param="file")
-        row = await asyncio.to_thread(_files(request).save, owner_key(principal), purpose,
-                                      part.filename or "upload.jsonl", part.file)
+    files = _files(request)
+    form = await receive_upload(files, owner_key(principal),
+                                request.headers.get("content-type", ""), request.stream())
+    try:
+        if form.purpose not in PURPOSES or form.purpose != "batch":
+            raise InvalidRequest(f"purpose must be batch, not {form.purpose!r}",
+                                 param="purpose")
+        row = await asyncio.to_thread(form.upload.commit, form.purpose, form.filename)
+    except BaseException:
+        await asyncio.to_thread(form.upload.discard)
+        raise
     return _json(file_object(row))
 
 
@@ -125,7 +128,12 @@ async def file_content(request: Request) -> Response:
             while chunk := await asyncio.to_thread(f.read, 1024 * 1024):
                 yield chunk
 
-    return StreamingResponse(chunks(), media_type="application/jsonl")
+    # A download, never a page: a browser saves it and does not guess (sniff) another type
+    # from what a batch line wrote (docs/security.md).
+    name = f"{row['id']}.jsonl"
+    return StreamingResponse(chunks(), media_type="application/jsonl", headers={
+        "X-Content-Type-Options": "nosniff",
+        "Content-Disposition": f'attachment; filename="{name}"'})
 
 
 async def delete_file(request: Request) -> Response:
@@ -142,15 +150,17 @@ async def create_batch(request: Request) -> Response:
     if source["purpose"] != "batch":
         raise InvalidRequest(f"file {req.input_file_id} is not a batch input (purpose "
                              f"{source['purpose']})", param="input_file_id")
-    lines = await asyncio.to_thread(files.read_batch, source["id"], req.endpoint)
     owner = owner_key(principal)
+    batches = _batches(request)
+    await asyncio.to_thread(batches.check_open, owner)
+    total = await asyncio.to_thread(files.check_batch, source["id"], req.endpoint)
     output_id, error_id = new_id("file"), new_id("file")
     await asyncio.to_thread(files.new_output, output_id, owner, f"{source['id']}_output.jsonl")
     await asyncio.to_thread(files.new_output, error_id, owner, f"{source['id']}_error.jsonl")
     row = await asyncio.to_thread(
-        _batches(request).create, principal, endpoint=req.endpoint,
+        batches.create, principal, endpoint=req.endpoint,
         input_file_id=source["id"], window=req.completion_window, meta=req.metadata,
-        total=len(lines), output_file_id=output_id, error_file_id=error_id)
+        total=total, output_file_id=output_id, error_file_id=error_id)
     _runner(request).wake()
     return _json(batch_object(row))
 

@@ -2,7 +2,10 @@
 
 Everything several fronts must agree on is decided by the database: a front claims a batch with
 a conditional UPDATE (unclaimed, or its claim's lease expired), renews the lease while it runs
-it, and counters are incremented in SQL. Blocking calls: the async side uses `asyncio.to_thread`.
+it, and counters are incremented in SQL. Every status change is conditional too
+(`transition`: UPDATE … WHERE status IN (what the writer expects)): a cancel and the runner
+racing each other cannot both win, and the loser learns it lost and reads what happened.
+Blocking calls: the async side uses `asyncio.to_thread`.
 """
 
 from __future__ import annotations
@@ -13,12 +16,13 @@ from typing import Any
 import sqlalchemy as sa
 
 from modelyard import db
-from modelyard.front.batches.errors import BatchFinished, BatchNotFound
+from modelyard.front.batches.errors import BatchFinished, BatchNotFound, TooManyOpenBatches
 from modelyard.front.batches.files import new_id, visible
 from modelyard.front.identity.principal import Principal, owner_key
 
 WINDOW_S = {"24h": 24 * 3600.0}
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")  # a runner's to carry on
+CANCELLABLE = ("validating", "in_progress", "finalizing")
 FINAL = ("completed", "failed", "expired", "cancelled")
 _STAMPS = ("in_progress_at", "finalizing_at", "completed_at", "failed_at", "expired_at",
            "cancelling_at", "cancelled_at")
@@ -43,8 +47,23 @@ def batch_object(row: dict[str, Any]) -> dict[str, Any]:
 
 
 class BatchStore:
-    def __init__(self, database: sa.Engine) -> None:
+    def __init__(self, database: sa.Engine, *, max_open_per_owner: int | None = None) -> None:
         self.db = database
+        self.max_open_per_owner = max_open_per_owner
+
+    def check_open(self, owner: str) -> None:
+        """An owner runs at most `max_open_per_owner` batches at once (429 beyond: one ending
+        frees a place)."""
+        if self.max_open_per_owner is None:
+            return
+        with self.db.connect() as conn:
+            n = conn.execute(sa.select(sa.func.count()).select_from(db.batches).where(
+                db.batches.c.owner == owner, db.batches.c.status.in_(ACTIVE))).scalar_one()
+        if n >= self.max_open_per_owner:
+            raise TooManyOpenBatches(
+                f"you have {n} batches not yet ended: batches_max_open_per_owner is "
+                f"{self.max_open_per_owner}; wait for one to end (or cancel one) and create "
+                "this one again", retry_after_s=60.0)
 
     def create(self, principal: Principal, *, endpoint: str, input_file_id: str, window: str,
                meta: dict[str, str] | None, total: int, output_file_id: str,
@@ -84,15 +103,11 @@ class BatchStore:
             return db.rows(conn.execute(q.limit(limit)))
 
     def cancel(self, batch_id: str, principal: Principal) -> dict[str, Any]:
-        """validating / in_progress → cancelling (the front running it finishes the lines in
-        flight, then marks it cancelled); a finished batch is a 409."""
+        """validating / in_progress / finalizing → cancelling (the front running it finishes
+        the lines in flight, then marks it cancelled); a finished batch is a 409."""
         self.get(batch_id, principal)
-        with self.db.begin() as conn:
-            changed = conn.execute(
-                db.batches.update()
-                .where(db.batches.c.id == batch_id,
-                       db.batches.c.status.in_(("validating", "in_progress")))
-                .values(status="cancelling", cancelling_at=time.time())).rowcount
+        changed = self.transition(batch_id, CANCELLABLE, "cancelling",
+                                  cancelling_at=time.time())
         row = self.get(batch_id)
         if not changed and row["status"] != "cancelling":
             raise BatchFinished(f"batch {batch_id} is {row['status']}: nothing to cancel")
@@ -148,7 +163,20 @@ class BatchStore:
             conn.execute(db.batches.update().where(db.batches.c.claimed_by == front_id)
                          .values(claimed_by=None, lease_until=None))
 
+    def transition(self, batch_id: str, expected: tuple[str, ...], status: str, *,
+                   holder: str | None = None, **values: Any) -> bool:
+        """Set `status` (and `values`) if the batch is in one of `expected` (and, with
+        `holder`, still claimed by that front): True if this call changed it. False: someone
+        else changed it first (a cancel, another front); read it again and act on that."""
+        where = [db.batches.c.id == batch_id, db.batches.c.status.in_(expected)]
+        if holder is not None:
+            where.append(db.batches.c.claimed_by == holder)
+        with self.db.begin() as conn:
+            return bool(conn.execute(db.batches.update().where(*where)
+                                     .values(status=status, **values)).rowcount)
+
     def update(self, batch_id: str, **values: Any) -> None:
+        """Counters and files only: a status goes through `transition`."""
         with self.db.begin() as conn:
             conn.execute(db.batches.update().where(db.batches.c.id == batch_id).values(**values))
 
