@@ -51,7 +51,8 @@ def backend_headers(home: Path, model: str) -> dict[str, str]:
 class Server:
     """A `modelyard serve` process on a free port, with its own MODELYARD_HOME."""
 
-    def __init__(self, home: Path, config: dict[str, Any], *args: str) -> None:
+    def __init__(self, home: Path, config: dict[str, Any], *args: str,
+                 preexec_fn: Callable[[], Any] | None = None) -> None:
         self.home = home
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -65,6 +66,7 @@ class Server:
             [sys.executable, "-m", "modelyard", "serve", "--port", str(self.port),
              "--config", str(self.config_file), *args],
             env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=preexec_fn,  # e.g. a resource limit the test puts on the front
         )
 
     def wait_healthy(self, timeout_s: float = 60.0) -> None:
