@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from modelyard.front.batches.order import next_model
+from modelyard.front.batches.order import next_model, next_turn
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(10)]
 
@@ -47,3 +47,37 @@ def test_a_mixed_file_loads_each_model_once() -> None:
         pending[model] -= 1
     assert changes == 3
     assert sum(a != b for a, b in itertools.pairwise(lines)) + 1 == 15
+
+
+@pytest.mark.parametrize(("candidates", "owners", "batches", "expected"), [
+    # Nobody served yet: the first given (the oldest batch).
+    ([("alice", "b1"), ("bob", "b2")], {}, {}, 0),
+    # alice just had a turn: bob's batch goes next, however big alice's is.
+    ([("alice", "b1"), ("bob", "b2")], {"alice": 5}, {"b1": 5}, 1),
+    # A newcomer (never served) goes before anyone served.
+    ([("alice", "b1"), ("bob", "b2"), ("carol", "b3")], {"alice": 4, "bob": 3},
+     {"b1": 4, "b2": 3}, 2),
+    # Owners first: bob's one batch is not outnumbered by alice's three.
+    ([("alice", "b1"), ("alice", "b2"), ("alice", "b3"), ("bob", "b4")],
+     {"alice": 9, "bob": 8}, {"b1": 7, "b2": 9, "b3": 6, "b4": 8}, 3),
+    # Within an owner: the batch served least recently.
+    ([("alice", "b1"), ("alice", "b2"), ("alice", "b3")], {"alice": 9},
+     {"b1": 7, "b2": 9, "b3": 6}, 2),
+])
+def test_next_turn_is_round_robin_over_owners_then_their_batches(
+    candidates: list[tuple[str, str]], owners: dict[str, int], batches: dict[str, int],
+    expected: int,
+) -> None:
+    assert next_turn(candidates, owners, batches) == expected
+
+
+def test_next_turn_alternates_two_owners_one_line_at_a_time() -> None:
+    owners: dict[str, int] = {}
+    batches: dict[str, int] = {}
+    order = []
+    for turn in range(6):
+        i = next_turn([("alice", "big"), ("bob", "small")], owners, batches)
+        owner, batch = [("alice", "big"), ("bob", "small")][i]
+        owners[owner] = batches[batch] = turn
+        order.append(owner)
+    assert order == ["alice", "bob"] * 3

@@ -128,3 +128,71 @@ async def test_an_idle_runner_asks_the_engines_nothing(tmp_path: Path) -> None:
     finally:
         await runner.close()
         database.dispose()
+
+
+# ---- a cancel at each step wins (issue 31, item 3) -------------------------------------------
+# The runner's `after_step` seam is awaited right after it takes a step on a batch; cancelling
+# there is the race that lost cancels (the runner read `validating`, a cancel landed, the runner
+# wrote `in_progress` over it), made deterministic.
+
+class Held(Answers):
+    """The app holds every line until `go` is set; `arrived` says one is in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.arrived = asyncio.Event()
+        self.go = asyncio.Event()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        self.arrived.set()
+        await self.go.wait()
+        await super().__call__(scope, receive, send)
+
+
+@pytest.mark.parametrize("step", ["claimed", "in_progress", "line_in_flight", "finalizing"])
+async def test_a_cancel_at_any_step_ends_the_batch_cancelled(tmp_path: Path, step: str) -> None:
+    database = db.connect(f"sqlite:///{tmp_path / 'modelyard.db'}")
+    files = FileStore(database, tmp_path / "files", 1 << 20)
+    store = BatchStore(database)
+    source = files.save("alice", "batch", "in.jsonl",
+                        io.BytesIO(b"\n".join(_line(c) for c in ("a", "b", "c")) + b"\n"))
+    output, errors = new_id("file"), new_id("file")
+    files.new_output(output, "alice", "out.jsonl")
+    files.new_output(errors, "alice", "err.jsonl")
+    batch = store.create(ALICE, endpoint="/v1/chat/completions", input_file_id=source["id"],
+                         window="24h", meta=None, total=3, output_file_id=output,
+                         error_file_id=errors)
+    seen: list[str] = []
+
+    async def cancel_at(batch_id: str, at: str) -> None:
+        seen.append(at)
+        if at == step:
+            assert store.cancel(batch_id, ALICE)["status"] == "cancelling"
+
+    app = Held() if step == "line_in_flight" else Answers()
+    state = SimpleNamespace(dispatch=SimpleNamespace(
+        queues=SimpleNamespace(queued=lambda model: 0), loaded_models=_nothing_loaded))
+    runner = BatchRunner(app, state, files, store,  # type: ignore[arg-type]
+                         max_concurrency=1, lease_s=30.0, after_step=cancel_at)
+    runner.start()
+    try:
+        async with asyncio.timeout(15):
+            if isinstance(app, Held):
+                await app.arrived.wait()
+                store.cancel(batch["id"], ALICE)
+                runner.wake()
+                app.go.set()
+            while store.get(batch["id"])["status"] not in ("completed", "cancelled",
+                                                           "failed", "expired"):
+                await asyncio.sleep(0.02)
+    finally:
+        await runner.close()
+        database.dispose()
+    done = store.get(batch["id"])
+    assert done["status"] == "cancelled", (step, seen, done["status"])
+    assert done["cancelled_at"] is not None
+    if step == "claimed":  # cancelled before it was in progress: no line ever started
+        assert app.asked == []
+    if step == "line_in_flight":  # the line in flight finished and was kept; no other began
+        assert app.asked == ["a"]
+        assert done["completed"] == 1
