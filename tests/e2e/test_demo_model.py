@@ -23,6 +23,8 @@ from modelyard.config import DEMO_MODEL_FILE, Settings, cache_dir
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 PROMPT = [{"role": "user", "content": "Name one colour of the rainbow."}]
+# Greedy wherever an assertion reads what the demo model wrote: sampled, it may end at once.
+GREEDY: dict[str, Any] = {"temperature": 0, "seed": 7}
 MCP_SERVER = ROOT / "tests" / "fakes" / "mcp_server.py"  # add, boom, hang over stdio
 
 
@@ -68,7 +70,7 @@ def test_openai_chat(oai: openai.OpenAI) -> None:
 def test_openai_chat_stream(oai: openai.OpenAI) -> None:
     stream = oai.chat.completions.create(
         model="smollm2", messages=PROMPT, max_tokens=12, stream=True,  # type: ignore[arg-type]
-        stream_options={"include_usage": True},
+        stream_options={"include_usage": True}, **GREEDY,
     )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -84,15 +86,16 @@ def test_openai_completions(oai: openai.OpenAI) -> None:
 
 def test_ollama_chat_and_generate(server: Server) -> None:
     client = ollama.Client(host=server.url, timeout=120)
-    reply = client.chat(model="smollm2", messages=PROMPT, options={"num_predict": 10})
+    reply = client.chat(model="smollm2", messages=PROMPT, options={"num_predict": 10, **GREEDY})
     assert reply.message.content and reply.done
     assert reply.eval_count and reply.eval_count > 0
     assert reply.total_duration and reply.total_duration > 0
     parts = list(client.chat(model="smollm2", messages=PROMPT, stream=True,
-                             options={"num_predict": 10}))
+                             options={"num_predict": 10, **GREEDY}))
     assert parts[-1].done and parts[-1].done_reason in ("stop", "length")
     assert "".join(p.message.content or "" for p in parts).strip()
-    generated = client.generate(model="smollm2", prompt="Say hi", options={"num_predict": 8})
+    generated = client.generate(model="smollm2", prompt="Say hi",
+                                options={"num_predict": 8, **GREEDY})
     assert generated.response and generated.done
 
 
@@ -122,12 +125,12 @@ def test_chat_ollama_validates_the_demo_model_on_init(server: Server) -> None:
 
     for name in ("smollm2", "smollm2:latest"):
         llm = ChatOllama(model=name, base_url=server.url, validate_model_on_init=True,
-                         num_predict=4)
+                         num_predict=4, **GREEDY)
         assert llm.invoke("Say hi").content
 
 
 def test_native_chat_raw_http(server: Server) -> None:
-    body = {"model": "smollm2", "messages": PROMPT, "max_tokens": 8}
+    body = {"model": "smollm2", "messages": PROMPT, "max_tokens": 8, **GREEDY}
     r = httpx.post(server.url + "/chat", json=body, timeout=120)
     assert r.status_code == 200, r.text
     data = r.json()

@@ -96,7 +96,10 @@ def test_metrics_count_drafted_and_accepted(server: Server) -> None:
         return found if len(found) == 2 else {}
 
     oai = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=120)
-    oai.chat.completions.create(model=MODEL, messages=PROMPT, max_tokens=16)  # type: ignore[arg-type]
+    # Greedy: the draft (the same model) then agrees with it, so some drafts are accepted; a
+    # sampled answer might accept none, or end before anything was drafted.
+    oai.chat.completions.create(model=MODEL, messages=PROMPT, max_tokens=16,  # type: ignore[arg-type]
+                                temperature=0, seed=7)
     found = poll(counted, timeout_s=20, what="draft metrics")
     assert found["modelyard_draft_tokens_total"] > 0
     assert 0 < found["modelyard_draft_accepted_total"] <= found["modelyard_draft_tokens_total"]

@@ -158,14 +158,18 @@ def demo_hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubServer]:
 
 def chat(server: Server, model: str, api: str = "openai", *, timeout: float = 120.0,
          max_tokens: int = 12) -> httpx.Response:
+    """A greedy chat: callers assert that the real model's answer has text, which a sampled
+    answer that ends at once would not."""
+    greedy = {"temperature": 0, "seed": 7}
     if api == "openai":
         path, body = "/v1/chat/completions", {"model": model, "messages": HELLO,
-                                              "max_tokens": max_tokens, "temperature": 0}
+                                              "max_tokens": max_tokens, **greedy}
     elif api == "ollama":
         path, body = "/api/chat", {"model": model, "messages": HELLO, "stream": False,
-                                   "options": {"num_predict": max_tokens}}
+                                   "options": {"num_predict": max_tokens, **greedy}}
     else:
-        path, body = "/chat", {"model": model, "messages": HELLO, "max_tokens": max_tokens}
+        path, body = "/chat", {"model": model, "messages": HELLO, "max_tokens": max_tokens,
+                               **greedy}
     return httpx.post(server.url + path, json=body, headers=server.admin_headers, timeout=timeout)
 
 

@@ -14,6 +14,9 @@ from tests.support import Server
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 PROMPT: list[Any] = [{"role": "user", "content": "Name one colour of the rainbow."}]
+# Greedy wherever an assertion reads what the demo model wrote (its text, a tool call's JSON):
+# sampled, it may end at once (empty content) or run a JSON argument past max_tokens.
+GREEDY: dict[str, Any] = {"temperature": 0, "seed": 7}
 WEATHER = {
     "type": "function",
     "function": {
@@ -50,7 +53,8 @@ def test_chat_multi_turn(oai: openai.OpenAI) -> None:
 @covers("Model names with and without `:latest`", "OpenAI")
 @covers("Model listing and details", "OpenAI")
 def test_tagged_name_is_the_same_model(oai: openai.OpenAI) -> None:
-    answer = oai.chat.completions.create(model="smollm2:latest", messages=PROMPT, max_tokens=4)
+    answer = oai.chat.completions.create(model="smollm2:latest", messages=PROMPT, max_tokens=4,
+                                         **GREEDY)
     assert answer.choices[0].message.content is not None
     assert "smollm2" in [m.id for m in oai.models.list().data]
 
@@ -60,7 +64,7 @@ def test_tagged_name_is_the_same_model(oai: openai.OpenAI) -> None:
 def test_stream_with_include_usage(compat_server: Server, oai: openai.OpenAI) -> None:
     chunks = list(oai.chat.completions.create(
         model="smollm2", messages=PROMPT, max_tokens=8, stream=True,
-        stream_options={"include_usage": True}))
+        stream_options={"include_usage": True}, **GREEDY))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text.strip()
     last = chunks[-1]
@@ -98,7 +102,7 @@ def test_seed_and_stop(oai: openai.OpenAI) -> None:
 @covers("Log probabilities", "OpenAI")
 def test_logprobs_in_both_shapes(oai: openai.OpenAI) -> None:
     chat = oai.chat.completions.create(model="smollm2", messages=PROMPT, max_tokens=3,
-                                       logprobs=True, top_logprobs=2)
+                                       logprobs=True, top_logprobs=2, **GREEDY)
     assert chat.choices[0].logprobs is not None and chat.choices[0].logprobs.content
     assert len(chat.choices[0].logprobs.content[0].top_logprobs) == 2
     # The legacy completions shape: parallel arrays, not the chat objects.
@@ -138,13 +142,13 @@ def test_response_format_json_schema(oai: openai.OpenAI) -> None:
 def test_tool_choice_required_and_named(oai: openai.OpenAI) -> None:
     ask = [{"role": "user", "content": "Tell me a joke."}]  # nothing asks for a tool
     required = oai.chat.completions.create(model="smollm2", messages=ask, max_tokens=80,
-                                           tools=[WEATHER], tool_choice="required")
+                                           tools=[WEATHER], tool_choice="required", **GREEDY)
     calls = required.choices[0].message.tool_calls
     assert calls and calls[0].function.name == "get_weather"
     json.loads(calls[0].function.arguments)
     named = oai.chat.completions.create(
         model="smollm2", messages=ask, max_tokens=80, tools=[WEATHER, TIME],
-        tool_choice={"type": "function", "function": {"name": "get_time"}})
+        tool_choice={"type": "function", "function": {"name": "get_time"}}, **GREEDY)
     calls = named.choices[0].message.tool_calls
     assert calls and calls[0].function.name == "get_time"
     assert required.choices[0].finish_reason == "tool_calls"
@@ -160,7 +164,7 @@ def test_tool_result_round_trip(oai: openai.OpenAI) -> None:
         {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 21 C"},
     ]
     answer = oai.chat.completions.create(model="smollm2", messages=messages, max_tokens=20,
-                                         tools=[WEATHER])
+                                         tools=[WEATHER], **GREEDY)
     assert answer.choices[0].message.content or answer.choices[0].message.tool_calls
 
 
