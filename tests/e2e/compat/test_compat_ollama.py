@@ -75,7 +75,11 @@ def test_generate_raw_and_template(client: ollama.Client) -> None:
 
 
 @covers("Context size per request (num_ctx)", "Ollama")
-def test_num_ctx_gets_a_larger_context(client: ollama.Client) -> None:
+@pytest.mark.timeout(420)
+def test_num_ctx_gets_a_larger_context(compat_server: Server) -> None:
+    # It starts a second llama-server and prefills 3,000 tokens on it: on a loaded 2-core machine
+    # that took longer than the shared client's 120 s, so this client waits longer.
+    client = ollama.Client(host=compat_server.url, timeout=360)
     long = "word " * 3000  # over the 2048-token default context
     with pytest.raises(ollama.ResponseError):
         client.generate(model="smollm2", prompt=long, options={"num_predict": 2})
