@@ -647,7 +647,8 @@ class Settings(BaseSettings):
     log_file_max_bytes: int = Field(
         10 * 1024 * 1024, ge=0, description="Size at which a log file under $home/logs is "
         "rotated (file.log → file.log.1 …): the front's own log as it grows; an engine's or a "
-        "model's when that process (re)starts. 0: never rotate.",
+        "model's when that process (re)starts and, while it runs, within a second of reaching "
+        "it (copied aside, then truncated). 0: never rotate.",
     )
     log_file_backups: int = Field(
         3, ge=0, description="Rotated log files kept per log (file.log.1 … file.log.N)."
