@@ -133,6 +133,8 @@ def serve(
         if internal_port is None:
             err_console.print("--engine-only needs --internal-port")
             raise typer.Exit(2)
+        _hold_home(settings.home / "run" / f"engine-{engine_index}.lock",
+                   f"engine-{engine_index} on port {internal_port}", "an engine")
         from modelyard.engine.app import create_engine_app
         from modelyard.engine.loop import Engine
         from modelyard.engine.pushed_catalog import catalog_pushed
@@ -163,6 +165,9 @@ def serve(
     from modelyard.front.dispatch.drain import Drain
     from modelyard.store.registry import ModelRegistry
 
+    # Before the front writes anything into the home (its log, its metrics, its database).
+    _hold_home(settings.home / "run" / "front.lock",
+               f"front http://{settings.host}:{settings.port}", "a front")
     metrics.setup_multiprocess(settings.home)  # before anything records; engines inherit it
     try:  # before any migration, and before a damaged file could pass for a first boot
         db.check(settings.db_url)
@@ -184,6 +189,19 @@ def serve(
     serving.run(drain, host=settings.host, port=settings.port, grace_s=grace_s,
                 on_shutdown=lambda: drain.begin(grace_s), limits=serving.http_limits(settings),
                 keep_alive_s=settings.client_keep_alive_s)
+
+
+def _hold_home(lock: Path, owner: str, what: str) -> None:
+    """This process's lock on its place in the home (home_lock.py), or exit 1 naming who has
+    it: two fronts on one home would share its database, logs, front id and engines' files."""
+    from modelyard import home_lock
+
+    try:
+        home_lock.hold(lock, owner)
+    except home_lock.HomeBusy as exc:
+        print(f"modelyard: refusing to start {what}: this MODELYARD_HOME is in use ({exc}); "
+              "stop that one, or give this one its own MODELYARD_HOME", file=sys.stderr)
+        raise typer.Exit(1) from None
 
 
 def _home() -> Path:
