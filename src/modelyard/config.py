@@ -643,7 +643,8 @@ class Settings(BaseSettings):
         None, gt=0, description="`--threads` for llama-server; null lets it choose."
     )
     load_cooldown_s: float = Field(
-        300.0, ge=0, description="After a failed load, refuse new loads of that model this long."
+        300.0, ge=0, description="After a failed load, refuse new loads of that model this long "
+        "(a rescan, or the model's file changing, ends it sooner).",
     )
     load_stall_timeout_s: float = Field(
         120.0, gt=0, description="A loading child that prints nothing and is not ready this long "

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
 from pathlib import Path
 
 
@@ -27,17 +28,24 @@ class HomeBusy(Exception):
 _held: list[int] = []  # descriptors kept open (and so locked) until the process ends
 
 
-def hold(path: Path, owner: str) -> None:
+def hold(path: Path, owner: str, *, wait_s: float = 0.0) -> None:
     """Take the lock at `path` for this process's life, recording `owner` (its pid and address)
-    in the file; HomeBusy, naming the holder, when another process has it."""
+    in the file; HomeBusy, naming the holder, when another process still has it after `wait_s`
+    (an engine restarted at once may find its predecessor still dying)."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.read(fd, 4096).decode("utf-8", "replace").strip() or "another process"
-        os.close(fd)
-        raise HomeBusy(f"{holder} holds {path}") from None
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() < deadline:
+                time.sleep(0.05)
+                continue
+            holder = os.read(fd, 4096).decode("utf-8", "replace").strip() or "another process"
+            os.close(fd)
+            raise HomeBusy(f"{holder} holds {path}") from None
     os.ftruncate(fd, 0)
     os.write(fd, f"pid {os.getpid()}, {owner}\n".encode())
     _held.append(fd)
