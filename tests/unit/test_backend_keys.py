@@ -113,3 +113,26 @@ async def test_the_in_process_server_wants_the_key_on_every_route_but_health() -
         assert wrong.status_code == 401
         right = await client.post("/v1/chat/completions", headers=auth_headers("right"))
         assert right.status_code == 200 and right.text == "ok"
+
+
+def test_a_sweep_removes_the_keys_of_engines_that_are_gone(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from modelyard.engine.backends.keys import key_file, sweep_stale_keys
+
+    mine = key_file(tmp_path, "m")  # this process plays the live engine
+    write_key_file(mine, "k1")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    gone = key_dir(tmp_path) / f"m-aaaaaaaaaaaa.{dead.pid}.key"
+    write_key_file(gone, "k2")
+    # This pid, but the file is older than this process: the pid was reused since.
+    reused = key_dir(tmp_path) / f"m-bbbbbbbbbbbb.{os.getpid()}.key"
+    write_key_file(reused, "k3")
+    os.utime(reused, (1_000_000, 1_000_000))
+    legacy = key_dir(tmp_path) / "m-cccccccccccc.key"  # named before names carried a pid
+    write_key_file(legacy, "k4")
+
+    assert sweep_stale_keys(tmp_path) == 3
+    assert [p.name for p in key_dir(tmp_path).iterdir()] == [mine.name]

@@ -133,6 +133,9 @@ def serve(
         if internal_port is None:
             err_console.print("--engine-only needs --internal-port")
             raise typer.Exit(2)
+        _hold_home(settings.home / "run" / f"engine-{engine_index}.lock",
+                   f"engine-{engine_index} on port {internal_port}", "an engine",
+                   wait_s=ENGINE_LOCK_WAIT_S)
         from modelyard.engine.app import create_engine_app
         from modelyard.engine.loop import Engine
         from modelyard.engine.pushed_catalog import catalog_pushed
@@ -163,6 +166,13 @@ def serve(
     from modelyard.front.dispatch.drain import Drain
     from modelyard.store.registry import ModelRegistry
 
+    # Before the front writes anything into the home (its log, its metrics, its database).
+    _hold_home(settings.home / "run" / "front.lock",
+               f"front http://{settings.host}:{settings.port}", "a front")
+    if settings.single_process:  # its engine-0 runs inside: no stray engine-0 beside it
+        _hold_home(settings.home / "run" / "engine-0.lock",
+                   f"engine-0 inside the front http://{settings.host}:{settings.port}",
+                   "a front")
     metrics.setup_multiprocess(settings.home)  # before anything records; engines inherit it
     try:  # before any migration, and before a damaged file could pass for a first boot
         db.check(settings.db_url)
@@ -184,6 +194,24 @@ def serve(
     serving.run(drain, host=settings.host, port=settings.port, grace_s=grace_s,
                 on_shutdown=lambda: drain.begin(grace_s), limits=serving.http_limits(settings),
                 keep_alive_s=settings.client_keep_alive_s)
+
+
+# An engine restarted right after its predecessor was killed may find it still dying (its
+# lock goes with its last breath): it waits this long before it gives up.
+ENGINE_LOCK_WAIT_S = 5.0
+
+
+def _hold_home(lock: Path, owner: str, what: str, wait_s: float = 0.0) -> None:
+    """This process's lock on its place in the home (home_lock.py), or exit 1 naming who has
+    it: two fronts on one home would share its database, logs, front id and engines' files."""
+    from modelyard import home_lock
+
+    try:
+        home_lock.hold(lock, owner, wait_s=wait_s)
+    except home_lock.HomeBusy as exc:
+        print(f"modelyard: refusing to start {what}: this MODELYARD_HOME is in use ({exc}); "
+              "stop that one, or give this one its own MODELYARD_HOME", file=sys.stderr)
+        raise typer.Exit(1) from None
 
 
 def _home() -> Path:

@@ -30,6 +30,7 @@ import os
 
 from modelyard.engine.loop import Engine
 from modelyard.errors import ModelyardError
+from modelyard.log_throttle import Throttled
 from modelyard.request_ids import REQUEST_ID
 from modelyard.wire.lease import (
     HELLO_TIMEOUT_S,
@@ -57,6 +58,9 @@ log = logging.getLogger("modelyard.engine.leases")
 # State frames while changes keep coming: at most one per this long (a burst of loads, evictions
 # and lease waits is one frame), and always one after the last change.
 STATE_COALESCE_S = 0.05
+# Any local user can send refused hellos as fast as they can connect: one line per this long
+# (with the count of the others) says it happens without letting them fill the disk.
+REFUSED_LOG_EVERY_S = 10.0
 
 
 class _Connection:
@@ -173,6 +177,8 @@ async def serve_lease_channel(
     if not secret:
         raise ValueError("the lease channel needs a secret")
     protocol = engine_protocol()
+    log_refused = Throttled(log, logging.WARNING, "lease channel: a connection without the "
+                            "engine's secret was refused", REFUSED_LOG_EVERY_S)
 
     async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -187,7 +193,7 @@ async def serve_lease_channel(
                           hello.protocol, protocol)
                 hello = None
         else:
-            log.warning("lease channel: a connection without the engine's secret was refused")
+            log_refused()
         if hello is None:
             writer.close()
             with contextlib.suppress(ConnectionError):

@@ -32,9 +32,10 @@ from collections.abc import Callable
 from modelyard import metrics
 from modelyard.config import ModelSpec, TransformersModel
 from modelyard.engine.backends.base import Backend, make_backend
+from modelyard.engine.backends.keys import sweep_stale_keys
 from modelyard.engine.node_pull import pull_here, served_locally
 from modelyard.engine.reload_flow import ConfigReload
-from modelyard.engine.runtime import ModelState, Runtime
+from modelyard.engine.runtime import ModelState, Runtime, file_identity
 from modelyard.engine.speculative import TRANSFORMERS_OFF, DraftCounts
 from modelyard.engine.state import MIB
 from modelyard.engine.warm_tier import Warmable
@@ -114,6 +115,10 @@ class Engine(ConfigReload):
                 self.registry = registry
         elif not self.catalog.pushed_only:
             self.registry = await asyncio.to_thread(self.catalog.build, self.settings)
+        # A rescan is someone saying the disk changed (a file restored, a pull, an import):
+        # models that failed may load now, so none waits out its load_cooldown_s.
+        for rt in self._models.values():
+            rt.cooldown_until = 0.0
 
     async def _acquire(self, rt: Runtime, keep_alive_s: float | None) -> Lease:
         # While it waits it counts among the model's waiters: the model is not idle (no
@@ -261,6 +266,9 @@ class Engine(ConfigReload):
         remaining = rt.cooldown_until - self.clock()
         if remaining <= 0 or rt.last_error is None:
             return
+        if file_identity(rt.entry.path) != rt.failed_file:  # restored or replaced: try again
+            rt.cooldown_until = 0.0
+            return
         err = rt.last_error
         raise type(err)(
             f"{err.message} (not retried for another {remaining:.0f} s: load_cooldown_s)",
@@ -293,6 +301,9 @@ class Engine(ConfigReload):
 
     def start(self) -> None:
         """Start the keep-alive reaper and the thermal watch (call from the engine's loop)."""
+        # Keys of servers that died with an engine killed before this one (keys.py).
+        if swept := sweep_stale_keys(self.settings.home):
+            log.info("removed %d backend key file(s) left by a stopped engine", swept)
         self._ensure_reaper()
         self._spawn(self._prefetch_estimates(), "estimates")
         self._spawn(self.reach.known(), "reach")  # its warning belongs at start
@@ -408,6 +419,7 @@ class Engine(ConfigReload):
             rt.state = ModelState.FAILED
             rt.last_error = exc
             rt.cooldown_until = self.clock() + self.settings.load_cooldown_s
+            rt.failed_file = file_identity(rt.entry.path)
             exc.retry_after_s = self.settings.load_cooldown_s or None
             self.stats["load_failures"] += 1
             metrics.model_loaded(rt.entry.id, self.index, "failed")

@@ -9,6 +9,7 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 
 from modelyard.config import ModelSpec
 from modelyard.engine.backends.base import Backend
@@ -16,6 +17,18 @@ from modelyard.engine.slot_queue import SlotQueue
 from modelyard.errors import ModelyardError
 from modelyard.placement.devices import Placement
 from modelyard.store.registry import Entry
+
+
+def file_identity(path: Path | None) -> tuple[int, int, int] | None:
+    """(inode, size, mtime in ns) of `path`: what changes when a file is restored or replaced.
+    None when there is no file (or none to look at)."""
+    if path is None:
+        return None
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 class ModelState(StrEnum):
@@ -35,6 +48,9 @@ class Runtime:
     leases: set[str] = field(default_factory=set)
     cooldown_until: float = 0.0
     last_error: ModelyardError | None = None
+    # Its file as the failed load found it ((inode, size, mtime); None: absent): a file that is
+    # back or changed since deserves a new try before the cooldown ends.
+    failed_file: tuple[int, int, int] | None = None
     loaded_at: float | None = None
     load_duration_s: float | None = None
     last_used: float = 0.0

@@ -10,9 +10,14 @@ request than everything else it does — CPU a small host takes from inference. 
 back only when someone needs it: the last lines for an error, its growth as load progress, the
 Studio's live logs (front/ops/logs.py).
 
-A log file over `log_max_bytes` is rotated when the child starts (file.log → file.log.1 …, as
-logging's RotatingFileHandler names them): the child holds the file open for its whole life, so a
-file is only capped between runs, never under a running child.
+A log file over `log_max_bytes` is rotated (file.log → file.log.1 …, as logging's
+RotatingFileHandler names them) when the child starts, and while it runs: the child holds the file
+open for its whole life, so renaming the file would leave it writing into file.log.1. Instead the
+supervisor copies the full file aside and truncates it in place ("copytruncate", as logrotate
+calls it); the child opened it for appending (O_APPEND), so its next write lands at the new end.
+Piping the output through the supervisor instead would let it rotate losslessly, but costs the
+CPU the paragraph above saves; the price here is that lines written between the copy and the
+truncation (microseconds) are lost, once per `log_max_bytes`.
 """
 
 from __future__ import annotations
@@ -37,23 +42,61 @@ _TAIL_READ_BYTES = 256 * 1024
 _libc = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
 
 
-def rotate_log(path: Path, max_bytes: int, backups: int) -> None:
-    """Move `path` aside when it holds `max_bytes` or more: path.1 … path.N keep the previous
-    files (the oldest is dropped; with no backups the file is just emptied). 0 never rotates."""
+# How often a running child's log size is looked at: one stat() a second per child; a child
+# that writes faster than the cap per second overshoots it for at most that second.
+LOG_CHECK_S = 1.0
+
+
+def _over(path: Path, max_bytes: int) -> bool:
     try:
-        size = path.stat().st_size
+        return max_bytes > 0 and path.stat().st_size >= max_bytes
     except FileNotFoundError:
-        return
-    if max_bytes <= 0 or size < max_bytes:
-        return
-    if backups <= 0:
-        path.unlink(missing_ok=True)
-        return
+        return False
+
+
+def _shift_backups(path: Path, backups: int) -> None:
+    """path.1 … path.N-1 become path.2 … path.N (the oldest is dropped), freeing path.1."""
     for i in range(backups - 1, 0, -1):
         older = path.with_name(f"{path.name}.{i}")
         if older.exists():
             older.replace(path.with_name(f"{path.name}.{i + 1}"))
+
+
+def rotate_log(path: Path, max_bytes: int, backups: int) -> None:
+    """Move `path` aside when it holds `max_bytes` or more: path.1 … path.N keep the previous
+    files (the oldest is dropped; with no backups the file is just emptied). 0 never rotates.
+    For a file no process writes (a child's, before it starts)."""
+    if not _over(path, max_bytes):
+        return
+    if backups <= 0:
+        path.unlink(missing_ok=True)
+        return
+    _shift_backups(path, backups)
     path.replace(path.with_name(f"{path.name}.1"))
+
+
+def rotate_log_in_place(path: Path, max_bytes: int, backups: int) -> int:
+    """`rotate_log` for a file a running process appends to: its bytes are copied to path.1
+    (private from its first byte, like the log) and the file is truncated, so the writer's
+    descriptor stays valid. The number of bytes moved aside (0: nothing to do)."""
+    if not _over(path, max_bytes):
+        return 0
+    with path.open("rb") as src:
+        moved = 0
+        if backups > 0:
+            _shift_backups(path, backups)
+            backup = path.with_name(f"{path.name}.1")
+            fd = os.open(backup, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                # Until nothing is left: what the writer adds meanwhile goes along.
+                while sent := os.sendfile(fd, src.fileno(), moved, 1 << 24):
+                    moved += sent
+            finally:
+                os.close(fd)
+        else:
+            moved = os.fstat(src.fileno()).st_size
+        os.truncate(path, 0)
+    return moved
 
 
 def kill_process_tree(pid: int, *, include_root: bool = True) -> None:
@@ -102,6 +145,8 @@ class ChildProcess:
         self.env = dict(env) if env is not None else None
         self._proc: asyncio.subprocess.Process | None = None
         self._log_start = 0  # where this run's output begins in the (appended) log file
+        self._log_moved = 0  # this run's output that rotations moved out of the file
+        self._log_cap: asyncio.Task[None] | None = None
 
     @property
     def pid(self) -> int | None:
@@ -129,6 +174,25 @@ class ChildProcess:
                 start_new_session=True,
                 preexec_fn=_die_with_parent if sys.platform == "linux" else None,
             )
+        self._log_moved = 0
+        if self.log_max_bytes > 0:
+            self._log_cap = asyncio.create_task(self._cap_log(self._proc))
+
+    async def _cap_log(self, proc: asyncio.subprocess.Process) -> None:
+        """Keep the log under `log_max_bytes` while `proc` runs (the module's docstring)."""
+        while True:
+            try:
+                await asyncio.wait_for(proc.wait(), LOG_CHECK_S)
+                return  # it exited: its next start rotates the file
+            except TimeoutError:
+                pass
+            try:
+                moved = rotate_log_in_place(self.log_file, self.log_max_bytes, self.log_backups)
+            except OSError:
+                continue  # a full disk or a file removed under us: try again later
+            if moved:
+                self._log_moved += max(0, moved - self._log_start)
+                self._log_start = 0
 
     def memory_bytes(self) -> int | None:
         """Resident memory of the process and its children (host RAM; CPU backends)."""
@@ -143,7 +207,7 @@ class ChildProcess:
     def output_bytes(self) -> int:
         """How much this run has written: progress, for stall deadlines (dots count too)."""
         try:
-            return max(0, self.log_file.stat().st_size - self._log_start)
+            return self._log_moved + max(0, self.log_file.stat().st_size - self._log_start)
         except OSError:
             return 0
 

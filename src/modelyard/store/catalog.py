@@ -10,6 +10,7 @@ directories holding hundreds of gigabytes.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,15 +106,41 @@ def model_stem(path: Path) -> str:
     return stem.lower()
 
 
-def _walk(root: Path) -> Iterable[tuple[Path, list[Path]]]:
+@dataclass(frozen=True)
+class WalkLimits:
+    """How much one walk may look at: a folder named over HTTP (`POST /admin/import`) could be
+    `/`. Folders deeper than `max_depth` below the root are not looked into; past `max_entries`
+    names or `max_s` seconds the walk stops with WalkTooLarge."""
+
+    max_depth: int
+    max_entries: int
+    max_s: float
+
+
+class WalkTooLarge(Exception):
+    """A walk went past its WalkLimits (the message says which)."""
+
+
+def _walk(root: Path, limits: WalkLimits | None = None) -> Iterable[tuple[Path, list[Path]]]:
     """(directory, files) for every directory under root, following directory symlinks once."""
     seen: set[str] = set()
+    entries = 0
+    deadline = time.monotonic() + limits.max_s if limits else 0.0
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
         real = os.path.realpath(dirpath)
         if real in seen:  # a symlink loop or a second link to the same directory
             dirnames[:] = []
             continue
         seen.add(real)
+        if limits is not None:
+            entries += len(dirnames) + len(filenames)
+            if entries > limits.max_entries:
+                raise WalkTooLarge(f"{root} holds more than {limits.max_entries} files and "
+                                   "folders")
+            if time.monotonic() > deadline:
+                raise WalkTooLarge(f"walking {root} took more than {limits.max_s:g} s")
+            if len(Path(dirpath).relative_to(root).parts) >= limits.max_depth:
+                dirnames[:] = []
         # Sorted, so which of two links to one directory wins does not depend on the filesystem.
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         yield Path(dirpath), [Path(dirpath, f) for f in sorted(filenames)]
@@ -137,8 +164,11 @@ def _unique_id(path: Path, base: str, used: set[str]) -> str:
     return f"{base}-{n}"
 
 
-def scan_model_dirs(dirs: Iterable[Path]) -> list[DiscoveredModel]:
+def scan_model_dirs(
+    dirs: Iterable[Path], limits: WalkLimits | None = None
+) -> list[DiscoveredModel]:
     """Find GGUF models under each directory (recursively); missing directories are ignored.
+    With `limits`, each directory's walk is bounded (WalkTooLarge past them).
 
     Ids are lowercased file stems; on a clash, the file found later (later root, then deeper,
     then later in name order) gets its parent directory prefixed. Sorted by id.
@@ -148,7 +178,7 @@ def scan_model_dirs(dirs: Iterable[Path]) -> list[DiscoveredModel]:
         root = Path(root).expanduser()
         if not root.is_dir():
             continue
-        for _directory, files in _walk(root):
+        for _directory, files in _walk(root, limits):
             found, _ = _models_in_dir(files)
             for f in found:
                 rel = f.path.relative_to(root)

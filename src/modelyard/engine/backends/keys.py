@@ -3,7 +3,9 @@ without one any process on the machine — or, in a cluster, on the network — 
 directly and skip modelyard's auth, queues and leases.
 
 The key goes to the server the way nobody else can read it: llama-server reads it from a private
-file (`--api-key-file`, 0600 from its first byte, removed at unload), vLLM and other children
+file (`--api-key-file`, 0600 from its first byte, removed when the load ends or its server exits;
+the file's name carries the engine's pid, so the files of an engine that was killed, whose servers
+died with it, are swept when an engine next starts on the home), vLLM and other children
 from an environment variable (/proc/PID/environ is the owner's only), the in-process
 transformers server checks it itself (`RequireKey`). The lease carries it to the front, which
 sends it as `Authorization: Bearer`; the engine's own calls (slot save/restore, /metrics) too.
@@ -17,6 +19,7 @@ import os
 import secrets
 from pathlib import Path
 
+import psutil
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -37,6 +40,39 @@ def auth_headers(key: str | None) -> dict[str, str]:
 def key_dir(home: Path) -> Path:
     """Where the key files of this home's loads live (0700)."""
     return home / "run" / "backend-keys"
+
+
+def key_file(home: Path, name: str) -> Path:
+    """A fresh key file's path for a load of `name` (a file-safe model id), owned by this
+    process (the engine): `<name>-<random>.<pid>.key`."""
+    return key_dir(home) / f"{name}-{secrets.token_hex(6)}.{os.getpid()}.key"
+
+
+def _owner_gone(path: Path) -> bool:
+    """Whether the engine that wrote `path` is gone: no such pid, or a process that started
+    after the file was written holds it now (the pid was reused). A name without a pid (written
+    before names carried one) has no owner left to ask."""
+    pid = path.name.removesuffix(".key").rpartition(".")[2]
+    if not pid.isdigit():
+        return True
+    try:
+        return psutil.Process(int(pid)).create_time() > path.stat().st_mtime + 1
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return True
+    except (psutil.Error, OSError):  # not ours to see, or the file went meanwhile: keep
+        return False
+
+
+def sweep_stale_keys(home: Path) -> int:
+    """Remove the key files of engines that are gone (killed: their servers died with them and
+    nobody removed their keys); the number removed. Files of live engines stay: several engines
+    share the directory."""
+    removed = 0
+    for path in key_dir(home).glob("*.key"):
+        if _owner_gone(path):
+            remove_key_file(path)
+            removed += 1
+    return removed
 
 
 def write_key_file(path: Path, key: str) -> None:

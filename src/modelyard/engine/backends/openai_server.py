@@ -11,7 +11,6 @@ uses none of them serves without a key, and its leases carry none.
 from __future__ import annotations
 
 import os
-import secrets
 import string
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -19,7 +18,7 @@ from pathlib import Path
 import aiohttp
 
 from modelyard.config import LlamaCppModel, OpenAIServerModel, Settings
-from modelyard.engine.backends.keys import key_dir, new_key, remove_key_file, write_key_file
+from modelyard.engine.backends.keys import key_file, new_key, remove_key_file, write_key_file
 from modelyard.engine.backends.llamacpp import llama_server_argv, placement_values
 from modelyard.errors import ModelLoadFailed
 from modelyard.placement.devices import Placement
@@ -66,7 +65,7 @@ class ChildServer:
         self.port = free_port(self.host)
         self.url = f"http://{url_host(self.host)}:{self.port}"
         self._key = new_key()
-        self.key_file = key_dir(settings.home) / f"{_safe(spec.id)}-{secrets.token_hex(6)}.key"
+        self.key_file = key_file(settings.home, _safe(spec.id))
         key_env = spec.api_key_env if isinstance(spec, OpenAIServerModel) else None
         if key_env:
             env = {**(env if env is not None else os.environ), key_env: self._key}

@@ -29,7 +29,8 @@ from modelyard import db
 from modelyard.errors import InvalidRequest, ModelNotFound, ModelyardError
 from modelyard.front.ops.jobs import PullJobs
 from modelyard.front.state import FrontState, read_json_object, state_of, validate
-from modelyard.store.catalog import DiscoveredModel, scan_model_dirs
+from modelyard.store.catalog import DiscoveredModel, WalkLimits, WalkTooLarge, scan_model_dirs
+from modelyard.store.import_roots import resolve_import_dir
 from modelyard.store.registry import Entry
 
 
@@ -301,13 +302,19 @@ class ImportRequest(BaseModel):
 async def import_dir(request: Request) -> Response:
     state = state_of(request)
     req = validate(ImportRequest, await read_json_object(request))
-    added = await import_models(state, Path(req.path))
+    # Over HTTP a path is checked like a file server's (store/import_roots.py).
+    added = await import_models(state, resolve_import_dir(req.path, state.catalog.settings))
     return _json({"imported": added})
 
 
 async def import_models(state: FrontState, directory: Path) -> list[str]:
     """Every GGUF under `directory` becomes a manual model (idempotent: a file already known
-    keeps its entry); projectors are attached, never listed as models."""
+    keeps its entry); projectors are attached, never listed as models. The walk is bounded by
+    the `import_max_*` settings: past them nothing is imported (a 400)."""
+    settings = state.catalog.settings
+    limits = WalkLimits(settings.import_max_depth, settings.import_max_entries,
+                        settings.import_max_s)
+
     def scan() -> list[DiscoveredModel]:
         # A path the system refuses (a NUL, a name too long, no such user's ~, no permission)
         # is the caller's mistake as much as a missing folder: a 400 naming it, never a 500.
@@ -318,7 +325,10 @@ async def import_models(state: FrontState, directory: Path) -> list[str]:
             raise InvalidRequest(f"{str(directory)[:200]!r}: {exc}", param="path") from exc
         if not is_dir:
             raise InvalidRequest(f"{where} is not a directory", param="path")
-        return scan_model_dirs([where])
+        try:
+            return scan_model_dirs([where], limits)
+        except WalkTooLarge as exc:
+            raise InvalidRequest(f"{exc}: name a narrower folder", param="path") from exc
 
     found = await asyncio.to_thread(scan)
 

@@ -1,0 +1,51 @@
+"""One front per MODELYARD_HOME, one engine per index in it (issue 31).
+
+A home is one front's: its SQLite database, its logs, its `front-id` (which pull-job claims and
+sessions are keyed by, even on a shared PostgreSQL database), its engines' `run/` files and its
+`cli-token`. A second front started on the same home used to come up silently beside the first,
+both writing all of that. Several fronts on one PostgreSQL database each keep their own home
+(docs/teams.md), so a lock per home stops only the mistake.
+
+The lock is the kernel's (`flock` on `run/front.lock`, `run/engine-N.lock`), held by an open
+descriptor for the process's whole life: it goes away with the process however it ends (a
+SIGKILL included), so a stale lock file never blocks a restart. The file says who holds it, for
+the refusal's message. The descriptor is close-on-exec, so children (engines, llama-server) do
+not keep it after their parent is gone.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from pathlib import Path
+
+
+class HomeBusy(Exception):
+    """Another live process holds the lock; the message names it as it described itself."""
+
+
+_held: list[int] = []  # descriptors kept open (and so locked) until the process ends
+
+
+def hold(path: Path, owner: str, *, wait_s: float = 0.0) -> None:
+    """Take the lock at `path` for this process's life, recording `owner` (its pid and address)
+    in the file; HomeBusy, naming the holder, when another process still has it after `wait_s`
+    (an engine restarted at once may find its predecessor still dying)."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() < deadline:
+                time.sleep(0.05)
+                continue
+            holder = os.read(fd, 4096).decode("utf-8", "replace").strip() or "another process"
+            os.close(fd)
+            raise HomeBusy(f"{holder} holds {path}") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"pid {os.getpid()}, {owner}\n".encode())
+    _held.append(fd)
