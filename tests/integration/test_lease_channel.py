@@ -28,6 +28,7 @@ from modelyard.wire.lease import (
     HelloReply,
     Progress,
     Release,
+    decode_engine_frame,
     decode_front_frame,
 )
 
@@ -258,3 +259,41 @@ async def test_a_grant_cancelled_before_its_waiter_resumes_is_given_back() -> No
     await client.close()
     await asyncio.wait_for(ended.wait(), 10)
     engine.close()
+
+
+async def test_a_grant_pending_when_its_channel_closes_never_becomes_a_lease(
+    channel: tuple[Engine, int],
+) -> None:
+    """The front goes away while its request waits for a load: the engine's wait for it is
+    cancelled with the channel, and the load that ends after it leases nothing."""
+    engine, port = channel
+    client = await LeaseClient.connect("127.0.0.1", port, SECRET)
+    waiting = asyncio.create_task(client.acquire("slow"))
+    await _until(lambda: any(m["state"] == "loading" for m in engine.model_status()))
+    await client.close()
+    with pytest.raises(EngineUnavailable):
+        await waiting
+    await _until(lambda: any(m["state"] == "ready" for m in engine.model_status()))
+    assert _leases(engine, "slow") == 0
+
+
+async def test_a_cancel_after_the_grant_leaves_the_lease_to_its_release_or_its_channel(
+    channel: tuple[Engine, int],
+) -> None:
+    """A Cancel that crosses its grant cannot tell the engine whether the front took the lease:
+    the front gives it back (lease_client: _read or the cancelled waiter), and a channel that
+    closes gives back all it holds."""
+    engine, port = channel
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b'{"op": "hello", "secret": "%s", "protocol": 1}\n' % SECRET.encode())
+    writer.write(b'{"op": "acquire", "id": 1, "model": "fast"}\n')
+    async with asyncio.timeout(10):
+        await reader.readline()  # the hello's answer
+        granted = decode_engine_frame(await reader.readline())
+    assert isinstance(granted, Granted) and _leases(engine, "fast") == 1
+    writer.write(b'{"op": "cancel", "id": 1}\n{"op": "ping"}\n')
+    async with asyncio.timeout(10):
+        assert await reader.readline() == b'{"op":"pong"}\n'  # the cancel was read before it
+    assert _leases(engine, "fast") == 1
+    writer.close()
+    await _until(lambda: _leases(engine, "fast") == 0)
