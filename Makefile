@@ -79,7 +79,9 @@ test-e2e: install llama-server demo-model demo-safetensors chromium
 test-cluster: install llama-server demo-model
 	MODELYARD_REQUIRE_E2E=1 $(BIN)/python -m pytest -m cluster tests/cluster
 
-# Five minutes of mixed load with client disconnects and an engine kill (SOAK_SECONDS=…).
+# Five minutes of mixed load with client disconnects and an engine kill (SOAK_SECONDS=…), and
+# three minute-long rounds of 64 clients streaming, cutting streams and giving up: no lease may
+# stay held (CHURN_SECONDS=…, CHURN_GIVE_UP_S=…).
 soak: install
 	$(BIN)/python -m pytest -m soak -s tests/soak
 

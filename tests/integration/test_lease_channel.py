@@ -19,6 +19,18 @@ from modelyard.engine.loop import Engine
 from modelyard.errors import EngineUnavailable, ModelNotFound
 from modelyard.front.engines.lease_client import LeaseChannelRefused, LeaseClient
 from modelyard.store.registry import ModelRegistry
+from modelyard.types import Lease
+from modelyard.wire.lease import (
+    PROTOCOL,
+    Acquire,
+    FrontFrame,
+    Granted,
+    HelloReply,
+    Progress,
+    Release,
+    decode_engine_frame,
+    decode_front_frame,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -201,3 +213,87 @@ async def test_a_ready_model_is_leased_without_waiting(engine: Engine) -> None:
     assert child is not None
     await _until(lambda: not child.alive)  # reaped; its exit watcher may not have run yet
     assert engine.lease_ready("fast") is None  # acquire reloads instead of leasing a corpse
+
+
+def _lease(lease_id: str) -> Lease:
+    return Lease(lease_id, "m", "http://127.0.0.1:9", 0)
+
+
+async def test_a_grant_cancelled_before_its_waiter_resumes_is_given_back() -> None:
+    """A waiter cancelled after its grant arrived but before it resumed (a client giving up at
+    that moment) gives the lease back. The interleaving is forced, not waited for: a fake engine
+    sends request 1's grant and request 2's progress in one write, so the client's reader takes
+    both in one step; request 2's progress listener cancels request 1, whose future already
+    holds its grant."""
+    frames: asyncio.Queue[FrontFrame] = asyncio.Queue()
+    second = asyncio.Event()
+    ended = asyncio.Event()
+
+    async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readline()  # the hello
+        writer.write(HelloReply(PROTOCOL).encode())
+        acquires = [decode_front_frame(await reader.readline()) for _ in range(2)]
+        assert [a.id for a in acquires if isinstance(a, Acquire)] == [1, 2]
+        writer.write(Granted(1, _lease("one")).encode() + Progress(2, "loading m").encode())
+        await second.wait()
+        writer.write(Granted(2, _lease("two")).encode())
+        while line := await reader.readline():
+            frames.put_nowait(decode_front_frame(line))
+        ended.set()
+
+    engine = await asyncio.start_server(on_connect, "127.0.0.1", 0)
+    client = await LeaseClient.connect(
+        "127.0.0.1", int(engine.sockets[0].getsockname()[1]), SECRET)
+    first = asyncio.create_task(client.acquire("m"))
+    other = asyncio.create_task(client.acquire("m", on_progress=lambda _: first.cancel()))
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    second.set()
+    client.release((await other).id)
+    seen: list[FrontFrame] = []
+    async with asyncio.timeout(10):
+        while Release("two") not in seen:
+            seen.append(await frames.get())
+    # Lease "one" came back before "two" was released: given back by the cancelled waiter.
+    assert seen == [Release("one"), Release("two")]
+    await client.close()
+    await asyncio.wait_for(ended.wait(), 10)
+    engine.close()
+
+
+async def test_a_grant_pending_when_its_channel_closes_never_becomes_a_lease(
+    channel: tuple[Engine, int],
+) -> None:
+    """The front goes away while its request waits for a load: the engine's wait for it is
+    cancelled with the channel, and the load that ends after it leases nothing."""
+    engine, port = channel
+    client = await LeaseClient.connect("127.0.0.1", port, SECRET)
+    waiting = asyncio.create_task(client.acquire("slow"))
+    await _until(lambda: any(m["state"] == "loading" for m in engine.model_status()))
+    await client.close()
+    with pytest.raises(EngineUnavailable):
+        await waiting
+    await _until(lambda: any(m["state"] == "ready" for m in engine.model_status()))
+    assert _leases(engine, "slow") == 0
+
+
+async def test_a_cancel_after_the_grant_leaves_the_lease_to_its_release_or_its_channel(
+    channel: tuple[Engine, int],
+) -> None:
+    """A Cancel that crosses its grant cannot tell the engine whether the front took the lease:
+    the front gives it back (lease_client: _read or the cancelled waiter), and a channel that
+    closes gives back all it holds."""
+    engine, port = channel
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b'{"op": "hello", "secret": "%s", "protocol": 1}\n' % SECRET.encode())
+    writer.write(b'{"op": "acquire", "id": 1, "model": "fast"}\n')
+    async with asyncio.timeout(10):
+        await reader.readline()  # the hello's answer
+        granted = decode_engine_frame(await reader.readline())
+    assert isinstance(granted, Granted) and _leases(engine, "fast") == 1
+    writer.write(b'{"op": "cancel", "id": 1}\n{"op": "ping"}\n')
+    async with asyncio.timeout(10):
+        assert await reader.readline() == b'{"op":"pong"}\n'  # the cancel was read before it
+    assert _leases(engine, "fast") == 1
+    writer.close()
+    await _until(lambda: _leases(engine, "fast") == 0)

@@ -9,7 +9,6 @@ per engine, the model queues and the memory estimates. DESIGN.md §1 says how an
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import time
 from collections.abc import Callable, Coroutine
@@ -33,7 +32,7 @@ from modelyard.front.chat.presets import apply_preset_bytes
 from modelyard.front.chat.sessions.kv import SessionKv, SlotKv
 from modelyard.front.dispatch.fair_share import weight_of
 from modelyard.front.dispatch.queueing import Limits, ModelQueues
-from modelyard.front.dispatch.relay import Relay, send_upstream
+from modelyard.front.dispatch.relay import Relay, discard_when_done, send_upstream
 from modelyard.front.dispatch.replicas import MovedToCopy, Replicas, unless_moved
 from modelyard.front.dispatch.reroute import Reroutes
 from modelyard.front.dispatch.routing import EngineView, pick_engine, view_from_status
@@ -567,16 +566,7 @@ def _then(first: Callable[[], None] | None, then: Callable[[], None]) -> Callabl
 
 def _drop(early: asyncio.Future[aiohttp.ClientResponse]) -> None:
     """Abandon a request sent before its lease: close its response whenever it arrives."""
-
-    def close(done: asyncio.Future[aiohttp.ClientResponse]) -> None:
-        if not done.cancelled() and done.exception() is None:
-            done.result().close()
-
-    early.cancel()
-    if early.done():
-        close(early)
-    else:
-        early.add_done_callback(close)
+    discard_when_done(early, aiohttp.ClientResponse.close)
 
 
 async def _disconnect(request: Request) -> None:
@@ -590,20 +580,20 @@ async def unless_disconnected(
 ) -> T:
     """`await work`, unless the client disconnects first: then `work` is cancelled (leaving its
     queue, dropping its wait for a grant) and ClientClosedRequest is raised. A result that
-    arrives anyway is given to `discard`."""
+    arrives anyway is given to `discard`, also when this wait is itself cancelled (a shutdown,
+    an enclosing wait whose client left) as `work` ends."""
     task = asyncio.ensure_future(work)
     gone = asyncio.ensure_future(_disconnect(request))
     try:
         await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        discard_when_done(task, discard)  # it may have ended already: nobody else takes it
+        raise
     finally:
         gone.cancel()
-        if not task.done():
-            task.cancel()
-    finished = task.done() and not task.cancelled()
-    client_gone = gone.done() and not gone.cancelled()
-    if finished and not client_gone:
-        return task.result()
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        discard(await task)
+    if not (gone.done() and not gone.cancelled()):
+        return task.result()  # the work ended and the client is still there
+    discard_when_done(task, discard)
+    await asyncio.wait({task})  # its cleanup (leaving the queue, the Cancel) runs first
     raise ClientClosedRequest("the client closed the connection while the request waited")
 

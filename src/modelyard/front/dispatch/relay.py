@@ -87,6 +87,23 @@ async def send_upstream(
         ) from exc
 
 
+def discard_when_done(opening: asyncio.Future[T], discard: Callable[[T], None]) -> None:
+    """Cancel `opening` (a relay, or an upstream response, being opened) and hand whatever it
+    yields anyway to `discard`, now or when it ends. A cancellation can land after the lease
+    was granted (or the response came) and before the waiter resumed to take it: nobody else
+    holds it then, and a lease nobody releases keeps its model busy for good (DESIGN.md §3.3)."""
+
+    def close(done: asyncio.Future[T]) -> None:
+        if not done.cancelled() and done.exception() is None:
+            discard(done.result())
+
+    opening.cancel()
+    if opening.done():
+        close(opening)
+    else:
+        opening.add_done_callback(close)
+
+
 class Relay:
     """One leased request to a backend; `close()` is idempotent and synchronous."""
 

@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from modelyard.errors import ModelyardError, UpstreamError
 from modelyard.front.dispatch import drain
-from modelyard.front.dispatch.relay import Relay
+from modelyard.front.dispatch.relay import Relay, discard_when_done
 from modelyard.front.state import upstream_message
 from modelyard.metrics import counting_errors
 
@@ -31,6 +32,11 @@ class Pending:
     first: str
     lines: asyncio.Queue[str]
 
+    def close(self) -> None:
+        """Stop opening the relay, and close it if it opened (now or when it does): its
+        stream ended, or never started (the client left first)."""
+        discard_when_done(self.relay, Relay.close)
+
 
 async def relay_or_progress(
     open_relay: Callable[[Callable[[str], None]], Awaitable[Relay]],
@@ -42,7 +48,7 @@ async def relay_or_progress(
     try:
         await asyncio.wait({task, heard}, return_when=asyncio.FIRST_COMPLETED)
     except BaseException:
-        task.cancel()
+        discard_when_done(task, Relay.close)  # it may have opened already: nobody else takes it
         raise
     finally:
         heard.cancel()
@@ -93,12 +99,7 @@ async def progress_then_relay(
         async for chunk in body(relay):
             yield chunk
     finally:
-        if not task.done():
-            task.cancel()
-        elif relay is None and not task.cancelled() and task.exception() is None:
-            task.result().close()  # opened, but the client left before it was used
-        if relay is not None:
-            relay.close()
+        pending.close()  # the relay, if it opened (used or not: the client may have left)
 
 
 
@@ -121,4 +122,21 @@ async def open_for_stream(
     if isinstance(opened, Relay):
         return opened
     stream = progress_then_relay(opened, render_progress, render_error, body, upstream_message)
-    return StreamingResponse(stream, media_type=media_type, headers={"Cache-Control": "no-cache"})
+    return ProgressStream(stream, opened, media_type)
+
+
+class ProgressStream(StreamingResponse):
+    """Swap progress, then the answer: a response that closes its relay however the ASGI call
+    ends. The stream's own `finally` is not enough: a client that leaves before the first
+    progress line went out ends the call before the stream ever started, and a stream never
+    started never runs its `finally`, while the relay goes on opening."""
+
+    def __init__(self, content: AsyncIterator[bytes], pending: Pending, media_type: str) -> None:
+        super().__init__(content, media_type=media_type, headers={"Cache-Control": "no-cache"})
+        self.pending = pending
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.pending.close()

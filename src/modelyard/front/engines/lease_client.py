@@ -145,16 +145,29 @@ class LeaseClient:
             self._send(Acquire(request_id, model, keep_alive_s, on_progress is not None,
                                REQUEST_ID.get()))
             reply = await future
-        except asyncio.CancelledError:
-            # If the grant is already on its way, _read gives it back.
-            if self._waiting.pop(request_id, None) is not None and not self._closed:
-                self._send(Cancel(request_id))
+        except BaseException:
+            self._give_up(request_id, future)
             raise
         finally:
             self._progress.pop(request_id, None)
         if isinstance(reply, Refused):
             raise from_native_body(dict(reply.error))
         return reply.lease
+
+    def _give_up(self, request_id: int, future: asyncio.Future[Granted | Refused]) -> None:
+        """The waiter of `request_id` leaves (cancelled: its client gave up) without its lease.
+
+        Still waiting: the engine is told to stop (a grant already on its way is given back by
+        _read). Already answered: _read set the grant and the cancellation landed before the
+        waiter resumed to take it, so nobody else will release it: given back here."""
+        if self._waiting.pop(request_id, None) is not None:
+            if not self._closed:
+                with contextlib.suppress(LeaseChannelClosed):
+                    self._send(Cancel(request_id))
+        elif future.done() and not future.cancelled() and future.exception() is None:
+            reply = future.result()
+            if isinstance(reply, Granted):
+                self.release(reply.lease.id)
 
     def release(self, lease_id: str) -> None:
         # A closed channel has released everything on the engine's side already.
