@@ -55,6 +55,7 @@ RELOADABLE: tuple[str, ...] = (
     "replica_scale_up_wait_s", "replica_idle_s",  # read by the front at each scale decision
     "activity_capture_bodies", "activity_capture_max_bytes",  # read at each request
     "fair_share",  # read by the dispatcher at each request (weights, swap share)
+    "import_max_depth", "import_max_entries", "import_max_s",  # read at each /admin/import
 )
 
 # Model fields a running server does not depend on: a change applies without a restart.
