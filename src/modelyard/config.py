@@ -655,6 +655,15 @@ class Settings(BaseSettings):
         "`make run` built, then `llama-server` on PATH.",
     )
     default_ctx_size: int = Field(4096, gt=0, description="Context size for GGUF models.")
+    # Each context variant is a server of its own (its KV cache grows with the context), which
+    # any caller's Ollama `num_ctx` could start; the cap bounds the memory one model's variants
+    # take and the evictions they cause (front/chat/context.py).
+    max_context_variants: int = Field(
+        2, ge=0, description="Context variants (`<model>@ctx<N>`, started by an Ollama "
+        "`num_ctx` larger than the model's context) running at once per model; at the cap a "
+        "request reuses the smallest running one that fits, else gets 429 "
+        "context_variants_full. 0: never start one.",
+    )
     llama_server_parallel: int = Field(
         4, gt=0, description="Requests a GGUF model serves at once (llama-server slots); each "
         "gets the full context, so KV-cache memory grows with this.",

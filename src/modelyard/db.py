@@ -175,6 +175,9 @@ limits = sa.Table(
     sa.Column("requests_per_minute", sa.Integer),
     sa.Column("tokens_per_day", sa.BigInteger),
     sa.Column("max_concurrent", sa.Integer),
+    # The largest Ollama `num_ctx` a request may ask beyond its model's served context (a larger
+    # context starts a server of its own: front/chat/context.py); not a counter.
+    sa.Column("max_num_ctx", sa.Integer),
     sa.Column("updated_at", sa.Float, nullable=False),
     sa.Column("updated_by", sa.String(64)),
 )

@@ -3,6 +3,11 @@
     ModelyardError                  500 internal_error
     ├── InvalidRequest              400 invalid_request      (names the offending field in `param`)
     ├── ToolsUnsupported            400 tools_unsupported    (`tools` for a model without tools)
+    ├── ToolTypeUnsupported         400 tool_type_unsupported (a tool type modelyard does not run)
+    ├── ModelfileInvalid            400 modelfile_invalid    (/api/create: names the line)
+    ├── NumCtxTooLarge              400 num_ctx_too_large    (over the model's trained context)
+    ├── NumCtxNotAllowed            403 num_ctx_not_allowed  (over the caller's `max_num_ctx`)
+    ├── ContextVariantsFull         429 context_variants_full (`max_context_variants` running)
     ├── VisionUnsupported           400 vision_unsupported   (images for a model that reads none)
     ├── WrongModelKind              400 model_not_embedding / model_not_reranker (names one that is)
     ├── ModelNotFound               404 model_not_found
@@ -523,3 +528,47 @@ def rate_limit_headers(limit: int, remaining: int, reset_s: float) -> dict[str, 
     return {"X-RateLimit-Limit": str(limit), "X-RateLimit-Remaining": str(max(0, remaining)),
             "X-RateLimit-Reset": str(max(0, math.ceil(reset_s)))}
 
+
+
+# ---- added by issue 31 (client mistakes that were 5xx; context variants on request) ----------
+
+
+class ToolTypeUnsupported(InvalidRequest):
+    """A `tools` entry of a type modelyard does not run (`web_search`, `file_search`, an
+    Anthropic server tool, …): refused before anything is relayed, since a backend answers it
+    with a 500."""
+
+    code = "tool_type_unsupported"
+
+
+class ModelfileInvalid(InvalidRequest):
+    """/api/create: a Modelfile line modelyard cannot read; the message names the line."""
+
+    code = "modelfile_invalid"
+
+
+class NumCtxTooLarge(InvalidRequest):
+    """Ollama's `num_ctx` over what the model was trained for (or over the bound when the file
+    does not say): no server could honour it."""
+
+    code = "num_ctx_too_large"
+
+
+class NumCtxNotAllowed(Forbidden):
+    """Ollama's `num_ctx` over the model's served context and over the caller's `max_num_ctx`
+    limit: a larger context starts a server of its own, which the limits ration."""
+
+    code = "num_ctx_not_allowed"
+
+
+class ContextVariantsFull(ModelyardError):
+    """Ollama's `num_ctx` would start another context variant of a model that already runs
+    `max_context_variants` of them, none large enough: retry when one unloads."""
+
+    status = 429
+    code = "context_variants_full"
+    openai_type = "rate_limit_error"
+
+
+_BY_CODE.update({cls.code: cls for cls in (ToolTypeUnsupported, ModelfileInvalid, NumCtxTooLarge,
+                                           NumCtxNotAllowed, ContextVariantsFull)})

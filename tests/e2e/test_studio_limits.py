@@ -69,12 +69,14 @@ def test_an_admin_sets_limits_and_groups_in_the_studio(server: Server, page: Pag
     page.fill("input[name=subject_name]", "zoe")
     page.fill("input[name=requests_per_minute]", "3")
     page.fill("input[name=max_concurrent]", "2")
+    page.fill("input[name=max_num_ctx]", "8192")
     page.click("button:has-text('Save limit')")
     row = page.locator("tr[data-subject='user:zoe']")
     row.wait_for()
     [limit] = api(server, "GET", "/admin/limits").json()["limits"]
     assert (limit["requests_per_minute"], limit["tokens_per_day"],
-            limit["max_concurrent"]) == (3, None, 2)
+            limit["max_concurrent"], limit["max_num_ctx"]) == (3, None, 2, 8192)
+    assert "8192" in row.locator("td").nth(4).inner_text()
 
     # Zoe's request shows up as used in the table (after Refresh).
     r = httpx.post(server.url + "/v1/chat/completions", timeout=30,

@@ -19,8 +19,9 @@ The generated text is deterministic: see `generated_text`. GET /requests returns
 completion request bodies it was sent (what a front relayed).
 
 Client mistakes llama-server answers with a 500 (see `chat_fault`): a chat `tools` that is not an
-array; an image part without a projector (`--mmproj FILE`, else "image input is not supported"),
-or with one, an image that does not decode.
+array, or holds a tool whose type is not `function`; an image part without a projector
+(`--mmproj FILE`, else "image input is not supported"), or with one, an image that does not
+decode.
 
 Slots and prompt caching, modelled only when `--parallel N` (`-np`) is given, as llama-server's
 fixed slots: a chat's tokens are then its messages' roles and words (also its `prompt_tokens`);
@@ -578,6 +579,9 @@ def chat_fault(body: dict[str, Any], vision: bool) -> JSONResponse | None:
         kind = type(tools).__name__.replace("str", "string")
         return error(500, f"[json.exception.type_error.302] type must be array, but is {kind}",
                      "server_error")
+    for tool in tools or []:
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            return error(500, f"Unsupported tool type: {json.dumps(tool)}", "server_error")
     for message in body.get("messages") or []:
         content = message.get("content") if isinstance(message, dict) else None
         for part in content if isinstance(content, list) else []:

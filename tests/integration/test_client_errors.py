@@ -140,6 +140,52 @@ def test_tools_that_are_not_a_list_are_invalid_request(server: Server, api: str)
     assert param in ("tools", None)
 
 
+
+@pytest.mark.parametrize("api", ["openai", "ollama", "native"])
+@pytest.mark.parametrize("kind", ["frob", "web_search", "file_search"])
+def test_a_tool_type_modelyard_does_not_run_is_tool_type_unsupported(
+    server: Server, api: str, kind: str
+) -> None:
+    """Relayed, llama-server answers it with a 500: refused in the front, naming the type."""
+    r = post(server, api, {"model": "plain", "messages": HELLO, "tools": [{"type": kind}]})
+    assert r.status_code == 400, r.text
+    code, param, message = error_of(api, r)
+    assert code in ("tool_type_unsupported", "") and repr(kind) in message
+    assert "tools.0.type" in message and param in ("tools.0.type", None)
+
+
+def test_an_mcp_tool_is_refused_where_no_tool_loop_runs(server: Server) -> None:
+    """Native /chat runs no MCP tool loop: its `mcp` entry would be relayed as it is."""
+    tools = [{"type": "mcp", "server": "time"}]
+    r = post(server, "native", {"model": "plain", "messages": HELLO, "tools": tools})
+    assert r.status_code == 400, r.text
+    assert error_of("native", r)[:2] == ("tool_type_unsupported", "tools.0.type")
+
+
+@pytest.mark.parametrize("api", ["openai", "ollama"])
+def test_an_mcp_tool_without_a_server_is_invalid_request(server: Server, api: str) -> None:
+    r = post(server, api, {"model": "plain", "messages": HELLO, "tools": [{"type": "mcp"}]})
+    assert r.status_code == 400, r.text
+    code, _, message = error_of(api, r)
+    assert code in ("invalid_request", "") and message.startswith("tools.0:")
+
+
+def test_hosted_tools_of_the_responses_and_messages_apis_are_tool_type_unsupported(
+    server: Server
+) -> None:
+    r = httpx.post(server.url + "/v1/responses", timeout=30, json={
+        "model": "plain", "input": "hi", "tools": [{"type": "web_search"}]})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert (err["code"], err["param"]) == ("tool_type_unsupported", "tools.0.type")
+    assert "'web_search'" in err["message"]
+    r = httpx.post(server.url + "/v1/messages", timeout=30, json={
+        "model": "plain", "max_tokens": 8, "messages": HELLO,
+        "tools": [{"type": "web_search_20250305", "name": "web_search"}]})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["type"] == "invalid_request_error"
+    assert "'web_search_20250305'" in r.json()["error"]["message"]
+
 def scrape(server: Server) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     r = httpx.get(server.url + "/metrics", headers=server.admin_headers, timeout=10)
     assert r.status_code == 200, r.text

@@ -105,17 +105,18 @@ def argv_of(pid: int) -> list[str]:
 
 
 def test_num_ctx_beyond_the_models_context_runs_a_larger_instance(server: Server) -> None:
-    """options.num_ctx 6000 on a model served with 4096: the context variant `ctx@ctx6144` (a
-    model of its own, its own server started with that context) answers it."""
+    """options.num_ctx 6000 on a model served with 4096: the context variant `ctx@ctx8192` (a
+    model of its own, its own server started with that context, rounded up to a power of two)
+    answers it."""
     body = {"model": "ctx", "stream": False, "options": {"num_ctx": 6000},
             "messages": [{"role": "user", "content": "a long prompt"}]}
     r = post(server, "/api/chat", body)
     assert r.status_code == 200, r.text
     assert r.json()["model"] == "ctx"  # the client's name, not the variant's
-    variant = model_status(server, "ctx@ctx6144")
+    variant = model_status(server, "ctx@ctx8192")
     assert variant is not None and variant["state"] == "ready"
     argv = argv_of(variant["pid"])
-    assert argv[argv.index("-c") + 1] == "6144"
+    assert argv[argv.index("-c") + 1] == "8192"
     base = model_status(server, "ctx")
     assert base is None or base["state"] != "ready"  # nothing loaded the default instance
     # a num_ctx the model's own context covers: the model as it is

@@ -212,6 +212,14 @@ def test_create_from_a_modelfile_makes_a_preset_and_delete_removes_only_it(
     ({"model": "x", "modelfile": "FROM m1\nBOGUS 1\n"}, "BOGUS"),
     ({"model": "m1", "from": "create-base"}, "already"),
     ({"model": "x", "from": "@sha256:" + "0" * 64}, "upload"),
+    # Once 500s with the connection reset (issue 31): each a 400 naming the line or field.
+    ({"model": "x", "modelfile": 'FROM m1\nPARAMETER stop "a"b"\n'}, "line 2: unbalanced"),
+    ({"model": "x", "modelfile": 'FROM m1\nSYSTEM """open\n'}, "line 2"),
+    ({"model": "x", "modelfile": "FROM m1\nPARAMETER seed 1" + "0" * 30}, "line 2"),
+    ({"model": "x", "from": ["m1"]}, "from"),
+    ({"model": "x", "from": "m1", "parameters": {"temperature": "hot"}}, "temperature"),
+    ({"model": "x", "from": "m1", "parameters": {"stop": [1]}}, "stop"),
+    ({"model": "x", "from": "m1", "parameters": "hot"}, "parameters"),
 ])
 def test_create_refuses_what_it_cannot_do_with_a_400_in_ollama_s_shape(
         server: Server, body: dict[str, Any], needle: str) -> None:

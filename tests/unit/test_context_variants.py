@@ -5,13 +5,19 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from tests.unit.test_estimate import write_model
 
 from modelyard.config import LlamaCppModel, ServiceModel, Settings
-from modelyard.errors import InvalidRequest
-from modelyard.front.chat.context import serve_as
+from modelyard.errors import (
+    ContextVariantsFull,
+    InvalidRequest,
+    NumCtxNotAllowed,
+    NumCtxTooLarge,
+)
+from modelyard.front.chat.context import CTX_BOUND, serve_as
 from modelyard.store.config_diff import diff_specs, spec_views
 from modelyard.store.estimate import estimate_model
 from modelyard.store.registry import Entry, ModelRegistry, split_context_variant
@@ -19,9 +25,11 @@ from modelyard.store.registry import Entry, ModelRegistry, split_context_variant
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(10)]
 
 
-def registry(tmp_path: Path) -> ModelRegistry:
-    write_model(tmp_path / "tiny.gguf")
-    spec = LlamaCppModel(id="tiny", path=tmp_path / "tiny.gguf", aliases=["t"])
+def registry(tmp_path: Path, trained: int | None = 1 << 17) -> ModelRegistry:
+    """`tiny` (alias `t`), a GGUF trained for `trained` tokens (None: it does not say)."""
+    path = tmp_path / f"tiny-{trained}.gguf"
+    write_model(path, context_length=trained)
+    spec = LlamaCppModel(id="tiny", path=path, aliases=["t"])
     return ModelRegistry([Entry(spec, "config")])
 
 
@@ -44,17 +52,66 @@ def test_the_estimate_grows_with_the_context(tmp_path: Path) -> None:
     assert big.kv_cache_bytes == base.kv_cache_bytes * 16384 // settings.default_ctx_size
 
 
-def test_num_ctx_asks_for_a_variant_only_beyond_the_models_context(tmp_path: Path) -> None:
-    reg = registry(tmp_path)
-    state = SimpleNamespace(catalog=SimpleNamespace(
-        registry=reg, settings=Settings(home=tmp_path / "home", scan_hf_cache=False)))
-    assert serve_as(state, "t", None) is None
-    assert serve_as(state, "t", 4096) is None  # the default context covers it
-    assert serve_as(state, "t", 6000) == "t@ctx6144"  # rounded up to a multiple of 256
-    assert serve_as(state, "unknown", 9000) is None  # the relay says model_not_found
+class Engines:
+    """What the dispatcher tells of the engines: the models loaded or loading."""
+
+    def __init__(self, *loaded: str) -> None:
+        self.loaded = set(loaded)
+
+    async def loaded_models(self) -> set[str]:
+        return self.loaded
+
+
+def front(reg: ModelRegistry, tmp_path: Path, *loaded: str, **settings: Any) -> SimpleNamespace:
+    return SimpleNamespace(dispatch=Engines(*loaded), catalog=SimpleNamespace(
+        registry=reg, settings=Settings(home=tmp_path / "home", scan_hf_cache=False, **settings)))
+
+
+async def test_num_ctx_asks_for_a_variant_only_beyond_the_models_context(tmp_path: Path) -> None:
+    state = front(registry(tmp_path), tmp_path)
+    assert await serve_as(state, "t", None) is None
+    assert await serve_as(state, "t", 4096) is None  # the default context covers it
+    assert await serve_as(state, "t", 6000) == "t@ctx8192"  # rounded up to a power of two
+    assert await serve_as(state, "t", 8192.0) == "t@ctx8192"
+    assert await serve_as(state, "unknown", 9000) is None  # the relay says model_not_found
     for bad in (0, -1, "8k", 1.5, True):
         with pytest.raises(InvalidRequest):
-            serve_as(state, "t", bad)
+            await serve_as(state, "t", bad)
+
+
+async def test_num_ctx_is_bounded_by_the_trained_context(tmp_path: Path) -> None:
+    state = front(registry(tmp_path, trained=16384), tmp_path)
+    assert await serve_as(state, "t", 16000) == "t@ctx16384"
+    assert await serve_as(state, "t", 12000) == "t@ctx16384"  # 2^14 is the trained context
+    with pytest.raises(NumCtxTooLarge, match="16385 is more than the 16384 tokens"):
+        await serve_as(state, "t", 16385)
+    unsaid = front(registry(tmp_path, trained=None), tmp_path)  # the file does not say
+    assert await serve_as(unsaid, "t", CTX_BOUND) == f"t@ctx{CTX_BOUND}"
+    with pytest.raises(NumCtxTooLarge, match=f"more than the {CTX_BOUND} tokens"):
+        await serve_as(unsaid, "t", CTX_BOUND + 1)
+
+
+async def test_the_callers_limit_rules_beyond_the_served_context(tmp_path: Path) -> None:
+    state = front(registry(tmp_path), tmp_path)
+    assert await serve_as(state, "t", 4096, allowed=0) is None  # the served context: always
+    assert await serve_as(state, "t", 5000, allowed=5000) == "t@ctx8192"
+    with pytest.raises(NumCtxNotAllowed, match="max_num_ctx limit"):
+        await serve_as(state, "t", 5001, allowed=5000)
+
+
+async def test_running_variants_are_reused_and_capped(tmp_path: Path) -> None:
+    reg = registry(tmp_path)
+    running = front(reg, tmp_path, "tiny@ctx16384", "tiny", "other@ctx8192")
+    assert await serve_as(running, "t", 5000) == "t@ctx16384"  # fits: no new server
+    assert await serve_as(running, "t", 20000) == "t@ctx32768"  # one of two: a new one
+    full = front(reg, tmp_path, "tiny@ctx8192", "tiny@ctx16384")
+    assert await serve_as(full, "t", 16384) == "t@ctx16384"
+    with pytest.raises(ContextVariantsFull, match="8192, 16384"):
+        await serve_as(full, "t", 20000)
+    none = front(reg, tmp_path, max_context_variants=0)
+    with pytest.raises(ContextVariantsFull):
+        await serve_as(none, "t", 5000)
+    assert await serve_as(none, "t", 4000) is None
 
 
 def test_a_service_has_no_context_variant(tmp_path: Path) -> None:

@@ -26,9 +26,12 @@ def write_model(
     kv_heads: int | None = 3,
     key_len: int | None = None,
     value_len: int | None = None,
+    context_length: int | None = None,
 ) -> GgufInfo:
     """A small llama GGUF carrying just the keys the estimate reads, and one tensor."""
     writer = GGUFWriter(path, "llama")
+    if context_length is not None:
+        writer.add_context_length(context_length)
     if layers is not None:
         writer.add_block_count(layers)
     if embd is not None:

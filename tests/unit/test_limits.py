@@ -173,6 +173,33 @@ async def test_which_limits_a_caller_is_held_to(engine: sa.Engine) -> None:
     assert usage["token:t1"]["tokens_today"] == 0  # no tokens-per-day limit of its own
 
 
+async def test_max_num_ctx_is_the_tightest_that_applies_and_no_counter(
+    engine: sa.Engine
+) -> None:
+    limiter = Limiter(engine, 2.0)
+    alice = Principal("alice", False, frozenset({"inference"}), "token", "t1", group="research")
+    bob = Principal("bob", False, frozenset({"inference"}), "token", "t2")
+    assert limiter.max_num_ctx(alice) is None  # nothing set: no limit
+    store.set_limit(engine, "default", requests_per_minute=None, tokens_per_day=None,
+                    max_concurrent=None, by=None, max_num_ctx=8192)
+    store.set_limit(engine, "group:research", requests_per_minute=None, tokens_per_day=None,
+                    max_concurrent=None, by=None, max_num_ctx=32768)
+    await limiter.refresh()
+    assert limiter.max_num_ctx(alice) == 8192  # default's, tighter than her group's
+    assert limiter.max_num_ctx(None) == 8192  # anonymous callers: default's
+    store.set_limit(engine, "user:alice", requests_per_minute=None, tokens_per_day=None,
+                    max_concurrent=None, by=None, max_num_ctx=65536)
+    store.set_limit(engine, "token:t2", requests_per_minute=None, tokens_per_day=None,
+                    max_concurrent=None, by=None, max_num_ctx=0)
+    await limiter.refresh()
+    assert limiter.max_num_ctx(alice) == 32768  # her own replaces default; the group's holds
+    assert limiter.max_num_ctx(bob) == 0
+    assert limiter.rules_for(alice) == []  # not a counted limit: no database work per request
+    with pytest.raises(InvalidRequest):
+        store.set_limit(engine, "default", requests_per_minute=None, tokens_per_day=None,
+                        max_concurrent=None, by=None, max_num_ctx=-1)
+
+
 def test_the_cli_sets_lists_and_removes_limits_and_groups(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -193,9 +220,10 @@ def test_the_cli_sets_lists_and_removes_limits_and_groups(
         assert result.exit_code == 0, result.output
         return result.output
 
-    run("limits", "set", "user:ivan", "--rpm", "30", "--concurrent", "2")
+    run("limits", "set", "user:ivan", "--rpm", "30", "--concurrent", "2", "--max-num-ctx", "8192")
     [row] = store.list_limits(engine)
     assert (row.requests_per_minute, row.tokens_per_day, row.max_concurrent) == (30, None, 2)
+    assert row.max_num_ctx == 8192
     listed = run("limits", "ls")
     assert "user:ivan" in listed and "0/30" in listed
     bad = runner.invoke(app, ["limits", "set", "someone", "--rpm", "1"])

@@ -34,7 +34,8 @@ def limits_ls(config: ConfigOption = None) -> None:
     database = _database(config)
     rows = store.list_limits(database)
     usage = store.usage(database, [r.subject for r in rows] + [ANONYMOUS], time.time())
-    table = Table("SUBJECT", "REQUESTS/MIN", "TOKENS/DAY", "CONCURRENT", "UPDATED")
+    table = Table("SUBJECT", "REQUESTS/MIN", "TOKENS/DAY", "CONCURRENT", "MAX NUM_CTX",
+                  "UPDATED")
     for row in rows:
         used = usage.get(row.subject, {})  # `default` is counted per user: no figures
         table.add_row(
@@ -42,6 +43,7 @@ def limits_ls(config: ConfigOption = None) -> None:
             _cell(row.requests_per_minute, used.get("requests_this_minute")),
             _cell(row.tokens_per_day, used.get("tokens_today")),
             _cell(row.max_concurrent, used.get("concurrent")),
+            _cell(row.max_num_ctx),
             f"{_when(row.updated_at)} {row.updated_by or ''}".strip())
     console.print(table)
 
@@ -55,12 +57,16 @@ def limits_set(
         "--tokens-per-day", help="Prompt + completion tokens per UTC day.")] = None,
     concurrent: Annotated[int | None, typer.Option(
         "--concurrent", help="Requests running at once.")] = None,
+    max_num_ctx: Annotated[int | None, typer.Option(
+        "--max-num-ctx", help="The largest Ollama num_ctx beyond a model's served context (a "
+        "server of its own); 0: never beyond.")] = None,
     config: ConfigOption = None,
 ) -> None:
-    """Set a subject's limits (replacing all three: a limit not given is no limit)."""
+    """Set a subject's limits (replacing all of them: a limit not given is no limit)."""
     try:
         store.set_limit(_database(config), subject, requests_per_minute=rpm,
-                        tokens_per_day=tokens_per_day, max_concurrent=concurrent, by=None)
+                        tokens_per_day=tokens_per_day, max_concurrent=concurrent, by=None,
+                        max_num_ctx=max_num_ctx)
     except ModelyardError as exc:
         raise _fail(exc) from exc
     console.print(f"limits of {subject} set")

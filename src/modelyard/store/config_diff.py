@@ -46,7 +46,8 @@ RELOADABLE: tuple[str, ...] = (
     "max_tool_rounds", "models", "presets", "model_dirs", "scan_hf_cache", "hf_cache_dir",
     "embedding_demo",  # the catalog is rebuilt by a reload: all-minilm comes or goes with it
     "llama_server_path",
-    "default_ctx_size", "llama_server_parallel", "llama_server_threads", "load_cooldown_s",
+    "default_ctx_size", "max_context_variants", "llama_server_parallel", "llama_server_threads",
+    "load_cooldown_s",
     "load_stall_timeout_s", "load_timeout_s", "stop_grace_s", "log_tail_lines", "keep_alive_s",
     "max_loaded_models", "warm_tier_bytes", "gguf_read_ahead", "memory_wait_timeout_s",
     "memory_recovery_timeout_s",

@@ -6,6 +6,7 @@ only read those, never tensor data, so inspecting a 70 GB file costs a few page 
 
 from __future__ import annotations
 
+import functools
 import re
 import struct
 from dataclasses import dataclass, field
@@ -320,6 +321,24 @@ def _other_shards(path: Path, meta: dict[str, MetadataValue]) -> list[Path]:
     if missing:
         raise GgufError(f"{path}: incomplete split model, missing {', '.join(missing)}")
     return others
+
+
+def cached_gguf_info(path: Path) -> GgufInfo | None:
+    """`read_gguf_info` for listings and request checks: cached per file version (reading maps
+    the header), None for a file that is not a readable GGUF."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return _cached_info(str(path), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=512)
+def _cached_info(path: str, mtime_ns: int, size: int) -> GgufInfo | None:
+    try:
+        return read_gguf_info(Path(path))
+    except (GgufError, OSError):
+        return None
 
 
 def read_gguf_info(path: Path) -> GgufInfo:

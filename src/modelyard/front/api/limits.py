@@ -1,7 +1,8 @@
 """Quotas and rate limits, and users' groups (admin routes; docs/teams.md).
 
     GET    /admin/limits              every limit, with what its counters hold now
-    PUT    /admin/limits/{subject}    {"requests_per_minute", "tokens_per_day", "max_concurrent"}
+    PUT    /admin/limits/{subject}    {"requests_per_minute", "tokens_per_day", "max_concurrent",
+                                       "max_num_ctx"}
                                       (each a count or null: no limit; a missing one is null)
     DELETE /admin/limits/{subject}
     PATCH  /admin/users/{name}        {"group": "research"} (null: no group)
@@ -44,6 +45,9 @@ class LimitValues(BaseModel):
     tokens_per_day: int | None = Field(
         None, ge=0, description="prompt + completion tokens per UTC day; null: no limit")
     max_concurrent: int | None = Field(None, ge=0, description="null: no limit")
+    max_num_ctx: int | None = Field(
+        None, ge=0, description="the largest Ollama num_ctx beyond a model's served context (a "
+        "context variant: a server of its own); 0: never beyond; null: no limit")
 
 
 class GroupChange(BaseModel):
@@ -69,7 +73,7 @@ async def put_limit(request: Request) -> Response:
     limit = await asyncio.to_thread(
         store.set_limit, limiter.db, subject, requests_per_minute=req.requests_per_minute,
         tokens_per_day=req.tokens_per_day, max_concurrent=req.max_concurrent,
-        by=principal_of(request).user)
+        by=principal_of(request).user, max_num_ctx=req.max_num_ctx)
     await limiter.refresh()
     return _json(limit.public())
 

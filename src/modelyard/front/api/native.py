@@ -81,7 +81,7 @@ async def chat(request: Request) -> Response:
     req = validate(NativeChatRequest, await read_json_object(request))
     call = native_call(req, priority=request_priority(request))
     # A malformed part or tool: 400 naming it, not the backend's 500.
-    check_openai_chat(call.own_fields)
+    check_openai_chat(call.own_fields, mcp=False)  # no tool loop here: function tools only
     check_tools_for(state, req.model, call.own_fields)
     check_vision_for(state, req.model, call.own_fields)
     return await pipeline.answer(request, call, render.NATIVE)

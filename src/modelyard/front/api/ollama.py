@@ -31,6 +31,7 @@ from modelyard.front.chat.thinking import check_think, check_thinking_for, think
 from modelyard.front.chat.tools.support import check_tools_for
 from modelyard.front.chat.translate import now_rfc3339, ollama_messages_to_openai
 from modelyard.front.chat.vision import check_vision_for
+from modelyard.front.identity.principal import principal_of
 from modelyard.front.state import (
     FrontState,
     read_json_object,
@@ -244,8 +245,18 @@ async def chat(request: Request) -> Response:
     check_tools_for(state, req.model, call.payload)
     check_vision_for(state, req.model, call.payload)
     check_thinking_for(state, req.model, req.think)
-    call.serve_as = context.serve_as(state, req.model, req.options.get("num_ctx"))
+    call.serve_as = await _serve_as(request, req.model, req.options.get("num_ctx"))
     return await pipeline.answer(request, call, render.OLLAMA_CHAT)
+
+
+async def _serve_as(request: Request, model: str, num_ctx: Any) -> str | None:
+    """The context variant `num_ctx` asks for (front/chat/context.py), within the caller's
+    `max_num_ctx` limit; admins have none."""
+    principal = principal_of(request)
+    limiter = getattr(request.app.state, "limits", None)
+    allowed = None if principal.can("admin") or limiter is None else (
+        limiter.max_num_ctx(principal))
+    return await context.serve_as(state_of(request), model, num_ctx, allowed=allowed)
 
 
 async def generate(request: Request) -> Response:
@@ -264,7 +275,7 @@ async def generate(request: Request) -> Response:
         check_thinking_for(state, req.model, req.think)
     if req.suffix:
         check_insert_for(state, req.model)
-    call.serve_as = context.serve_as(state, req.model, req.options.get("num_ctx"))
+    call.serve_as = await _serve_as(request, req.model, req.options.get("num_ctx"))
     await _with_context(state, request, req, call)
     return await pipeline.answer(request, call, render.OLLAMA_GENERATE)
 

@@ -11,14 +11,13 @@
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import Any
 
 from modelyard.config import LlamaCppModel, ServiceModel, TransformersModel
 from modelyard.front.chat.tools.support import chat_template_text, supports_tools
 from modelyard.front.chat.vision import supports_vision
-from modelyard.store.gguf import GgufError, GgufInfo, read_gguf_info
+from modelyard.store.gguf import GgufInfo, cached_gguf_info
 from modelyard.store.registry import Entry
 
 _THINKING_MARKERS = ("<think>", "enable_thinking", "reasoning_content")
@@ -30,19 +29,7 @@ def gguf_info(entry: Entry) -> GgufInfo | None:
     cached per file version, so listings do not map the file again."""
     if entry.format != "gguf" or entry.path is None:
         return None
-    try:
-        st = entry.path.stat()
-    except OSError:
-        return None
-    return _read(str(entry.path), st.st_mtime_ns, st.st_size)
-
-
-@functools.lru_cache(maxsize=512)
-def _read(path: str, mtime_ns: int, size: int) -> GgufInfo | None:
-    try:
-        return read_gguf_info(Path(path))
-    except (GgufError, OSError):
-        return None
+    return cached_gguf_info(entry.path)
 
 
 def _template(entry: Entry, info: GgufInfo | None) -> str:

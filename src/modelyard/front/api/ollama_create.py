@@ -21,7 +21,6 @@ import asyncio
 import hashlib
 import os
 import re
-import shlex
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -35,20 +34,13 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from modelyard import db
-from modelyard.config import Preset
 from modelyard.errors import InvalidRequest, NotImplementedHere
+from modelyard.front.api.modelfile import build_preset, parse_modelfile
 from modelyard.front.api.pulls import _in_db
+from modelyard.front.chat import context
 from modelyard.front.state import FrontState, read_json_object, state_of, validate
 
 _DIGEST = re.compile(r"sha256[:-]([0-9a-f]{64})")
-# Modelfile PARAMETER names → OpenAI request fields (the names Ollama's `options` take).
-PARAMETERS = {
-    "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
-    "seed": "seed", "stop": "stop", "num_predict": "max_tokens",
-    "repeat_penalty": "repeat_penalty", "presence_penalty": "presence_penalty",
-    "frequency_penalty": "frequency_penalty", "typical_p": "typical_p",
-}
-_ROLES = ("system", "user", "assistant", "tool")
 
 
 def blobs_dir(state: FrontState) -> Path:
@@ -112,96 +104,6 @@ class CreateRequest(BaseModel):
     stream: bool = True
 
 
-def parse_modelfile(text: str) -> dict[str, Any]:
-    """A Modelfile's instructions as the structured fields (`from`, `parameters`, …)."""
-    out: dict[str, Any] = {"parameters": {}, "messages": []}
-    lines = text.splitlines()
-    i = 0
-    while i < len(lines):
-        line = lines[i].strip()
-        i += 1
-        if not line or line.startswith("#"):
-            continue
-        word, _, rest = line.partition(" ")
-        command, rest = word.upper(), rest.strip()
-        if command == "PARAMETER":
-            key, _, value = rest.partition(" ")
-            _add_parameter(out["parameters"], key.strip(), value.strip())
-        elif command == "MESSAGE":
-            role, _, content = rest.partition(" ")
-            content, i = _value(content.strip(), lines, i)
-            out["messages"].append({"role": role.strip(), "content": content})
-        elif command in ("FROM", "SYSTEM", "TEMPLATE", "LICENSE", "ADAPTER"):
-            value, i = _value(rest, lines, i)
-            out["adapter" if command == "ADAPTER" else command.lower()] = value
-        else:
-            raise InvalidRequest(f"Modelfile: unknown instruction {word!r}", param="modelfile")
-    return out
-
-
-def _value(rest: str, lines: list[str], i: int) -> tuple[str, int]:
-    """An instruction's value: a triple-quoted one (up to its closing quotes, maybe lines
-    later), a "quoted" one, or the rest of the line; and the next line to read."""
-    if rest.startswith('"""'):
-        body = rest[3:]
-        while '"""' not in body and i < len(lines):
-            body += "\n" + lines[i]
-            i += 1
-        return body.split('"""', 1)[0], i
-    if len(rest) >= 2 and rest[0] == rest[-1] == '"':
-        return rest[1:-1], i
-    return rest, i
-
-
-def _add_parameter(params: dict[str, Any], key: str, raw: str) -> None:
-    value: Any = raw
-    if raw.startswith('"') and raw.endswith('"') and len(raw) >= 2:
-        value = shlex.split(raw)[0]
-    else:
-        for cast in (int, float):
-            try:
-                value = cast(raw)
-                break
-            except ValueError:
-                continue
-    if key == "stop":  # repeated: a list
-        params.setdefault("stop", []).append(str(value))
-    else:
-        params[key] = value
-
-
-def build_preset(name: str, fields: dict[str, Any]) -> Preset:
-    """The preset the Modelfile fields describe; `from` is already the model it runs."""
-    if fields.get("adapter") or fields.get("adapters"):
-        raise InvalidRequest("ADAPTER is not supported: modelyard does not apply LoRA adapters "
-                             "to a model; merge the adapter into the weights and create from "
-                             "that file", param="adapters")
-    params: dict[str, Any] = {}
-    ctx_size = None
-    for key, value in (fields.get("parameters") or {}).items():
-        if key == "num_ctx":
-            if not isinstance(value, int) or value <= 0:
-                raise InvalidRequest("PARAMETER num_ctx must be a positive integer",
-                                     param="parameters.num_ctx")
-            ctx_size = value
-        elif key in PARAMETERS:
-            params[PARAMETERS[key]] = [value] if key == "stop" and isinstance(value, str) \
-                else value
-        else:
-            raise InvalidRequest(
-                f"PARAMETER {key!r} is not supported; supported: num_ctx, "
-                f"{', '.join(sorted(PARAMETERS))}", param=f"parameters.{key}")
-    messages = fields.get("messages") or []
-    for m in messages:
-        if not isinstance(m, dict) or m.get("role") not in _ROLES or not isinstance(
-                m.get("content"), str):
-            raise InvalidRequest(f"MESSAGE needs a role among {', '.join(_ROLES)} and a text",
-                                 param="messages")
-    return Preset(id=name, model=fields["from"], ctx_size=ctx_size, parameters=params,
-                  system=fields.get("system") or None,
-                  messages=[{"role": m["role"], "content": m["content"]} for m in messages])
-
-
 def _fields(req: CreateRequest) -> dict[str, Any]:
     fields: dict[str, Any] = parse_modelfile(req.modelfile) if req.modelfile else {}
     extra = req.model_extra or {}
@@ -218,6 +120,8 @@ def _fields(req: CreateRequest) -> dict[str, Any]:
     if not fields.get("from"):
         raise InvalidRequest("FROM (or `from`, or `files`) is required: the model to build on",
                              param="from")
+    if not isinstance(fields["from"], str):
+        raise InvalidRequest("`from` must be a model's name (or @sha256:<hex>)", param="from")
     return fields
 
 
@@ -248,6 +152,10 @@ async def create(request: Request) -> Response:
         if fields["from"] == name:
             raise InvalidRequest(f"'{name}' cannot be made FROM itself", param="from")
     preset = build_preset(name, fields)
+    if preset.ctx_size is not None:  # one no server of that model could have: a 400 now
+        most = (context.max_context_of(blob) if blob is not None
+                else context.max_context(registry.resolve(preset.model)))
+        context.check_fits(source, most, preset.ctx_size, param="parameters.num_ctx")
     template = fields.get("template") or None
 
     def store(c: sa.Connection) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from modelyard.errors import InvalidRequest, ModelyardError
+from modelyard.errors import InvalidRequest, ModelyardError, ToolTypeUnsupported
 
 # Every path of the Anthropic API family (errors in its shape, front/render.py).
 PATH_PREFIX = "/v1/messages"
@@ -188,8 +188,9 @@ def _tools(tools: list[Any]) -> list[dict[str, Any]]:
             raise _bad(where, "a tool must be an object {\"name\", \"input_schema\"}")
         kind = tool.get("type")
         if kind not in (None, "custom"):
-            raise _bad(f"{where}.type", f"server tool {kind!r} is Anthropic's own; modelyard "
-                                        "offers client tools (name, description, input_schema)")
+            raise ToolTypeUnsupported(
+                f"{where}.type: server tool {str(kind)[:64]!r} is Anthropic's own; modelyard "
+                "offers client tools (name, description, input_schema)", param=f"{where}.type")
         name, schema = tool.get("name"), tool.get("input_schema")
         if not isinstance(name, str) or not name:
             raise _bad(f"{where}.name", "a tool needs a `name`")

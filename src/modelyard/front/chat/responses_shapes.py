@@ -14,7 +14,7 @@ import secrets
 import time
 from typing import Any
 
-from modelyard.errors import InvalidRequest
+from modelyard.errors import InvalidRequest, ToolTypeUnsupported
 from modelyard.front.chat.shapes import check_image_url
 from modelyard.front.chat.translate import Generation
 
@@ -131,8 +131,9 @@ def chat_tools(tools: Any) -> list[dict[str, Any]] | None:
         where = f"tools.{n}"
         if not isinstance(tool, dict) or tool.get("type") != "function":
             kind = tool.get("type") if isinstance(tool, dict) else None
-            raise InvalidRequest(f"{where}.type: only function tools are supported (not "
-                                 f"{kind!r})", param=f"{where}.type")
+            # Hosted tools (web_search, file_search, mcp, …) are OpenAI's to run, not ours.
+            raise ToolTypeUnsupported(f"{where}.type: tool type {str(kind)[:64]!r} is not "
+                                      "supported; supported: function", param=f"{where}.type")
         name = tool.get("name")
         if not isinstance(name, str) or not name:
             raise InvalidRequest(f"{where}.name: a function tool needs a `name`",

@@ -15,7 +15,7 @@ from __future__ import annotations
 import binascii
 from typing import Any
 
-from modelyard.errors import InvalidRequest
+from modelyard.errors import InvalidRequest, ToolTypeUnsupported
 
 TOOL_CHOICES = ("none", "auto", "required")
 
@@ -81,19 +81,28 @@ def _check_tool_calls(calls: Any, where: str) -> None:
                                  "{\"name\", \"arguments\"}", param=f"{where}.{k}")
 
 
-def check_tools(tools: Any, tool_choice: Any = None) -> None:
-    """`tools`: a list of tool objects, a function tool naming its function; `tool_choice`:
-    none, auto, required, or {"type": "function", "function": {"name"}}."""
+def check_tools(tools: Any, tool_choice: Any = None, *, mcp: bool = True) -> None:
+    """`tools`: a list of tool objects, a function tool naming its function, an `mcp` one
+    (where the route runs the tool loop: `mcp`) naming its servers; `tool_choice`: none, auto,
+    required, or {"type": "function", "function": {"name"}}. Any other type (`web_search`,
+    `file_search`, …: hosted tools modelyard does not run) is refused here: a backend answers
+    it with a 500."""
     if tools is not None:
         if not isinstance(tools, list):
             raise InvalidRequest("tools: must be a list of tools ({\"type\": \"function\", "
                                  "\"function\": {\"name\", \"parameters\"}})", param="tools")
+        kinds = ("function", "mcp") if mcp else ("function",)
         for n, tool in enumerate(tools):
             where = f"tools.{n}"
             if not isinstance(tool, dict) or not isinstance(tool.get("type"), str):
                 raise InvalidRequest(f"{where}: a tool must be an object with a `type` "
-                                     "(function)", param=where)
-            if tool["type"] != "function":
+                                     f"({' or '.join(kinds)})", param=where)
+            if tool["type"] not in kinds:
+                raise ToolTypeUnsupported(
+                    f"{where}.type: tool type {tool['type'][:64]!r} is not supported; "
+                    f"supported: {', '.join(kinds)}", param=f"{where}.type")
+            if tool["type"] == "mcp":
+                _check_mcp_tool(tool, where)
                 continue
             fn = tool.get("function")
             if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
@@ -102,6 +111,22 @@ def check_tools(tools: Any, tool_choice: Any = None) -> None:
             if not isinstance(fn.get("parameters", {}), dict):
                 raise InvalidRequest(f"{where}.function.parameters: must be a JSON schema "
                                      "object", param=f"{where}.function.parameters")
+    _check_tool_choice(tool_choice)
+
+
+def _check_mcp_tool(tool: dict[str, Any], where: str) -> None:
+    """`{"type": "mcp", "server": ID}` or `{"type": "mcp", "servers": [ID, …]}` (whether the
+    servers are declared is the tool loop's to say)."""
+    servers = tool.get("servers")
+    named = isinstance(tool.get("server"), str) and bool(tool["server"])
+    listed = isinstance(servers, list) and bool(servers) and all(
+        isinstance(s, str) and s for s in servers)
+    if not named and not listed:
+        raise InvalidRequest(f"{where}: an mcp tool names its server(s): {{\"type\": \"mcp\", "
+                             "\"server\": ID}} or \"servers\": [ID, …]", param=where)
+
+
+def _check_tool_choice(tool_choice: Any) -> None:
     if tool_choice is None or tool_choice in TOOL_CHOICES:
         return
     fn = tool_choice.get("function") if isinstance(tool_choice, dict) else None
@@ -110,9 +135,10 @@ def check_tools(tools: Any, tool_choice: Any = None) -> None:
                              "\"function\": {\"name\": …}}", param="tool_choice")
 
 
-def check_openai_chat(data: dict[str, Any]) -> None:
+def check_openai_chat(data: dict[str, Any], *, mcp: bool = True) -> None:
     """An OpenAI-shaped chat body (OpenAI's route, native /chat): messages' content parts and
-    tool calls, `tools`, `tool_choice`. Messages themselves are checked by the route's model."""
+    tool calls, `tools` (`mcp` ones where the route runs the tool loop), `tool_choice`.
+    Messages themselves are checked by the route's model."""
     for i, message in enumerate(_listed(data.get("messages"))):
         if not isinstance(message, dict):
             continue
@@ -121,7 +147,7 @@ def check_openai_chat(data: dict[str, Any]) -> None:
             for j, part in enumerate(content):
                 _check_part(part, f"messages.{i}.content.{j}")
         _check_tool_calls(message.get("tool_calls"), f"messages.{i}.tool_calls")
-    check_tools(data.get("tools"), data.get("tool_choice"))
+    check_tools(data.get("tools"), data.get("tool_choice"), mcp=mcp)
 
 
 def check_ollama_images(images: Any, where: str) -> None:

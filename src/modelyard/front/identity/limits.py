@@ -98,6 +98,24 @@ class Limiter:
                               row.max_concurrent))
         return [rule for rule in rules if not rule.empty]
 
+    def max_num_ctx(self, principal: Principal | None) -> int | None:
+        """The largest Ollama `num_ctx` the caller may ask beyond a model's served context: the
+        tightest of its token's, its user's (else `default`'s) and its group's `max_num_ctx`;
+        None: no limit of its own. Read from the cached table: no database work."""
+        table = self._table
+        if not table:
+            return None
+        user = None if principal is None else principal.user
+        token_id = None if principal is None else principal.token_id
+        group = None if principal is None else principal.group
+        own = table.get(f"user:{user}") if user is not None else None
+        found = [_first(own, table.get(store.DEFAULT), "max_num_ctx")]
+        for subject in (token_id and f"token:{token_id}", group and f"group:{group}"):
+            row = table.get(subject) if subject else None
+            found.append(None if row is None else row.max_num_ctx)
+        caps = [cap for cap in found if cap is not None]
+        return min(caps) if caps else None
+
     # ---- a request -------------------------------------------------------------------------
 
     async def admit(self, rules: list[Rule]) -> Admission:

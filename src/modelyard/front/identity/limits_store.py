@@ -30,7 +30,7 @@ DAY = "day"
 SLOTS = "slots"  # the lock row of a subject's concurrency slots (window_start 0)
 _SUBJECT = re.compile(r"^(token:[A-Za-z0-9_-]{1,32}|(user|group):[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
                       r"|default)$")
-FIELDS = ("requests_per_minute", "tokens_per_day", "max_concurrent")
+FIELDS = ("requests_per_minute", "tokens_per_day", "max_concurrent")  # the counted ones
 
 
 class LimitNotFound(ModelyardError):
@@ -50,11 +50,14 @@ class Limit:
     max_concurrent: int | None = None
     updated_at: float = 0.0
     updated_by: str | None = None
+    # Not counted: the largest Ollama `num_ctx` beyond a model's served context (limits.py).
+    max_num_ctx: int | None = None
 
     def public(self) -> dict[str, Any]:
         return {"subject": self.subject, "requests_per_minute": self.requests_per_minute,
                 "tokens_per_day": self.tokens_per_day, "max_concurrent": self.max_concurrent,
-                "updated_at": self.updated_at, "updated_by": self.updated_by}
+                "max_num_ctx": self.max_num_ctx, "updated_at": self.updated_at,
+                "updated_by": self.updated_by}
 
 
 @dataclass(frozen=True)
@@ -116,7 +119,7 @@ def check_subject(subject: str) -> str:
 
 def _limit(row: Any) -> Limit:
     return Limit(row.subject, row.requests_per_minute, row.tokens_per_day, row.max_concurrent,
-                 row.updated_at, row.updated_by)
+                 row.updated_at, row.updated_by, row.max_num_ctx)
 
 
 def list_limits(engine: sa.Engine) -> list[Limit]:
@@ -127,22 +130,25 @@ def list_limits(engine: sa.Engine) -> list[Limit]:
 
 def set_limit(engine: sa.Engine, subject: str, *, requests_per_minute: int | None,
               tokens_per_day: int | None, max_concurrent: int | None,
-              by: str | None) -> Limit:
+              by: str | None, max_num_ctx: int | None = None) -> Limit:
     """Creates or replaces the subject's limits (every field: None is no limit)."""
     check_subject(subject)
-    for name, value in zip(FIELDS, (requests_per_minute, tokens_per_day, max_concurrent),
+    for name, value in zip((*FIELDS, "max_num_ctx"),
+                           (requests_per_minute, tokens_per_day, max_concurrent, max_num_ctx),
                            strict=True):
         if value is not None and value < 0:
             raise InvalidRequest(f"{name} is a count, 0 or more (null: no limit)", param=name)
     stamp = time.time()
     values = {"requests_per_minute": requests_per_minute, "tokens_per_day": tokens_per_day,
-              "max_concurrent": max_concurrent, "updated_at": stamp, "updated_by": by}
+              "max_concurrent": max_concurrent, "max_num_ctx": max_num_ctx,
+              "updated_at": stamp, "updated_by": by}
     with engine.begin() as conn:  # update, else insert: one transaction, any dialect
         done = conn.execute(db.limits.update().where(db.limits.c.subject == subject)
                             .values(**values)).rowcount
         if not done:
             conn.execute(db.limits.insert().values(subject=subject, **values))
-    return Limit(subject, requests_per_minute, tokens_per_day, max_concurrent, stamp, by)
+    return Limit(subject, requests_per_minute, tokens_per_day, max_concurrent, stamp, by,
+                 max_num_ctx)
 
 
 def remove_limit(engine: sa.Engine, subject: str) -> None:

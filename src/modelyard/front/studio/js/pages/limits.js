@@ -12,6 +12,7 @@ const FIELDS = [
   ["requests_per_minute", "Requests / minute", "requests_this_minute"],
   ["tokens_per_day", "Tokens / day", "tokens_today"],
   ["max_concurrent", "Concurrent", "concurrent"],
+  ["max_num_ctx", "Max num_ctx", null],
 ];
 
 export function render(container) {
@@ -54,7 +55,7 @@ export function render(container) {
       },
     },
     h("div.card-head", h("div", h("h2", "Limits of a subject"),
-      h("p", "Saving replaces all three; an empty one is no limit. Default applies to each user without their own."))),
+      h("p", "Saving replaces all of them; an empty one is no limit. Max num_ctx: the largest Ollama num_ctx beyond a model's served context (admins: any). Default applies to each user without their own."))),
     h("div.form-row",
       h("label.field", "Subject", kind),
       h("label.field", "Name", name),
@@ -111,7 +112,7 @@ export function render(container) {
         rows.push(h("tr.row-error", h("td", { colspan: 6 }, errorBox(rowErrors.get(l.subject)))));
       }
     }
-    clear(limitsBox, table(["Subject", "Requests this minute", "Tokens today", "Running", "Updated", h("th", "")], rows));
+    clear(limitsBox, table(["Subject", "Requests this minute", "Tokens today", "Running", "Max num_ctx", "Updated", h("th", "")], rows));
   }
 
   async function removeLimit(button, l) {
