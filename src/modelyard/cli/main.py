@@ -183,7 +183,8 @@ def serve(
     grace_s = settings.shutdown_grace_s
     serving.run(drain, host=settings.host, port=settings.port, grace_s=grace_s,
                 on_shutdown=lambda: drain.begin(grace_s), limits=serving.http_limits(settings),
-                keep_alive_s=settings.client_keep_alive_s)
+                keep_alive_s=settings.client_keep_alive_s,
+                forwarded_allow_ips=settings.forwarded_allow_ips)
 
 
 def _home() -> Path:

@@ -36,6 +36,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hashlib
+import hmac
 import ipaddress
 import os
 import secrets
@@ -200,6 +202,17 @@ class Auth:
         self.cookies = URLSafeTimedSerializer(secret_key, salt="modelyard-session")
         self._tokens: dict[str, tuple[float, tokens.Token | None]] = {}
         self.logins = LoginThrottle()
+        # A key of its own for pseudonyms, derived from the cookie key (never the key itself).
+        self._pseudonym_key = hmac.new(secret_key.encode(), b"modelyard user pseudonym",
+                                       hashlib.sha256).digest()
+
+    def pseudonym(self, name: str) -> str:
+        """A user's name as callers without the admin scope see it where names of others would
+        show (the usage metrics' `owner` label): the same on every front sharing the secret
+        key and across restarts, so series and dashboards hold, and no guess of a name can be
+        checked against it without the key."""
+        digest = hmac.new(self._pseudonym_key, name.encode(), hashlib.sha256).hexdigest()
+        return f"u-{digest[:16]}"
 
     def forget_tokens(self) -> None:
         """After a revocation here: it takes effect on the next request."""
