@@ -558,6 +558,16 @@ class Settings(BaseSettings):
         default_factory=list, description="Origins allowed to call the API from a browser "
         "(CORS); empty = same origin only.",
     )
+    # uvicorn trusts X-Forwarded-For/-Proto from 127.0.0.1 by default: on a loopback server any
+    # local client could then name any address, and the per-address login throttle counted
+    # nothing. Nobody is trusted unless named here.
+    forwarded_allow_ips: list[str] = Field(
+        default_factory=list, description="Addresses (or networks, `10.0.0.0/8`) of reverse "
+        "proxies whose X-Forwarded-For and X-Forwarded-Proto headers are believed (the client "
+        "address the login throttle counts, https for the cookie's Secure); empty = none, the "
+        "connection's own address is the client's. `*` trusts every peer: only behind a proxy "
+        "that is the sole way in.",
+    )
     limits_refresh_s: float = Field(
         2.0, gt=0, description="How often the front rereads the quotas and rate limits "
         "(`modelyard limits`) other fronts or the CLI may have changed; an edit made through "

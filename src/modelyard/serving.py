@@ -15,7 +15,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import FrameType
 
 import uvicorn
@@ -75,6 +75,30 @@ def http_limits(settings: Settings) -> HttpLimits:
     )
 
 
+def server_config(
+    app: ASGIApp,
+    *,
+    host: str,
+    port: int,
+    grace_s: float | None = None,
+    keep_alive_s: float = PUBLIC_KEEPALIVE_S,
+    limits: HttpLimits | None = None,
+    forwarded_allow_ips: Sequence[str] = (),
+) -> uvicorn.Config:
+    """uvicorn's configuration for `run`. X-Forwarded-For/-Proto are believed only from the
+    peers in `forwarded_allow_ips` (the `forwarded_allow_ips` setting; engines: none):
+    uvicorn's own default trusts 127.0.0.1 (or $FORWARDED_ALLOW_IPS), which on a loopback
+    server let any local client choose the address the login throttle counts."""
+    return uvicorn.Config(
+        app, host=host, port=port, log_level="warning", access_log=False,
+        http=protocol_class(limits or HttpLimits()),
+        timeout_graceful_shutdown=None if grace_s is None else math.ceil(grace_s + ABORT_MARGIN_S),
+        timeout_keep_alive=math.ceil(keep_alive_s),
+        proxy_headers=bool(forwarded_allow_ips),
+        forwarded_allow_ips=list(forwarded_allow_ips),
+    )
+
+
 def run(
     app: ASGIApp,
     *,
@@ -84,17 +108,15 @@ def run(
     on_shutdown: Callable[[], None] | None = None,
     keep_alive_s: float = PUBLIC_KEEPALIVE_S,
     limits: HttpLimits | None = None,
+    forwarded_allow_ips: Sequence[str] = (),
 ) -> None:
     """Serve `app` until a signal; see the module's docstring. `grace_s` None waits for
     requests in flight without a bound (an engine: its front bounds it); `keep_alive_s`: how
     long an idle client connection stays open; `limits`: head size and read timeouts
-    (http_limits.py)."""
-    config = uvicorn.Config(
-        app, host=host, port=port, log_level="warning", access_log=False,
-        http=protocol_class(limits or HttpLimits()),
-        timeout_graceful_shutdown=None if grace_s is None else math.ceil(grace_s + ABORT_MARGIN_S),
-        timeout_keep_alive=math.ceil(keep_alive_s),
-    )
+    (http_limits.py); `forwarded_allow_ips`: see `server_config`."""
+    config = server_config(app, host=host, port=port, grace_s=grace_s,
+                           keep_alive_s=keep_alive_s, limits=limits,
+                           forwarded_allow_ips=forwarded_allow_ips)
     server = GracefulServer(config, on_shutdown=on_shutdown)
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the SIGINT it handled
         server.run()

@@ -67,7 +67,7 @@ def login(user: User, csrf: str = "c" * 43) -> Identified:
     ("GET", "/tokens", RouteClass.ACCOUNT),
     ("DELETE", "/tokens/abc", RouteClass.ACCOUNT),
     ("POST", "/auth/password", RouteClass.ACCOUNT),
-    ("PATCH", "/auth/me", RouteClass.USER),
+    ("PATCH", "/auth/me", RouteClass.ACCOUNT),  # the account's settings (issue 31 §9)
     ("POST", "/auth/logout", RouteClass.USER),
     ("GET", "/archive/abc/content", RouteClass.USER),
     ("GET", "/studio/events", RouteClass.USER),
@@ -127,10 +127,18 @@ def test_decisions(settings: Settings, method: str, path: str, who: Identified |
     assert outcome(settings, method, path, who) == expected
 
 
-def test_a_bad_token_is_ignored_where_anonymous_callers_are_let_in() -> None:
-    assert outcome(LOOPBACK, "GET", "/v1/models", None, bad_token=True) == "anonymous:None:user"
-    assert outcome(LOOPBACK, "GET", "/admin/engines", None, bad_token=True) == "unauthorized"
-    assert outcome(REQUIRED, "GET", "/v1/models", None, bad_token=True) == "unauthorized"
+def test_a_bad_modelyard_token_is_refused_even_where_anonymous_callers_are_let_in() -> None:
+    """Issue 31 §9: a revoked or made-up `my-…` token made its caller anonymous on an open
+    loopback server, out of the limits of the token's user. (Other keys name nobody: `identify`
+    does not call them bad, and they are ignored like no key.)"""
+    for settings in (LOOPBACK, REQUIRED, NONE):
+        for method, path in (("GET", "/v1/models"), ("POST", "/v1/chat/completions"),
+                             ("GET", "/admin/engines"), ("GET", "/status")):
+            assert outcome(settings, method, path, None, bad_token=True) == "unauthorized"
+    # The public routes stay public (a health probe, the login page, the login itself).
+    assert outcome(LOOPBACK, "GET", "/health", None, bad_token=True) == "anonymous:None:user"
+    assert outcome(REQUIRED, "POST", "/auth/login", None, bad_token=True) == \
+        "anonymous:None:user"
 
 
 def test_sessions_need_csrf_on_unsafe_methods_and_a_changed_password() -> None:
@@ -175,7 +183,7 @@ def test_none_is_refused_off_loopback_with_the_fix_in_the_message() -> None:
 
 @pytest.mark.parametrize(("method", "path"), [
     ("POST", "/tokens"), ("GET", "/tokens"), ("DELETE", "/tokens/t0"),
-    ("POST", "/auth/password"),
+    ("POST", "/auth/password"), ("PATCH", "/auth/me"),
 ])
 def test_an_inference_token_cannot_manage_its_account(method: str, path: str) -> None:
     """Issue 15 §2: a leaked inference token must not mint tokens, revoke others or change the

@@ -23,7 +23,10 @@ def status() -> dict[str, Any]:
              "backend_stats": {"path": "/home/alice"}}
     service = {"model": "tts", "backend": "service", "state": "ready", "pid": 4343,
                "upstream": "http://127.0.0.1:44393", "leases": 0}
-    return {"version": "1", "uptime_seconds": 3.0, "queues": {"a": {"running": 1, "queued": 0}},
+    queues = {"a": {"running": 3, "queued": 1,
+                    "owners": {"bob": {"running": 2, "queued": 1}, "": {"running": 1, "queued": 0},
+                               "carol": {"running": 0, "queued": 0}}}}
+    return {"version": "1", "uptime_seconds": 3.0, "queues": queues,
             "engines": [
                 {"name": "engine-0", "up": True, "pid": 4242, "home": "/home/alice",
                  "device": {"kind": "cpu", "name": "cpu", "total_bytes": 100, "used_bytes": 10,
@@ -35,7 +38,7 @@ def status() -> dict[str, Any]:
 
 
 def test_status_keeps_what_a_client_needs_and_nothing_of_the_machine() -> None:
-    view = client_status(status())
+    view = client_status(status(), "carol")
     text = json.dumps(view)
     for secret in (*SECRETS, "GPU-123"):
         assert secret not in text, secret
@@ -45,11 +48,20 @@ def test_status_keeps_what_a_client_needs_and_nothing_of_the_machine() -> None:
                      "memory": {"measured_bytes": 10}}
     assert view["engines"][0]["device"]["total_bytes"] == 100
     assert view["engines"][1] == {"name": "engine-1", "up": False}
-    assert view["queues"] == status()["queues"]
+    # The queue's figures, and of its owners only the caller's own (issue 31 §7).
+    assert view["queues"] == {"a": {"running": 3, "queued": 1,
+                                    "owners": {"carol": {"running": 0, "queued": 0}}}}
+    assert client_status(status(), "")["queues"]["a"]["owners"] == {
+        "": {"running": 1, "queued": 0}}  # anonymous callers: their shared entry
+    assert "bob" not in json.dumps(client_status(status(), "dave"))
+
+
+def test_overview_shows_no_other_owners() -> None:
+    assert "bob" not in json.dumps(client_overview(status(), "carol"))
 
 
 def test_overview_has_no_pids_urls_errors_or_pulls() -> None:
-    view = client_overview(status())
+    view = client_overview(status(), "")
     text = json.dumps(view)
     for secret in SECRETS:
         assert secret not in text, secret
@@ -76,7 +88,7 @@ def test_a_client_sees_where_a_model_is_and_each_device_but_no_uuid() -> None:
     full["engines"][0]["models"][0]["placement"] = placement
     full["engines"][0]["devices"] = [{"index": i, "name": f"gpu {i}", "total_bytes": 50,
                                       "uuid": "GPU-123"} for i in (0, 1)]
-    view = client_status(full)
+    view = client_status(full, "")
     assert view["engines"][0]["models"][0]["placement"] == placement
     assert [d["index"] for d in view["engines"][0]["devices"]] == [0, 1]
     assert "GPU-123" not in json.dumps(view)

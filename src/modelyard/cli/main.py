@@ -193,7 +193,8 @@ def serve(
     grace_s = settings.shutdown_grace_s
     serving.run(drain, host=settings.host, port=settings.port, grace_s=grace_s,
                 on_shutdown=lambda: drain.begin(grace_s), limits=serving.http_limits(settings),
-                keep_alive_s=settings.client_keep_alive_s)
+                keep_alive_s=settings.client_keep_alive_s,
+                forwarded_allow_ips=settings.forwarded_allow_ips)
 
 
 # An engine restarted right after its predecessor was killed may find it still dying (its

@@ -21,6 +21,7 @@ from starlette.requests import Request
 from modelyard.errors import InvalidRequest
 from modelyard.front.catalog import Catalog
 from modelyard.front.dispatch.dispatcher import Dispatcher
+from modelyard.front.identity.principal import principal_of
 from modelyard.front.ops.request_log import RequestLog
 
 if TYPE_CHECKING:
@@ -92,17 +93,29 @@ class FrontState:
         }
 
 
+# X-Modelyard-Priority's range. A queue admits strictly by priority and shares fairly only
+# within one, so a caller who may raise it jumps every other user's requests: only admins may
+# (up to PRIORITY_MAX); everyone else may only lower theirs (a background job yielding, as the
+# batch runner's lines do at -100), down to PRIORITY_MIN. Out of range is clamped, not refused:
+# the header is a wish, and clients written for an open server keep working.
+PRIORITY_MIN = -1000
+PRIORITY_MAX = 1000
+
+
 def request_priority(request: Request) -> int:
-    """`X-Modelyard-Priority: N`: higher is admitted first from a model's queue."""
+    """`X-Modelyard-Priority: N`: higher is admitted first from a model's queue; clamped to
+    [PRIORITY_MIN, 0], or [PRIORITY_MIN, PRIORITY_MAX] for a caller with the admin scope."""
     raw = request.headers.get("x-modelyard-priority")
     if raw is None:
         return 0
     try:
-        return int(raw)
+        wished = int(raw)
     except ValueError:
         raise InvalidRequest(
             f"X-Modelyard-Priority must be an integer, not {raw!r}", param="priority"
         ) from None
+    highest = PRIORITY_MAX if principal_of(request).can("admin") else 0
+    return max(PRIORITY_MIN, min(highest, wished))
 
 
 def state_of(request: Request) -> FrontState:

@@ -26,7 +26,7 @@ from modelyard.front.chat.shapes import check_openai_chat
 from modelyard.front.chat.tools.support import check_tools_for
 from modelyard.front.chat.vision import check_vision_for
 from modelyard.front.dispatch.dispatcher import EngineModel
-from modelyard.front.identity.principal import principal_of
+from modelyard.front.identity.principal import owner_key, principal_of
 from modelyard.front.ops.jobs import ACTIVE
 from modelyard.front.ops.overview import overview
 from modelyard.front.ops.redact import client_diag, client_models, client_overview, client_status
@@ -90,6 +90,11 @@ async def chat(request: Request) -> Response:
 def _is_admin(request: Request) -> bool:
     """Admins see the full reports; clients what front/ops/redact.py keeps."""
     return principal_of(request).can("admin")
+
+
+def _owner(request: Request) -> str:
+    """Whose entries of the queues' `owners` a client sees (its own)."""
+    return owner_key(principal_of(request))
 
 
 async def models(request: Request) -> Response:
@@ -161,14 +166,14 @@ async def health(request: Request) -> Response:
 
 async def status(request: Request) -> Response:
     view = await state_of(request).status_view()
-    return _json(view if _is_admin(request) else client_status(view))
+    return _json(view if _is_admin(request) else client_status(view, _owner(request)))
 
 
 async def overview_status(request: Request) -> Response:
     """GET /v1/status: devices, engines, services, scheduler, queues and pulls in one JSON."""
     state = state_of(request)
     if not _is_admin(request):
-        return _json(client_overview(await state.status_view()))
+        return _json(client_overview(await state.status_view(), _owner(request)))
     pulls = [j for j in await state.catalog.jobs.list() if j["status"] in ACTIVE]
     return _json(overview(await state.status_view(), pulls))
 

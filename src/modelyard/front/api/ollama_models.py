@@ -4,7 +4,9 @@ Names are listed in Ollama's tagged form (`smollm2:latest`; a name with a tag ke
 compare what they list with what they were given. Facts come from the files, never guesses:
 capabilities from the GGUF metadata and chat template (front/api/ollama_caps.py), sizes and
 residency from the engines' own reports. The listing is built once per registry
-(`Catalog.memo`): a request does not re-read GGUF headers from disk.
+(`Catalog.memo`): a request does not re-read GGUF headers from disk. A caller without the admin
+scope never sees a local path: /api/show's `FROM` names the model, not its file, and metadata
+values that are paths are left out.
 """
 
 from __future__ import annotations
@@ -181,8 +183,11 @@ class ShowRequest(BaseModel):
     name: str | None = None  # older clients send `name`
 
 
-def _modelfile(entry: Entry) -> str:
-    lines = [f"FROM {entry.preset.model if entry.preset else entry.path or entry.id}"]
+def _modelfile(entry: Entry, *, admin: bool = True) -> str:
+    """Ollama's Modelfile of the entry; `FROM` is its file for an admin (as Ollama shows its
+    blob), the model's name for anyone else (a path maps the machine)."""
+    source = entry.preset.model if entry.preset else (entry.path if admin else None) or entry.id
+    lines = [f"FROM {source}"]
     preset = entry.preset
     if preset is not None:
         if preset.ctx_size is not None:
@@ -211,17 +216,18 @@ async def show(request: Request) -> Response:
     if not name:
         raise InvalidRequest("`model` is required", param="model")
     entry = state.catalog.registry.resolve(name)
+    admin = principal_of(request).can("admin")
     if entry.format == "safetensors" and entry.path is not None:
-        return _json(_show_safetensors(entry))
+        return _json(_show_safetensors(entry, admin=admin))
     info = gguf_info(entry)
     template = entry.template or ((info.chat_template or "") if info else "")
     body: dict[str, Any] = {
-        "modelfile": _modelfile(entry),
+        "modelfile": _modelfile(entry, admin=admin),
         "parameters": _parameters(entry),
         "template": template,
         "system": (entry.preset.system or "") if entry.preset else "",
         "details": _details(entry, info),
-        "model_info": model_info(info),
+        "model_info": model_info(info) if admin else without_paths(model_info(info)),
         "capabilities": capabilities(entry),
         "modified_at": _modified_at(entry),
     }
@@ -230,7 +236,22 @@ async def show(request: Request) -> Response:
     return _json(body)
 
 
-def _show_safetensors(entry: Entry) -> dict[str, Any]:
+def looks_like_a_path(value: Any) -> bool:
+    """A local file or directory name (`/…`, `~/…`, `./…`, `C:\\…`), not a hub id or a URL."""
+    return isinstance(value, str) and (
+        value.startswith(("/", "~", "./", "../", "\\"))
+        or (len(value) > 2 and value[1] == ":" and value[2] in "\\/"))
+
+
+def without_paths(metadata: dict[str, Any]) -> dict[str, Any]:
+    """`metadata` (a GGUF's keys, a config.json) without the values that are local paths,
+    nested objects included (a config.json's `_name_or_path` is often the directory it was
+    saved from)."""
+    return {k: without_paths(v) if isinstance(v, dict) else v
+            for k, v in metadata.items() if not looks_like_a_path(v)}
+
+
+def _show_safetensors(entry: Entry, *, admin: bool = True) -> dict[str, Any]:
     """/api/show for a Hugging Face repo: its config.json is the metadata."""
     assert entry.path is not None
     try:
@@ -252,8 +273,10 @@ def _show_safetensors(entry: Entry) -> dict[str, Any]:
         "families": [family] if family else None, "parameter_size": _parameter_size(params),
         "quantization_level": ",".join(sorted(dtypes)),
     }
-    return {"modelfile": _modelfile(entry), "parameters": _parameters(entry), "template": "",
-            "details": details, "model_info": config, "capabilities": capabilities(entry),
+    return {"modelfile": _modelfile(entry, admin=admin), "parameters": _parameters(entry),
+            "template": "", "details": details,
+            "model_info": config if admin else without_paths(config),
+            "capabilities": capabilities(entry),
             "modified_at": _modified_at(entry)}
 
 

@@ -5,7 +5,11 @@
     GET /studio/events            SSE: `event: status` every second, the /status body plus
                                   `jobs` (pulls running, queued or ended in the last minute)
 
-The assets live in `modelyard/front/studio/`; a path that leaves that folder is a 404.
+The assets live in `modelyard/front/studio/`; a path that leaves that folder is a 404. Every
+response here carries SECURITY_HEADERS: a Content-Security-Policy the Studio runs under as it
+is (one module script and one stylesheet of its own, no inline script or style attribute, no
+eval, styles set through the CSSOM, fetch and EventSource to this server only) and that no
+other site may frame (clickjacking), no MIME sniffing, no Referer to other sites.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from starlette.responses import FileResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from modelyard.errors import RouteNotFound
-from modelyard.front.identity.principal import principal_of
+from modelyard.front.identity.principal import owner_key, principal_of
 from modelyard.front.ops.jobs import ACTIVE
 from modelyard.front.ops.redact import client_status
 from modelyard.front.state import FrontState, state_of
@@ -42,8 +46,19 @@ MEDIA_TYPES = {
     ".ico": "image/x-icon",
     ".woff2": "font/woff2",
 }
+CONTENT_SECURITY_POLICY = "; ".join((
+    "default-src 'self'", "script-src 'self'", "style-src 'self'", "img-src 'self'",
+    "connect-src 'self'", "font-src 'self'", "object-src 'none'", "base-uri 'none'",
+    "form-action 'self'", "frame-ancestors 'none'",
+))
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
+    "X-Frame-Options": "DENY",  # frame-ancestors for browsers that predate CSP 2
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",  # the Studio's URLs (#/archive/…) stay here
+}
 # The shell and assets change with each release; `no-cache` revalidates instead of serving stale.
-NO_CACHE = {"Cache-Control": "no-cache"}
+NO_CACHE = {"Cache-Control": "no-cache", **SECURITY_HEADERS}
 
 
 async def root(request: Request) -> Response:
@@ -51,7 +66,7 @@ async def root(request: Request) -> Response:
     server, a HEAD) what Ollama answers there: they check for this text."""
     if request.method == "GET" and "text/html" in request.headers.get("accept", ""):
         return await shell(request)
-    return PlainTextResponse("Ollama is running")
+    return PlainTextResponse("Ollama is running", headers=SECURITY_HEADERS)
 
 
 async def shell(request: Request) -> Response:
@@ -94,19 +109,21 @@ async def events(request: Request) -> Response:
     state = state_of(request)
     # Pulls are admin business (/jobs is an admin route): others get an empty list, and the
     # status a client sees on GET /status (front/ops/redact.py: no pids, URLs, paths, errors).
-    is_admin = principal_of(request).can("admin")
+    principal = principal_of(request)
+    is_admin = principal.can("admin")
+    owner = owner_key(principal)
 
     async def feed() -> AsyncIterator[bytes]:
         yield b"retry: 2000\n\n"  # EventSource reconnects after 2 s if the server goes away
         while not await request.is_disconnected():
             jobs = await pull_jobs(state) if is_admin else []
             view = await state.status_view()
-            yield sse("status", {"status": view if is_admin else client_status(view),
+            yield sse("status", {"status": view if is_admin else client_status(view, owner),
                                  "jobs": jobs})
             await asyncio.sleep(EVENT_INTERVAL_S)
 
     return StreamingResponse(feed(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                             headers={**NO_CACHE, "X-Accel-Buffering": "no"})
 
 
 routes = [

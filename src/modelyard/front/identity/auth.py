@@ -7,14 +7,19 @@ Route classes (the whole policy is `route_class` plus `AuthGate._decide`):
                native /chat /models /status /diag, /metrics): open on loopback with auth
                `auto` (/metrics shows what /status does: a scraper needs no admin token)
     user       /auth/*, /archive*, /studio/events, /activity*: need a real identity
-    account    /tokens*, POST /auth/password: the account's keys; need a login
-               session or an admin-scope token (an inference token must not mint, list or
-               revoke tokens nor change the password of the user it belongs to)
+    account    /tokens*, POST /auth/password, PATCH /auth/me: the account's keys and
+               settings; need a login session or an admin-scope token (an inference token
+               must not mint, list or revoke tokens nor change the password or the
+               preferences of the user it belongs to)
     admin      everything else (/admin/*, pulls and jobs, deleting models): need the admin scope
 
 Identity comes from `Authorization: Bearer my-…` (an API token; or `x-api-key: my-…`, as
 Anthropic's SDKs send it) or the signed session cookie of
-the Web Studio; state-changing requests made with the cookie must carry `X-CSRF-Token`. The gate
+the Web Studio; state-changing requests made with the cookie must carry `X-CSRF-Token`. A
+modelyard token (`my-…`) that is unknown, revoked or expired is a 401 on every route, open ones
+too: a caller whose token stopped working must not go on as anonymous, out of its user's limits.
+Any other key on an open route is ignored (it names nobody: the `openai` SDK always sends one).
+The gate
 also refuses a `Host` that is not the bound name (DNS rebinding) and bodies over
 `max_body_bytes`. It is plain ASGI so streamed responses pass through untouched.
 
@@ -31,6 +36,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hashlib
+import hmac
 import ipaddress
 import os
 import secrets
@@ -103,7 +110,7 @@ _INFERENCE_EXACT = {
     ("GET", "/api/version"), ("GET", "/metrics"), ("POST", "/rerank"),
 }
 _USER_PREFIXES = ("/auth/", "/archive", "/studio/events", "/activity")
-_ACCOUNT_EXACT = {("POST", "/auth/password")}
+_ACCOUNT_EXACT = {("POST", "/auth/password"), ("PATCH", "/auth/me")}
 # While a session must change its password it may do only this.
 _PASSWORD_CHANGE_ROUTES = {"/auth/me", "/auth/password", "/auth/logout"}
 
@@ -195,6 +202,17 @@ class Auth:
         self.cookies = URLSafeTimedSerializer(secret_key, salt="modelyard-session")
         self._tokens: dict[str, tuple[float, tokens.Token | None]] = {}
         self.logins = LoginThrottle()
+        # A key of its own for pseudonyms, derived from the cookie key (never the key itself).
+        self._pseudonym_key = hmac.new(secret_key.encode(), b"modelyard user pseudonym",
+                                       hashlib.sha256).digest()
+
+    def pseudonym(self, name: str) -> str:
+        """A user's name as callers without the admin scope see it where names of others would
+        show (the usage metrics' `owner` label): the same on every front sharing the secret
+        key and across restarts, so series and dashboards hold, and no guess of a name can be
+        checked against it without the key."""
+        digest = hmac.new(self._pseudonym_key, name.encode(), hashlib.sha256).hexdigest()
+        return f"u-{digest[:16]}"
 
     def forget_tokens(self) -> None:
         """After a revocation here: it takes effect on the next request."""
@@ -229,15 +247,15 @@ class Auth:
         return await asyncio.to_thread(accounts.find_login_session, self.db, str(login_id))
 
     async def identify(self, headers: Headers) -> tuple[Identified | None, bool]:
-        """(who, whether a bearer token was given but is not valid)."""
+        """(who, whether a modelyard token (`my-…`) was given but is not valid)."""
         authorization = headers.get("authorization", "")
         scheme, _, secret = authorization.partition(" ")
         if scheme.lower() != "bearer" and headers.get(API_KEY_HEADER, "").strip():
             scheme, secret = "bearer", headers[API_KEY_HEADER]  # Anthropic's SDKs send this
         if scheme.lower() == "bearer" and secret.strip():
             token = await self.by_token(secret.strip())
-            if token is None:
-                return None, True
+            if token is None:  # a key not of our form names nobody: like none (clients'
+                return None, secret.strip().startswith(tokens.PREFIX)  # dummy keys)
             return Identified(token_principal(token)), False
         cookie = _cookie(headers, LOGIN_COOKIE)
         if cookie:
@@ -276,13 +294,15 @@ def decide(settings: Settings, cls: RouteClass, method: str, path: str,
     if cls is RouteClass.PUBLIC:
         return who.principal if who else ANONYMOUS_INFERENCE
     if who is None:
-        # A wrong key on an open route is ignored, as by Ollama: clients often send a dummy one.
+        # A token of ours that no longer works is refused even where no token is needed: its
+        # caller would otherwise go on as anonymous, out of the limits of the token's user.
+        if bad_token:
+            raise Unauthorized("the bearer token is not valid (unknown, revoked or expired)")
+        # Another key on an open route is ignored, as by Ollama: clients often send a dummy one.
         if mode == "none":
             return ANONYMOUS_ADMIN
         if cls is RouteClass.INFERENCE and open_inference:
             return ANONYMOUS_INFERENCE
-        if bad_token:
-            raise Unauthorized("the bearer token is not valid (unknown, revoked or expired)")
         raise Unauthorized(
             "this route needs authentication: log in to the Web Studio, or send "
             "`Authorization: Bearer <token>` (`modelyard tokens create NAME` makes one)")
@@ -299,8 +319,8 @@ def decide(settings: Settings, cls: RouteClass, method: str, path: str,
     if cls is RouteClass.ADMIN and not principal.can("admin"):
         raise Forbidden("this route needs the admin scope (an admin's login or admin token)")
     if cls is RouteClass.ACCOUNT and who.login is None and not principal.can("admin"):
-        raise Forbidden("managing tokens and the password needs a login (the Web Studio) or an "
-                        "admin token; an inference token cannot")
+        raise Forbidden("managing tokens, the password and the account's settings needs a "
+                        "login (the Web Studio) or an admin token; an inference token cannot")
     if cls is RouteClass.INFERENCE and not principal.can("inference"):
         raise Forbidden("this token lacks the inference scope")
     return principal

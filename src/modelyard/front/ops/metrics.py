@@ -9,13 +9,16 @@
   its pull jobs into gauges at scrape time, so nothing stale outlives an engine.
 - `metrics` answers the scrape: in multiprocess mode the sum of every process's files (front
   and engines, dead ones' counters included) plus the front's process figures; else the
-  default registry.
+  default registry. /metrics is an inference route (open on loopback with auth `auto`, any
+  valid token elsewhere: scrapers seldom hold an admin token), so user names in an `owner`
+  label are shown only to a caller with the admin scope; others get each name's keyed
+  pseudonym (`Auth.pseudonym`), stable across scrapes, restarts and fronts.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from starlette.requests import Request
@@ -24,6 +27,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from modelyard import metrics as m
+from modelyard.front.identity.principal import principal_of
 from modelyard.front.ops import activity_capture
 from modelyard.front.ops.activity import Activity
 from modelyard.front.ops.activity_capture import Capture
@@ -242,9 +246,24 @@ def placeholders(present: set[str]) -> Iterator[Any]:
             yield HistogramMetricFamily(spec.name, spec.help, labels=labels or None)
 
 
-def exposition(families: list[Any]) -> bytes:
+# The `owner` values that are no user's name: the groups OwnerLabels (ops/usage.py) puts callers in.
+OWNER_GROUPS = frozenset({"anonymous", "other"})
+
+
+def pseudonymize(families: Iterable[Any], pseudonym: Callable[[str], str]) -> None:
+    """Replace, in place, each user name in an `owner` label with `pseudonym(name)`."""
+    for family in families:
+        family.samples = [
+            s._replace(labels={**s.labels, "owner": pseudonym(s.labels["owner"])})
+            if s.labels.get("owner") not in (None, *OWNER_GROUPS) else s
+            for s in family.samples
+        ]
+
+
+def exposition(families: list[Any], pseudonym: Callable[[str], str] | None = None) -> bytes:
     """The text format of every recorded metric (all processes'), of `families`, and of every
-    other family metrics.py defines (see `placeholders`)."""
+    other family metrics.py defines (see `placeholders`); with `pseudonym`, owners' names are
+    replaced by it (a scraper without the admin scope)."""
     from prometheus_client import REGISTRY, CollectorRegistry, ProcessCollector, generate_latest
 
     m.family("modelyard_requests_total")  # every recorded family exists, so each is described
@@ -257,6 +276,8 @@ def exposition(families: list[Any]) -> bytes:
             source, os.environ[m.MULTIPROC_ENV])
         ProcessCollector(registry=source)  # the front's own CPU and memory
     collected = [*source.collect(), *families]
+    if pseudonym is not None:  # every collect() builds fresh families: changing them is safe
+        pseudonymize(collected, pseudonym)
     collected += placeholders({family.name for family in collected})
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Readings(collected))
@@ -270,7 +291,9 @@ async def metrics(request: Request) -> Response:
     statuses = await state.dispatch.engine_statuses()
     pulls = state.catalog.jobs.active()
     families = list(readings(statuses, state.dispatch.queues.stats(), pulls))
-    return Response(exposition(families), media_type=CONTENT_TYPE_LATEST)
+    admin = principal_of(request).can("admin")
+    body = exposition(families, None if admin else state.identity.auth.pseudonym)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
 routes = [Route("/metrics", metrics, methods=["GET"])]

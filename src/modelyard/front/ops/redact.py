@@ -5,6 +5,8 @@ Those routes are open to inference clients (and to anonymous callers on loopback
 is; process ids, backend URLs, command lines, file paths, error logs and pull jobs are the
 operator's business (and a map for an attacker). Each view keeps an allow-list of fields, so a
 field added to an engine's report later stays hidden until someone decides a client needs it.
+Who else uses the server is no client's business either: of each queue's `owners` (requests
+running and waiting per user) a client sees its own entry only.
 Admins (and the CLI, which uses the admin token) get the full reports.
 """
 
@@ -45,9 +47,20 @@ def client_engine(engine: dict[str, Any]) -> dict[str, Any]:
     return view
 
 
-def client_status(status: dict[str, Any]) -> dict[str, Any]:
-    """GET /status (the front's status_view()) for a client."""
-    return {**status, "engines": [client_engine(e) for e in status.get("engines", [])]}
+def client_queues(queues: dict[str, Any], owner: str) -> dict[str, Any]:
+    """Each model's queue figures, with only the caller's own entry of `owners` (`owner`: the
+    caller's principal.owner_key, "" for anonymous callers)."""
+    return {model: {**figures, "owners": {name: mine for name, mine in
+                                          (figures.get("owners") or {}).items() if name == owner}}
+            for model, figures in queues.items()}
+
+
+def client_status(status: dict[str, Any], owner: str) -> dict[str, Any]:
+    """GET /status (the front's status_view()) for a client whose owner key is `owner`."""
+    view = {**status, "engines": [client_engine(e) for e in status.get("engines", [])]}
+    if "queues" in status:
+        view["queues"] = client_queues(status["queues"], owner)
+    return view
 
 
 def client_models(models: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -68,10 +81,10 @@ def client_diag(diag: dict[str, Any]) -> dict[str, Any]:
     return {"engines": engines}
 
 
-def client_overview(status: dict[str, Any]) -> dict[str, Any]:
+def client_overview(status: dict[str, Any], owner: str) -> dict[str, Any]:
     """GET /v1/status for a client: the overview of client_status(), without pull jobs (an
     empty list, so renderers need no special case), pids, errors or service URLs."""
-    view = overview(client_status(status), [])
+    view = overview(client_status(status, owner), [])
     for engine in view["engines"]:
         for key in ("pid", "error"):
             engine.pop(key, None)

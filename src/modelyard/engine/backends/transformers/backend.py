@@ -121,8 +121,8 @@ class TransformersBackend:
     async def _serve_http(self, app: Starlette) -> None:
         assert self.api_key is not None
         config = uvicorn.Config(RequireKey(app, self.api_key), host=self.host, port=self.port,
-                                log_level="warning",
-                                access_log=False, lifespan="off")
+                                log_level="warning", access_log=False, lifespan="off",
+                                proxy_headers=False)  # only its engine calls it, never a proxy
         self._server = _Server(config)
         self._task = asyncio.create_task(self._server.serve(), name=f"serve:{self.spec.id}")
         self._task.add_done_callback(self._served)
