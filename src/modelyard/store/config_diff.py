@@ -21,6 +21,7 @@ from modelyard.store.registry import ModelRegistry, split_context_variant
 # watch, shutdown): a new value needs a restart.
 RESTART_REQUIRED: tuple[str, ...] = (
     "home", "host", "port", "auth", "session_ttl_s", "allowed_hosts", "cors_origins",
+    "forwarded_allow_ips",  # handed to uvicorn when it starts
     "max_body_bytes", "files_max_bytes", "batch_max_concurrency", "batch_claim_lease_s",
     "files_max_total_bytes_per_owner", "batch_max_requests", "batches_max_open_per_owner",
     "max_header_bytes", "max_header_count", "header_read_timeout_s",
