@@ -180,7 +180,7 @@ async def test_a_cancel_at_any_step_ends_the_batch_cancelled(tmp_path: Path, ste
             if isinstance(app, Held):
                 await app.arrived.wait()
                 store.cancel(batch["id"], ALICE)
-                runner.wake()
+                runner.cancelled(batch["id"])  # what POST /v1/batches/{id}/cancel does
                 app.go.set()
             while store.get(batch["id"])["status"] not in ("completed", "cancelled",
                                                            "failed", "expired"):

@@ -181,7 +181,7 @@ async def get_batch(request: Request) -> Response:
 async def cancel_batch(request: Request) -> Response:
     row = await asyncio.to_thread(_batches(request).cancel, request.path_params["batch_id"],
                                   principal_of(request))
-    _runner(request).wake()
+    _runner(request).cancelled(row["id"])
     return _json(batch_object(row))
 
 

@@ -181,6 +181,15 @@ class BatchRunner:
         self._claim_now = True
         self._wake.set()
 
+    def cancelled(self, batch_id: str) -> None:
+        """A batch was cancelled through this front: if this runner holds it, it starts no
+        other line from now on (the tick that reads statuses may be a database round away,
+        and a line freed meanwhile would start one), then the loop ends it."""
+        run = self.running.get(batch_id)
+        if run is not None:
+            run.stopping = True
+        self.wake()
+
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
