@@ -53,9 +53,8 @@ def _line(custom_id: str) -> bytes:
                                                               "content": custom_id}]}})
 
 
-async def test_a_line_written_but_not_counted_is_counted_when_the_batch_resumes(
-    tmp_path: Path,
-) -> None:
+def _three_line_batch(tmp_path: Path) -> tuple[Any, FileStore, BatchStore, dict[str, Any]]:
+    """A database, its file and batch stores, and alice's batch of lines "a", "b", "c"."""
     database = db.connect(f"sqlite:///{tmp_path / 'modelyard.db'}")
     files = FileStore(database, tmp_path / "files", 1 << 20)
     store = BatchStore(database)
@@ -67,6 +66,14 @@ async def test_a_line_written_but_not_counted_is_counted_when_the_batch_resumes(
     batch = store.create(ALICE, endpoint="/v1/chat/completions", input_file_id=source["id"],
                          window="24h", meta=None, total=3, output_file_id=output,
                          error_file_id=errors)
+    return database, files, store, batch
+
+
+async def test_a_line_written_but_not_counted_is_counted_when_the_batch_resumes(
+    tmp_path: Path,
+) -> None:
+    database, files, store, batch = _three_line_batch(tmp_path)
+    output = batch["output_file_id"]
     store.update(batch["id"], status="in_progress")
     # What a front stopped after line "a"'s append and before its count left behind.
     files.path(output).write_bytes(orjson.dumps(
@@ -151,17 +158,7 @@ class Held(Answers):
 
 @pytest.mark.parametrize("step", ["claimed", "in_progress", "line_in_flight", "finalizing"])
 async def test_a_cancel_at_any_step_ends_the_batch_cancelled(tmp_path: Path, step: str) -> None:
-    database = db.connect(f"sqlite:///{tmp_path / 'modelyard.db'}")
-    files = FileStore(database, tmp_path / "files", 1 << 20)
-    store = BatchStore(database)
-    source = files.save("alice", "batch", "in.jsonl",
-                        io.BytesIO(b"\n".join(_line(c) for c in ("a", "b", "c")) + b"\n"))
-    output, errors = new_id("file"), new_id("file")
-    files.new_output(output, "alice", "out.jsonl")
-    files.new_output(errors, "alice", "err.jsonl")
-    batch = store.create(ALICE, endpoint="/v1/chat/completions", input_file_id=source["id"],
-                         window="24h", meta=None, total=3, output_file_id=output,
-                         error_file_id=errors)
+    database, files, store, batch = _three_line_batch(tmp_path)
     seen: list[str] = []
 
     async def cancel_at(batch_id: str, at: str) -> None:
