@@ -72,12 +72,12 @@ def test_the_activity_page_is_live_and_shows_captured_bodies(
     p.click("nav a[href='#/activity']")
     p.wait_for_selector(".live-pill.on")  # following the feed
     # the list is fetched beside the feed: wait for its rows, not for the pill alone
-    p.wait_for_function("document.querySelectorAll('tr.activity-row').length === 2")
+    p.wait_for_function("() => document.querySelectorAll('tr.activity-row').length === 2")
     rows = p.locator("tr.activity-row")
     assert "quick" in rows.nth(1).inner_text() and "slowish" in rows.nth(0).inner_text()
 
     live = chat(server, "quick")  # arrives over the feed, on top
-    p.wait_for_function("document.querySelectorAll('tr.activity-row').length === 3")
+    p.wait_for_function("() => document.querySelectorAll('tr.activity-row').length === 3")
     assert rows.first.get_attribute("data-id") == live.headers["x-request-id"]
     shot(p, "activity-live")
 

@@ -123,7 +123,7 @@ def test_batches_complete_fail_to_upload_and_cancel_from_the_page(
 
     # A long batch started from the page (a cookie upload), then cancelled from it.
     upload(p, "long.jsonl", jsonl("slow", 30, max_tokens=20))
-    p.wait_for_function("document.querySelectorAll('tr.batch-row').length === 2")
+    p.wait_for_function("() => document.querySelectorAll('tr.batch-row').length === 2")
     assert error.count() == 0  # the next try cleared the last error
     long_row = p.locator("tr.batch-row").first
     long_id = long_row.get_attribute("data-id")
