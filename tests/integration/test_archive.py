@@ -202,9 +202,13 @@ def test_a_tokens_default_retention_applies(server: Server) -> None:
 
 def test_a_token_without_a_retention_takes_its_owners_default(server: Server) -> None:
     erin = _token(server, "erin")
-    r = httpx.patch(server.url + "/auth/me", json={"archive_retention": "1d"}, headers=erin,
-                    timeout=10)
-    assert r.status_code == 200, r.text
+    # The owner sets the default in the Studio (a login): an inference token may not.
+    with httpx.Client(base_url=server.url, timeout=30) as studio:
+        r = studio.post("/auth/login", json={"username": "erin", "password": "erin-password-1"})
+        assert r.status_code == 200, r.text
+        r = studio.patch("/auth/me", json={"archive_retention": "1d"},
+                         headers={"X-CSRF-Token": r.json()["csrf_token"]})
+        assert r.status_code == 200, r.text
     assert draw(server, erin, "owner default fox").status_code == 200
     item = wait_item(server, erin, meta_is("prompt", "owner default fox"))
     assert item["retention"] == "1d"
