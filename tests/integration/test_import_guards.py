@@ -40,7 +40,8 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(tree: Path) -> Iterator[Server]:
-    cfg = config(hf_cache_dir=str(tree / "hf"))
+    # Small walk bounds, so the deep and crowded folders cross them.
+    cfg = config(hf_cache_dir=str(tree / "hf"), import_max_depth=3, import_max_entries=30)
     s = Server(tree / "front", cfg)
     try:
         s.wait_healthy()
