@@ -19,8 +19,7 @@ the Web Studio; state-changing requests made with the cookie must carry `X-CSRF-
 modelyard token (`my-…`) that is unknown, revoked or expired is a 401 on every route, open ones
 too: a caller whose token stopped working must not go on as anonymous, out of its user's limits.
 Any other key on an open route is ignored (it names nobody: the `openai` SDK always sends one).
-The gate
-also refuses a `Host` that is not the bound name (DNS rebinding) and bodies over
+The gate also refuses a `Host` that is not the bound name (DNS rebinding) and bodies over
 `max_body_bytes`. It is plain ASGI so streamed responses pass through untouched.
 
 Requests a web page could make with the browser's ambient authority (the cookie, or nothing on
