@@ -110,6 +110,14 @@ class _ModelBase(BaseModel):
         "`images`); null: decided from the backend (llama.cpp with an `mmproj` projector, a "
         "transformers image-text-to-text repo, any OpenAI server; not services).",
     )
+    # An embeddings request cannot say whose token ids it sends; LangChain's OpenAIEmbeddings,
+    # the common case, sends tiktoken's (cl100k_base, from its own length check).
+    token_ids: Literal["tiktoken", "model"] = Field(
+        "tiktoken", description="Whose token ids an embeddings `input` of token arrays holds: "
+        "tiktoken: OpenAI's cl100k_base (LangChain's OpenAIEmbeddings), decoded back to text "
+        "by the front; model: the model's own, passed to its backend (llama-server and OpenAI "
+        "servers take them; the transformers backend decodes them with the model's tokenizer).",
+    )
 
     @property
     def reach_backend(self) -> str:

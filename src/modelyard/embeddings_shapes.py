@@ -13,10 +13,13 @@ OpenAI `POST /v1/embeddings`:
      "truncate": bool (modelyard's extension, default true)}
     → {"object": "list", "data": [{"object": "embedding", "index", "embedding"}], "model",
        "usage": {"prompt_tokens", "total_tokens"}}
-  `base64` is the vector's little-endian float32 bytes, as OpenAI sends them. Token arrays
-  (`[int]`, `[[int]]`) are refused: ids only mean something for the tokenizer that made them.
+  `base64` is the vector's little-endian float32 bytes, as OpenAI sends them. `input` may also
+  be token ids, `[int]` (one input) or `[[int]]`, as LangChain's `OpenAIEmbeddings` sends by
+  default: they are parsed into `token_ids`, and the front reads them back into text by the
+  model's `token_ids` setting (front/api/token_ids.py) or passes them on.
 Ollama `POST /api/embed`:
-    {"model", "input": str | [str], "truncate": true, "dimensions", "keep_alive", "options"}
+    {"model", "input": str | [str] (or token ids, as OpenAI's), "truncate": true, "dimensions",
+     "keep_alive", "options"}
     → {"model", "embeddings": [[...]], "total_duration", "load_duration", "prompt_eval_count"}
 Ollama `POST /api/embeddings` (legacy): {"model", "prompt"} → {"embedding": [...]}
 """
@@ -72,13 +75,20 @@ class EmbeddingRequest:
     """What an embeddings request asks, whichever API it came through."""
 
     model: str
-    texts: list[str]
+    texts: list[str]  # empty when `input` was token ids
     truncate: bool = True
     dimensions: int | None = None
     encoding_format: EncodingFormat = "float"
     user: str | None = None
     keep_alive: str | int | float | None = None  # Ollama's, parsed by the front
     options: dict[str, Any] = field(default_factory=dict)  # Ollama's; none applies to embeddings
+    # `input` as token ids, one list per input (whose ids: the model's `token_ids` setting)
+    token_ids: list[list[int]] | None = None
+
+    @property
+    def empty(self) -> bool:
+        """Nothing to embed (Ollama: a request that only loads the model)."""
+        return not self.texts and not self.token_ids
 
 
 # ---- validation helpers ------------------------------------------------------------------------
@@ -117,15 +127,45 @@ def _bool(value: object, name: str, default: bool) -> bool:
     return value
 
 
-def _texts(value: object, *, empty_ok: bool) -> list[str]:
-    """`input`: a string or a list of strings, at most MAX_INPUTS, none empty."""
+def _is_token_id(item: object) -> bool:
+    return isinstance(item, int) and not isinstance(item, bool)
+
+
+def _token_ids(items: list[object]) -> list[list[int]]:
+    """`input` as token ids: `[int]` (one input) or `[[int]]`, every list non-empty and every
+    id an integer >= 0. Whose ids they are (their vocabulary) is for the caller to check."""
+    nested = not _is_token_id(items[0])
+    rows = items if nested else [items]
+    out: list[list[int]] = []
+    for i, row in enumerate(rows):
+        where = f"input[{i}]" if nested else "input"
+        if not isinstance(row, list):
+            raise InvalidParams(
+                f"{where} must be a list of token ids, as input[0] is, not {type(row).__name__}",
+                "input",
+            )
+        if not row:
+            raise InvalidParams(f"{where} must not be an empty list of token ids", "input")
+        for j, token in enumerate(row):
+            if not _is_token_id(token) or token < 0:
+                shown = token if _is_token_id(token) else type(token).__name__
+                raise InvalidParams(
+                    f"{where}[{j}] must be a token id (an integer >= 0), not {shown}", "input"
+                )
+        out.append(row)
+    return out
+
+
+def _input(value: object, *, empty_ok: bool) -> tuple[list[str], list[list[int]] | None]:
+    """`input`: a string or a list of strings, at most MAX_INPUTS, none empty; or token ids
+    (`[int]`, `[[int]]`, at most MAX_INPUTS lists). Returns (texts, token ids or None)."""
     if isinstance(value, str):
         items: list[object] = [value]
     elif isinstance(value, list):
         items = value
     elif value is None:
         if empty_ok:
-            return []
+            return [], None
         raise InvalidParams("`input` is required: a string or a list of strings", "input")
     else:
         raise InvalidParams(
@@ -133,21 +173,18 @@ def _texts(value: object, *, empty_ok: bool) -> list[str]:
         )
     if not items:
         if empty_ok:
-            return []
+            return [], None
         raise InvalidParams("`input` must not be empty", "input")
-    if len(items) > MAX_INPUTS:
+    token_ids = None
+    if _is_token_id(items[0]) or isinstance(items[0], list):
+        token_ids = _token_ids(items)
+    count = len(token_ids) if token_ids is not None else len(items)
+    if count > MAX_INPUTS:
         raise InvalidParams(
-            f"`input` has {len(items)} items; at most {MAX_INPUTS} are allowed per request",
-            "input",
+            f"`input` has {count} items; at most {MAX_INPUTS} are allowed per request", "input"
         )
-    if all(isinstance(i, int) and not isinstance(i, bool) for i in items) or all(
-        isinstance(i, list) for i in items
-    ):
-        raise InvalidParams(
-            "token arrays are not supported as `input`: token ids only mean something to the "
-            "tokenizer that made them; send the text instead",
-            "input",
-        )
+    if token_ids is not None:
+        return [], token_ids
     texts: list[str] = []
     for i, item in enumerate(items):
         if not isinstance(item, str):
@@ -156,11 +193,11 @@ def _texts(value: object, *, empty_ok: bool) -> list[str]:
             )
         if not item:
             if empty_ok and isinstance(value, str):
-                return []  # Ollama: an empty string asks for a load, not an embedding
+                return [], None  # Ollama: an empty string asks for a load, not an embedding
             where = "input" if isinstance(value, str) else f"input[{i}]"
             raise InvalidParams(f"{where} must not be an empty string", where)
         texts.append(item)
-    return texts
+    return texts, None
 
 
 # ---- OpenAI ------------------------------------------------------------------------------------
@@ -170,7 +207,7 @@ def parse_openai_request(body: object, *, require_model: bool = True) -> Embeddi
     """An OpenAI `POST /v1/embeddings` body; raises InvalidParams for a bad one."""
     data = _object(body)
     model = _model(data, required=require_model)
-    texts = _texts(data.get("input"), empty_ok=False)
+    texts, token_ids = _input(data.get("input"), empty_ok=False)
     raw_format = data.get("encoding_format")
     fmt: EncodingFormat
     if raw_format is None or raw_format == "float":
@@ -192,6 +229,7 @@ def parse_openai_request(body: object, *, require_model: bool = True) -> Embeddi
         dimensions=_dimensions(data.get("dimensions")),
         encoding_format=fmt,
         user=user,
+        token_ids=token_ids,
     )
 
 
@@ -267,13 +305,15 @@ def parse_ollama_embed(body: object) -> EmbeddingRequest:
     """Ollama `POST /api/embed`. No input (or "") is valid: Ollama then only loads the model."""
     data = _object(body)
     model, keep_alive, options = _ollama_common(data)
+    texts, token_ids = _input(data.get("input"), empty_ok=True)
     return EmbeddingRequest(
         model=model,
-        texts=_texts(data.get("input"), empty_ok=True),
+        texts=texts,
         truncate=_bool(data.get("truncate"), "truncate", True),
         dimensions=_dimensions(data.get("dimensions")),
         keep_alive=keep_alive,
         options=options,
+        token_ids=token_ids,
     )
 
 
@@ -293,7 +333,7 @@ def openai_body(req: EmbeddingRequest) -> dict[str, Any]:
     """The OpenAI `/v1/embeddings` request a backend is sent for `req` (from any API)."""
     body: dict[str, Any] = {
         "model": req.model,
-        "input": req.texts,
+        "input": req.texts if req.token_ids is None else req.token_ids,
         "encoding_format": "float",
         "truncate": req.truncate,
     }

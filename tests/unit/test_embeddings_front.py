@@ -70,7 +70,7 @@ def test_parse_ollama_embed(
         ({"model": "m", "input": 5}, "input"),
         ({"model": "m", "input": ["a", 5]}, "input[1]"),
         ({"model": "m", "input": ["a", ""]}, "input[1]"),
-        ({"model": "m", "input": [1, 2]}, "input"),
+        ({"model": "m", "input": [1, "a"]}, "input"),
         ({"model": "m", "input": "a", "truncate": "no"}, "truncate"),
         ({"model": "m", "input": "a", "dimensions": 0}, "dimensions"),
         ({"model": "m", "input": "a", "keep_alive": True}, "keep_alive"),
@@ -260,9 +260,9 @@ def test_openai_route_relays_the_bytes_unchanged() -> None:
 
 def test_openai_route_refuses_before_leasing() -> None:
     state = StubState(OK)
-    r = client_for(state).post("/v1/embeddings", json={"model": "m", "input": [1, 2]})
+    r = client_for(state).post("/v1/embeddings", json={"model": "m", "input": ["a", ""]})
     assert r.status_code == 400
-    assert r.json()["error"]["param"] == "input" and "token arrays" in r.json()["error"]["message"]
+    assert r.json()["error"]["param"] == "input[1]" and "empty" in r.json()["error"]["message"]
     assert not state.sent
 
 

@@ -64,6 +64,7 @@ RELOADABLE: tuple[str, ...] = (
 IN_PLACE_FIELDS = frozenset({
     "aliases", "priority", "keep_alive_s", "pinned", "max_concurrency", "max_queue", "group",
     "can_coexist_with", "vram_bytes", "replicas", "max_replicas",
+    "token_ids",  # read by the front at each embeddings request of token ids
 })
 
 # Server-wide settings that go into a backend's command line: a change restarts its models.

@@ -23,6 +23,7 @@ MODULES = [
     *(f"tests.e2e.compat.test_compat_{name}"
       for name in ("openai", "responses", "ollama", "anthropic", "langchain", "litellm")),
     "tests.e2e.compat.test_vision",
+    "tests.e2e.compat.test_compat_embeddings_tokens",
     "tests.e2e.compat.test_ollama_context_demo",
     "tests.integration.test_ollama_generation",
     "tests.integration.test_rerank_embed_kinds",

@@ -387,8 +387,8 @@ def test_parse_openai_request(body: dict[str, Any], texts: list[str],
         ({"model": "m", "input": ["a", ""]}, "input[1]", "empty"),
         ({"model": "m", "input": ["a", 3]}, "input[1]", "string"),
         ({"model": "m", "input": {"text": "a"}}, "input", "dict"),
-        ({"model": "m", "input": [1, 2, 3]}, "input", "token arrays"),
-        ({"model": "m", "input": [[1, 2], [3]]}, "input", "token arrays"),
+        ({"model": "m", "input": [1, "a"]}, "input", "input[1] must be a token id"),
+        ({"model": "m", "input": [[1, 2], []]}, "input", "input[1] must not be an empty list"),
         ({"model": "m", "input": ["x"] * (MAX_INPUTS + 1)}, "input", "2048"),
         ({"model": "m", "input": "a", "encoding_format": "int8"}, "encoding_format", "base64"),
         ({"model": "m", "input": "a", "dimensions": 0}, "dimensions", "at least 1"),
@@ -456,3 +456,29 @@ def test_openai_embeddings_with_a_fake_embedder() -> None:
     with pytest.raises(InvalidParams):
         openai_embeddings(embed, "not an object", model_name="m")
     assert len(calls) == 1
+
+
+def test_the_models_own_token_ids_embed_as_their_text(embedder: Embedder) -> None:
+    # What reaches the backend from a model set to `token_ids: model`: ids of its own tokenizer.
+    texts = [FOOD, HORSE]
+    ids = embedder.tokenize(texts)
+    body = openai_embeddings(embedder.embed, {"input": ids}, model_name="m",
+                             decode=embedder.decode)
+    want = embedder.embed(texts)
+    np.testing.assert_allclose([d["embedding"] for d in body["data"]], want.vectors,
+                               rtol=1e-5, atol=1e-6)
+    assert body["usage"]["prompt_tokens"] == want.prompt_tokens
+    with pytest.raises(InvalidParams) as caught:
+        openai_embeddings(embedder.embed, {"input": [[101, len(embedder.tokenizer)]]},
+                          model_name="m", decode=embedder.decode)
+    assert caught.value.param == "input" and "vocabulary" in str(caught.value)
+
+
+def test_token_ids_for_a_backend_that_cannot_decode_them_are_a_400() -> None:
+    def embed(texts: list[str], *, truncate: bool = True,
+              dimensions: int | None = None) -> EmbeddingResult:
+        raise AssertionError("nothing to embed")
+
+    with pytest.raises(InvalidParams) as caught:
+        openai_embeddings(embed, {"input": [1, 2]}, model_name="m")
+    assert caught.value.param == "input" and "not token ids" in str(caught.value)

@@ -7,11 +7,15 @@ request (a bad one is a 400 before any load) and relays its bytes unchanged, and
 unchanged; the Ollama routes translate both ways (modelyard.embeddings_shapes, shared with the
 engine and free of torch). Errors come in each API's own shape: ours through front/app.py's
 `render_error`, a backend's 4xx/5xx passed through (OpenAI) or re-worded (`{"error": …}`).
-A model that does not embed is refused before any load (front/api/model_kind.py).
+A model that does not embed is refused before any load (front/api/model_kind.py). Token ids as
+`input` are decoded to text here when the model's `token_ids` setting says they are tiktoken's
+(front/api/token_ids.py); a request of text is untouched by that.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import time
 
 import orjson
@@ -19,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from modelyard.config import ServiceModel
+from modelyard.config import ModelSpec, ServiceModel
 from modelyard.embeddings_shapes import (
     EmbeddingRequest,
     EmbeddingResult,
@@ -34,6 +38,7 @@ from modelyard.embeddings_shapes import (
 from modelyard.errors import ModelyardError, UpstreamError
 from modelyard.front.api.model_kind import require_kind
 from modelyard.front.api.ollama import keep_alive_seconds
+from modelyard.front.api.token_ids import decode_cl100k
 from modelyard.front.dispatch.relay import passthrough_error
 from modelyard.front.state import (
     FrontState,
@@ -46,23 +51,44 @@ from modelyard.front.state import (
 PATH = "/v1/embeddings"  # what every backend serves
 
 
+def _spec(state: FrontState, model: str) -> ModelSpec | None:
+    try:
+        return state.catalog.registry.resolve(model).spec
+    except ModelyardError:
+        return None  # open_relay resolves it again (pulling it, with auto_pull) or says why
+
+
 def upstream_path(state: FrontState, model: str) -> str:
     """Where the model's backend takes embeddings: /v1/embeddings, or the route a `service`
     model declares for `embeddings` in its `paths`."""
-    try:
-        entry = state.catalog.registry.resolve(model)
-    except ModelyardError:
-        return PATH  # open_relay resolves it again (pulling it, with auto_pull) or says why
-    if isinstance(entry.spec, ServiceModel):
-        return entry.spec.paths.get("embeddings", PATH)
+    spec = _spec(state, model)
+    if isinstance(spec, ServiceModel):
+        return spec.paths.get("embeddings", PATH)
     return PATH
+
+
+async def as_text(state: FrontState, req: EmbeddingRequest) -> EmbeddingRequest:
+    """`req` with token ids decoded to texts when they are tiktoken's (the model's `token_ids`
+    setting, tiktoken for a model not yet in the catalog); the model's own ids stay as sent."""
+    if req.token_ids is None:
+        return req
+    spec = _spec(state, req.model)
+    if spec is not None and spec.token_ids == "model":
+        return req
+    texts = await asyncio.to_thread(decode_cl100k, req.token_ids)
+    return dataclasses.replace(req, texts=texts, token_ids=None)
 
 
 async def openai_embeddings(request: Request) -> Response:
     state = state_of(request)
     body = await request.body()
-    req = parse_openai_request(await read_json_object(request))
+    data = await read_json_object(request)
+    req = parse_openai_request(data)
     await require_kind(state, req.model, "embedding")
+    if req.token_ids is not None:
+        decoded = await as_text(state, req)
+        if decoded.token_ids is None:  # the bytes are relayed; only `input` changes
+            body = orjson.dumps({**data, "input": decoded.texts})
     relay = await state.dispatch.open_relay(
         req.model, upstream_path(state, req.model), body, priority=request_priority(request),
         client=request,
@@ -110,9 +136,10 @@ async def _ollama(
     started = time.monotonic_ns()
     state = state_of(request)
     await require_kind(state, req.model, "embedding")
-    if not req.texts:
+    if req.empty:
         await _load_or_unload(state, req)
         return EmbeddingResult([], 0), 0, time.monotonic_ns() - started
+    req = await as_text(state, req)
     relay = await state.dispatch.open_relay(
         req.model, upstream_path(state, req.model), orjson.dumps(openai_body(req)),
         keep_alive_s=keep_alive_seconds(req.keep_alive), priority=request_priority(request),

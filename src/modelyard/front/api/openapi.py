@@ -61,7 +61,10 @@ class OpenAIEmbeddingRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str = Field(min_length=1)
-    input: str | list[str] = Field(description=f"text(s), at most {MAX_INPUTS}, none empty")
+    input: str | list[str] | list[int] | list[list[int]] = Field(
+        description=f"text(s), at most {MAX_INPUTS}, none empty; or token ids (one list, or a "
+        "list of lists), whose vocabulary the model's `token_ids` setting names"
+    )
     encoding_format: Literal["float", "base64"] | None = None
     dimensions: int | None = Field(None, ge=1)
     truncate: bool | None = None
@@ -92,7 +95,7 @@ class OllamaEmbedRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str = Field(min_length=1)
-    input: str | list[str] | None = None
+    input: str | list[str] | list[int] | list[list[int]] | None = None
     truncate: bool | None = None
     dimensions: int | None = Field(None, ge=1)
     keep_alive: str | float | None = None

@@ -162,7 +162,8 @@ class TransformersBackend:
             self._loaded = embedder
             self._log.append(f"embedding model loaded on {device}")
             return build_app(self.spec.id, None, _no_ids, _no_ids,
-                             embed=embeddings_handler(embedder.embed, self.spec.id))
+                             embed=embeddings_handler(embedder.embed, self.spec.id,
+                                                      embedder.decode))
         if self.spec.gguf_file is None and is_image_text_repo(self.spec.path):
             return await self._load_vision()
         loaded = await asyncio.to_thread(load_causal_lm, self.spec, self.precision,

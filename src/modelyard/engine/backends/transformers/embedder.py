@@ -339,6 +339,23 @@ class Embedder:
         )["input_ids"]
         return cut
 
+    def decode(self, rows: list[list[int]]) -> list[str]:
+        """The texts of lists of this model's own token ids (an `input` of token arrays for a
+        model set to `token_ids: model`), to embed as texts: special tokens are dropped, as
+        `embed` adds its own. An id outside the vocabulary is an InvalidParams."""
+        size = len(self.tokenizer)
+        for i, row in enumerate(rows):
+            for token in row:
+                if not 0 <= token < size:
+                    raise InvalidParams(
+                        f"input[{i}] holds token id {token}, outside this model's vocabulary "
+                        f"(0 to {size - 1})",
+                        "input",
+                    )
+        with self._lock:  # the fast tokenizer is not shared between threads (module doc)
+            texts: list[str] = self.tokenizer.batch_decode(rows, skip_special_tokens=True)
+        return texts
+
     def _batch(self, rows: list[list[int]]) -> dict[str, torch.Tensor]:
         """Pad `rows` to one length on the tokenizer's padding side, with the attention mask
         (and zero token types where the model has them), as the tokenizer's own padding does."""

@@ -5,6 +5,8 @@ Ollama's `/api/embed` and `/api/embeddings` into this one request), and the embe
 with `Embedder.embed`'s signature. The server passes `embeddings_handler(embedder.embed, name)` to
 `build_app(embed=…)` and runs it in a worker thread; it raises InvalidParams (a ValueError with
 `.param`, InputTooLong included) for a request it refuses, which the server answers with 400.
+Token ids reach it only from a model set to `token_ids: model` (the front decodes tiktoken's):
+they are the model's own, read back to text with its tokenizer (`Embedder.decode`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from modelyard.embeddings_shapes import (
 
 __all__ = [
     "MAX_INPUTS",
+    "DecodeFn",
     "EmbedFn",
     "EmbeddingRequest",
     "EmbeddingResult",
@@ -60,20 +63,32 @@ class EmbedFn(Protocol):
     ) -> EmbeddingResult: ...
 
 
-def openai_embeddings(embed: EmbedFn, body: object, *, model_name: str) -> dict[str, Any]:
+DecodeFn = Callable[[list[list[int]]], list[str]]  # `Embedder.decode`
+
+
+def openai_embeddings(
+    embed: EmbedFn, body: object, *, model_name: str, decode: DecodeFn | None = None
+) -> dict[str, Any]:
     """Answer one OpenAI embeddings request body (blocking: run it in a worker thread). The
     answer names the model the request named (the client's alias), else `model_name`."""
     req = parse_openai_request(body, require_model=False)
-    result = embed(req.texts, truncate=req.truncate, dimensions=req.dimensions)
+    texts = req.texts
+    if req.token_ids is not None:
+        if decode is None:
+            raise InvalidParams("this model takes text, not token ids, as `input`", "input")
+        texts = decode(req.token_ids)
+    result = embed(texts, truncate=req.truncate, dimensions=req.dimensions)
     return render_openai_response(
         result, model=req.model or model_name, encoding_format=req.encoding_format
     )
 
 
-def embeddings_handler(embed: EmbedFn, model_name: str) -> Callable[[Any], dict[str, Any]]:
+def embeddings_handler(
+    embed: EmbedFn, model_name: str, decode: DecodeFn | None = None
+) -> Callable[[Any], dict[str, Any]]:
     """The `embed` callable `server.build_app` takes: request body in, response body out."""
 
     def handle(body: Any) -> dict[str, Any]:
-        return openai_embeddings(embed, body, model_name=model_name)
+        return openai_embeddings(embed, body, model_name=model_name, decode=decode)
 
     return handle
