@@ -32,6 +32,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from modelyard.completion_logprobs import added_bos, completions_logprobs
 from modelyard.config import LlamaCppModel, OpenAIServerModel
 from modelyard.errors import (
     InvalidRequest,
@@ -185,9 +186,9 @@ async def _on_llama_server(request: Request, state: FrontState, model: str, data
             choice["index"] = index
             choice["text"] = _text(prompt, pieces) + choice["text"]
             # A BOS the model puts before a text prompt is context, not the prompt's text.
-            lead = int(_added_bos(prompt, pieces))
-            choice["logprobs"] = _completions_shape(pieces[lead:], scored[lead:],
-                                                    choice["logprobs"], k)
+            lead = int(isinstance(prompt, str) and added_bos(prompt, pieces))
+            choice["logprobs"] = completions_logprobs(pieces[lead:], scored[lead:],
+                                                      choice["logprobs"], k)
             choices.append(choice)
             prompt_n += len(ids)
             completion_n += generated
@@ -259,49 +260,5 @@ async def _generate(relay: Relay, state: FrontState, model: str, data: dict[str,
             int(usage.get("completion_tokens") or len(content)))
 
 
-def _added_bos(prompt: str | list[int], pieces: list[bytes]) -> bool:
-    text = prompt.encode() if isinstance(prompt, str) else None
-    return text is not None and len(pieces) > 1 and b"".join(pieces[1:]) == text \
-        and b"".join(pieces) != text
-
-
 def _text(prompt: str | list[int], pieces: list[bytes]) -> str:
     return prompt if isinstance(prompt, str) else b"".join(pieces).decode("utf-8", "replace")
-
-
-def _completions_shape(pieces: list[bytes], prompt: list[dict[str, Any] | None],
-                       generated: list[dict[str, Any]], k: int) -> dict[str, list[Any]]:
-    """OpenAI's completions `logprobs`: the prompt's tokens (the first with `null`s), then the
-    generated ones; `text_offset` counts characters of the text (a token that ends inside a
-    character starts where that character does)."""
-    out: dict[str, list[Any]] = {
-        "tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-    done = b""
-    for piece, scored in zip(pieces, prompt, strict=True):
-        out["tokens"].append(_token_text(piece))
-        out["token_logprobs"].append(None if scored is None else scored.get("logprob"))
-        out["top_logprobs"].append(None if scored is None else _top(scored, k))
-        out["text_offset"].append(len(done.decode("utf-8", "ignore")))
-        done += piece
-    offset = len(done.decode("utf-8", "ignore"))
-    for item in generated:
-        token = str(item.get("token", ""))
-        out["tokens"].append(token)
-        out["token_logprobs"].append(item.get("logprob"))
-        out["top_logprobs"].append(_top(item, k))
-        out["text_offset"].append(offset)
-        offset += len(token)
-    return out
-
-
-def _token_text(piece: bytes) -> str:
-    """A token as text; one that is not whole UTF-8 in OpenAI's `bytes:\\xNN` spelling."""
-    try:
-        return piece.decode()
-    except UnicodeDecodeError:
-        return "bytes:" + "".join(f"\\x{b:02x}" for b in piece)
-
-
-def _top(item: dict[str, Any], k: int) -> dict[str, Any]:
-    top = item.get("top_logprobs") or []
-    return {str(t.get("token", "")): t.get("logprob") for t in top[:k] if isinstance(t, dict)}
