@@ -772,6 +772,12 @@ class Settings(BaseSettings):
         "(OpenAI's and vLLM's default; llama-server would run to the end of the context); a "
         "preset's limit comes first; null: no cap.",
     )
+    max_scored_prompt_tokens: int = Field(
+        1024, ge=1, description="The longest prompt `/v1/completions` scores (`echo` with "
+        "`logprobs`) on llama-server, which has no prompt logprobs: modelyard asks one token's "
+        "log probability per step (one token evaluated each), so a long prompt holds the model "
+        "that many steps; longer is a 400 `prompt_too_long_for_scoring`.",
+    )
     engine_devices: Literal["per_gpu", "per_node"] | list[list[int]] = Field(
         "per_node", description="Which GPUs each engine process owns: `per_node` (one engine "
         "owns all of them, so a model bigger than one GPU can be split over several, and one "

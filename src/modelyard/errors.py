@@ -570,5 +570,20 @@ class ContextVariantsFull(ModelyardError):
     openai_type = "rate_limit_error"
 
 
+class PromptTooLongForScoring(InvalidRequest):
+    """/v1/completions with `echo` and `logprobs` (prompt scoring) on a backend that scores a
+    prompt one token per step (llama-server): a prompt over `max_scored_prompt_tokens`."""
+
+    code = "prompt_too_long_for_scoring"
+
+
+class PromptLogprobsUnsupported(InvalidRequest):
+    """/v1/completions with `echo` and `logprobs` on a model whose backend cannot say the
+    prompt's log probabilities."""
+
+    code = "prompt_logprobs_unsupported"
+
+
 _BY_CODE.update({cls.code: cls for cls in (ToolTypeUnsupported, ModelfileInvalid, NumCtxTooLarge,
-                                           NumCtxNotAllowed, ContextVariantsFull)})
+                                           NumCtxNotAllowed, ContextVariantsFull,
+                                           PromptTooLongForScoring, PromptLogprobsUnsupported)})

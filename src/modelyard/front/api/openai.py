@@ -19,7 +19,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from modelyard.front.archive import capture as archive_capture
-from modelyard.front.chat import openai_compat, pipeline, render
+from modelyard.front.chat import openai_compat, pipeline, render, scoring
 from modelyard.front.chat.request import CHAT_PATH, COMPLETION_PATH, ChatCall
 from modelyard.front.chat.shapes import check_openai_chat
 from modelyard.front.chat.tools.support import check_tools_for
@@ -57,7 +57,7 @@ class ChatCompletionRequest(_Request):
 
 
 class CompletionRequest(_Request):
-    prompt: str | list[str] | list[int]
+    prompt: str | list[str] | list[int] | list[list[int]]
 
 
 def openai_call(path: str, data: dict[str, Any], body: bytes, req: _Request, *,
@@ -98,8 +98,14 @@ async def _relay(
         check_openai_chat(data)  # a malformed part or tool: 400 naming it, not the backend's 500
         check_tools_for(state, req.model, data)
         check_vision_for(state, req.model, data)
-    # Parsed further only when it asks for what llama-server serves differently (DESIGN §3.13).
-    prepared = openai_compat.prepare(path, data, chat=path == CHAT_PATH)
+    prepared = None
+    if path == COMPLETION_PATH and scoring.concerns(data):  # echo + logprobs, or max_tokens 0
+        if (scored := await scoring.answer(request, state, req.model, data)) is not None:
+            return scored
+        # else its backend scores the prompt itself: the request goes as sent
+    else:
+        # Parsed further only when it asks for what llama-server serves differently (§3.13).
+        prepared = openai_compat.prepare(path, data, chat=path == CHAT_PATH)
     call = openai_call(path, data, body, req, priority=request_priority(request),
                        prepared=prepared)
     return await pipeline.answer(request, call, render.OPENAI)

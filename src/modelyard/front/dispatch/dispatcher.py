@@ -488,6 +488,7 @@ class Dispatcher:
                 engine.release(lease)
                 raise
         relay = Relay(engine, lease, response)
+        relay.session = self.upstream
         if kv is not None:
             relay.on_release = lambda: kv.after(lease.upstream, ok=relay.status == 200)
         return relay

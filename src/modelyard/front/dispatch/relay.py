@@ -117,6 +117,8 @@ class Relay:
         # Runs while the lease is held; a future it returns keeps the lease until it is done.
         self.on_release: Callable[[], asyncio.Future[Any] | None] | None = None
         self.watch: ClientWatch | None = None  # a non-streamed request's client, watched
+        # The dispatcher's upstream session, for `call` (set by the dispatcher that opened it).
+        self.session: aiohttp.ClientSession | None = None
         self._closed = False
         self._untrack = track_relay(self)  # a shutdown past its grace aborts it
         self._unwatch = engine.watch(self)  # so does its engine falling silent
@@ -146,6 +148,28 @@ class Relay:
             raise await stream_broke(self, exc) from exc
         finally:
             self.close()
+
+    async def body(self) -> bytes:
+        """The whole body, leaving the relay (and its lease) open for `call`."""
+        try:
+            return await self.response.read()
+        except RELAY_ERRORS as exc:
+            raise await stream_broke(self, exc) from exc
+
+    async def call(self, path: str, payload: bytes) -> tuple[int, bytes]:
+        """Another request to the same backend under this relay's lease, read whole: a feature
+        the backend serves in several calls (front/chat/scoring.py) holds one lease, so its model
+        is neither evicted nor given to others' requests beyond its concurrency between them."""
+        if self.session is None or self._closed:
+            raise RuntimeError("Relay.call needs an open relay from the dispatcher")
+        response = await send_upstream(self.session, self.lease.upstream + path, payload,
+                                       self.lease.model, api_key=self.lease.api_key)
+        try:
+            return response.status, await response.read()
+        except RELAY_ERRORS as exc:
+            raise await stream_broke(self, exc) from exc
+        finally:
+            response.release()
 
     def iter_chunks(self) -> AsyncIterator[bytes]:
         return self.response.content.iter_any()

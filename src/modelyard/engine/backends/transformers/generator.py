@@ -59,8 +59,9 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -86,6 +87,8 @@ from modelyard.engine.backends.transformers.sampling import (
 from modelyard.engine.backends.transformers.session_pins import SessionPins
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -204,8 +207,9 @@ class BatchGenerator:
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
         self._prefix: PrefixCache[RowKV] = PrefixCache(prefix_cache_tokens)
         self._pins: SessionPins[RowKV] = SessionPins(session_cache_tokens)
-        # ("add" | "cancel", seq), ("forget", session key) or ("stop", None)
-        self._inbox: queue.SimpleQueue[tuple[str, _Seq | str | None]] = queue.SimpleQueue()
+        # ("add" | "cancel", seq), ("forget", session key), ("call", work) or ("stop", None)
+        self._inbox: queue.SimpleQueue[
+            tuple[str, _Seq | str | Callable[[], None] | None]] = queue.SimpleQueue()
         self._waiting: deque[_Seq] = deque()
         self._prefilling, self._running = self._new_batches()
         self._kv_peak_bytes = 0
@@ -245,6 +249,19 @@ class BatchGenerator:
     def eos_ids(self) -> frozenset[int]:
         return self._eos
 
+    @property
+    def model(self) -> Any:
+        """The model, to run only on the worker thread (`run`)."""
+        return self._model
+
+    @property
+    def context_length(self) -> int:
+        return self._context
+
+    def token_text(self, token_id: int) -> tuple[str, list[int]]:
+        """A token's display text and raw bytes (as in logprobs entries)."""
+        return self._token_text(token_id)
+
     def generate(self, prompt_ids: list[int], params: SamplingParams,
                  session: str | None = None, constraint: TokenMask | None = None) -> TokenStream:
         """Queue a sequence now; iterate to receive its events. Raises InvalidParams for an empty
@@ -274,6 +291,34 @@ class BatchGenerator:
             self._pending += 1
         self._inbox.put(("add", seq))
         return TokenStream(self, seq, events)
+
+    async def run(self, work: Callable[[], T]) -> T:
+        """`work()` on the worker thread between two steps, since nothing else may run the
+        model while the worker does: a prompt's forward pass for its log probabilities
+        (scoring.py). Its streams wait for it, as for one step."""
+        if self._thread is None or not self._thread.is_alive():
+            raise RuntimeError("BatchGenerator is not running (call start())")
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[T] = loop.create_future()
+
+        def settle(result: T | None, exc: BaseException | None) -> None:
+            if done.done():  # its caller left
+                return
+            if exc is not None:
+                done.set_exception(exc)
+            else:
+                done.set_result(result)  # type: ignore[arg-type]
+
+        def call() -> None:
+            try:
+                result = work()
+            except Exception as exc:
+                loop.call_soon_threadsafe(settle, None, exc)
+            else:
+                loop.call_soon_threadsafe(settle, result, None)
+
+        self._inbox.put(("call", call))
+        return await done
 
     def _cancel(self, seq: _Seq) -> None:
         if not seq.finished:
@@ -370,6 +415,10 @@ class BatchGenerator:
             if kind == "forget":
                 assert isinstance(seq, str)
                 self._pins.drop(seq)
+                continue
+            if kind == "call":
+                assert callable(seq)
+                seq()
                 continue
             assert isinstance(seq, _Seq)
             if kind == "add":

@@ -6,7 +6,8 @@ llama-server's `timings`, which the Ollama API turns into its statistics).
 
     GET  /health                  200 once the model is loaded
     POST /v1/chat/completions     the model's chat template; JSON or SSE
-    POST /v1/completions          a raw prompt; JSON or SSE
+    POST /v1/completions          a raw prompt; JSON or SSE (`echo` with an integer
+                                  `logprobs` scores the prompt: scoring.py)
     POST /v1/embeddings           (embedding models)
     POST /v1/rerank               (cross-encoders: raw scores of every document, rerank_shapes)
     DELETE /sessions/{key}        drop a chat session's pinned KV (204, known or not)
@@ -36,7 +37,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from modelyard.engine.backends.transformers import grammars, tool_calls
+from modelyard.engine.backends.transformers import grammars, scoring, tool_calls
 from modelyard.engine.backends.transformers.generator import BatchGenerator, TokenEvent
 from modelyard.engine.backends.transformers.params import (
     ContextOverflow,
@@ -288,6 +289,8 @@ def build_app(
             return error(400, f"request body is not JSON: {exc}")
         if not isinstance(body, dict):
             return error(400, "request body must be a JSON object")
+        if (k := scoring.scored_alternatives(body, chat)) is not None:
+            return await _score(body, k)
         session = body.pop(SESSION_FIELD, None)  # not a template variable nor a sampling field
         if session is not None and (problem := valid_session_key(session)) is not None:
             return error(400, problem, SESSION_FIELD)
@@ -314,6 +317,30 @@ def build_app(
         if body.get("stream"):
             return StreamingResponse(completion.stream(events), media_type="text/event-stream")
         return JSONResponse(await completion.whole(events))
+
+    async def _score(body: dict[str, Any], k: int) -> Response:
+        """`echo` with an integer `logprobs`: the prompt's log probabilities (scoring.py)."""
+        if not isinstance(generator, BatchGenerator):
+            return error(400, f"'{model_name}' cannot score a prompt (`echo` with `logprobs`)",
+                         "echo", code="prompt_logprobs_unsupported")
+        try:
+            answer = await scoring.answer(
+                generator, body, k, model_name, prompt_ids, generator.token_text,
+                lambda events: Completion(model_name, False, body).whole(events))
+        except ContextOverflow as exc:
+            return JSONResponse(exc.llama_server_body(), status_code=400)
+        except InvalidParams as exc:
+            return error(400, str(exc), exc.param)
+        except (ValueError, TypeError, KeyError) as exc:
+            return error(400, str(exc), "prompt")
+        if not body.get("stream"):
+            return JSONResponse(answer)
+        usage = answer.pop("usage")  # one chunk: everything is known before the first byte
+        options = body.get("stream_options")
+        chunks = [sse({**answer, "usage": None})]
+        if isinstance(options, dict) and options.get("include_usage"):
+            chunks.append(sse({**answer, "choices": [], "usage": usage}))
+        return Response(b"".join(chunks) + b"data: [DONE]\n\n", media_type="text/event-stream")
 
     async def chat_route(request: Request) -> Response:
         return await complete(request, chat=True)
