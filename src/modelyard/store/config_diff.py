@@ -58,6 +58,7 @@ RELOADABLE: tuple[str, ...] = (
     "activity_capture_bodies", "activity_capture_max_bytes",  # read at each request
     "fair_share",  # read by the dispatcher at each request (weights, swap share)
     "import_max_depth", "import_max_entries", "import_max_s",  # read at each /admin/import
+    "pull_aliases",  # read at each /api/pull of a plain name
 )
 
 # Model fields a running server does not depend on: a change applies without a restart.
