@@ -884,6 +884,14 @@ class Settings(BaseSettings):
     reserve_free_bytes: int = Field(
         1 << 30, ge=0, description="Pulls refuse to leave less than this free on the disk."
     )
+    # Ollama clients pull plain library names (`llama3.2:1b`); modelyard pulls from the Hub, so
+    # a table maps them (store/ollama_library.py) and this adds to it or replaces its entries.
+    pull_aliases: dict[str, str] = Field(
+        default_factory=dict, description="Names Ollama's /api/pull accepts without an "
+        "organisation → the Hub reference pulled, e.g. {\"llama3.2:1b\": "
+        "\"bartowski/Llama-3.2-1B-Instruct-GGUF:Q4_K_M\"}; over the built-in table of "
+        "well-known names (docs/models.md).",
+    )
     presets: list[Preset] = Field(
         default_factory=list, description="Named models with defaults (context, sampling, "
         "system prompt), listed beside the models.",
@@ -972,6 +980,20 @@ class Settings(BaseSettings):
                     f"declared: {known}"
                 )
         return self
+
+    @field_validator("pull_aliases", mode="after")
+    @classmethod
+    def _check_pull_aliases(cls, value: dict[str, str]) -> dict[str, str]:
+        out = {}
+        for name, ref in value.items():
+            key = name.strip().lower().removesuffix(":latest")  # as Ollama matches tags
+            if not key or "/" in key:
+                raise ValueError(f"pull_aliases: {name!r} is not a plain name (no '/')")
+            if "/" not in ref:
+                raise ValueError(f"pull_aliases: {name!r} → {ref!r} is not a Hub reference "
+                                 "(org/repo, org/repo:QUANT or org/repo/file.gguf)")
+            out[key] = ref.strip()
+        return out
 
     @field_validator("engine_devices", mode="after")
     @classmethod

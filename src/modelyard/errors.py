@@ -12,6 +12,7 @@
     ├── WrongModelKind              400 model_not_embedding / model_not_reranker (names one that is)
     ├── ModelNotFound               404 model_not_found
     ├── ModelNotPulled              404 model_not_pulled     (says the pull command)
+    ├── PullNameUnknown             404 pull_name_unknown    (a plain /api/pull name: the Hub form)
     ├── JobNotFound                 404 job_not_found
     ├── RouteNotFound               404 not_found            (no such endpoint)
     ├── ArchiveItemNotFound         404 archive_item_not_found (or not yours)
@@ -347,6 +348,22 @@ class UpstreamError(ModelyardError):
     code = "upstream_error"
 
 
+class PullNameUnknown(ModelyardError):
+    """Ollama's /api/pull of a plain name (no organisation) that is neither a model here nor
+    in the table of library names (store/ollama_library.py, `pull_aliases`)."""
+
+    status = 404
+    code = "pull_name_unknown"
+    openai_type = "invalid_request_error"
+
+    def __init__(self, name: str) -> None:
+        super().__init__(
+            f"'{name}' is not a model here nor a known library name, and modelyard pulls from "
+            "Hugging Face: pull hf.co/<org>/<repo>[:quant] (e.g. "
+            "hf.co/bartowski/Llama-3.2-1B-Instruct-GGUF:Q4_K_M), or map the name in the "
+            "`pull_aliases` setting", param="model", model=name)
+
+
 _BY_CODE: dict[str, type[ModelyardError]] = {
     cls.code: cls
     for cls in (
@@ -356,6 +373,7 @@ _BY_CODE: dict[str, type[ModelyardError]] = {
         ModelNotFound,
         ModelNotPulled,
         JobNotFound,
+        PullNameUnknown,
         SessionNotFound,
         RouteNotFound,
         MethodNotAllowed,

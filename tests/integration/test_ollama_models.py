@@ -178,7 +178,8 @@ def test_create_from_a_modelfile_makes_a_preset_and_delete_removes_only_it(
     assert shown["system"] == "You are\nterse."
     assert shown["template"] == "{{ .Prompt }}"
     assert shown["details"]["parent_model"] == "create-base"
-    assert "num_predict" not in shown["parameters"] and "max_tokens" in shown["parameters"]
+    assert "num_predict" in shown["parameters"] and "max_tokens" not in shown["parameters"]
+    assert "PARAMETER num_predict 3" in shown["modelfile"]  # Ollama's name, as it was written
     assert shown["messages"] == [{"role": "user", "content": "hi"},
                                  {"role": "assistant", "content": "hello"}]
     # The preset's num_predict reaches the backend: 3 tokens, where the base answers more.

@@ -142,7 +142,9 @@ def test_langchain_and_litellm_recognise_the_overflow(server: Server) -> None:
 
 @covers("Context overflow is recognisable", "Ollama")
 def test_ollama_api_overflow_has_its_shape(server: Server) -> None:
-    r = httpx.post(server.url + "/api/generate", timeout=240, json={
-        "model": "smollm2", "prompt": LONG, "stream": False, "options": {"num_predict": 4}})
+    # A last message longer than the context: the one overflow Ollama's cut cannot mend.
+    r = httpx.post(server.url + "/api/chat", timeout=240, json={
+        "model": "smollm2", "messages": [{"role": "user", "content": LONG}], "stream": False,
+        "options": {"num_predict": 4}})
     assert r.status_code == 400, r.text
     assert f"maximum context length is {CTX} tokens" in r.json()["error"]

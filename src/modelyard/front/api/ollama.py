@@ -21,7 +21,7 @@ from starlette.routing import Route
 
 from modelyard.errors import InvalidRequest
 from modelyard.front.archive import capture as archive_capture
-from modelyard.front.chat import context, ollama_context, pipeline, render
+from modelyard.front.chat import context, ollama_context, ollama_fit, pipeline, render
 from modelyard.front.chat.go_template import render_prompt
 from modelyard.front.chat.infill import INFILL_PATH, check_insert_for, infill_payload
 from modelyard.front.chat.request import CHAT_PATH, COMPLETION_PATH, ChatCall
@@ -167,7 +167,7 @@ def chat_call(req: ChatRequest, *, keep_alive_s: float | None, priority: int = 0
     return ChatCall(
         "ollama", endpoint, req.model, CHAT_PATH, req.stream, chat_payload(req), fields=fields,
         archive=fields.get(archive_capture.BODY_FIELD), keep_alive_s=keep_alive_s,
-        priority=priority,
+        priority=priority, fit=ollama_fit.drop_turns,  # a long chat loses its oldest turns
     )
 
 
@@ -181,6 +181,7 @@ def generate_call(req: GenerateRequest, *, keep_alive_s: float | None, priority:
         "ollama", endpoint, req.model, path, req.stream, params, fields=fields,
         archive=fields.get(archive_capture.BODY_FIELD), keep_alive_s=keep_alive_s,
         priority=priority, chat=False,
+        fit=None if req.suffix else ollama_fit.keep_end,  # a long prompt keeps its end
     )
 
 

@@ -24,6 +24,7 @@ from starlette.routing import Route
 
 from modelyard import __version__
 from modelyard.errors import InvalidRequest, ModelyardError
+from modelyard.front.api.modelfile import PARAMETERS
 from modelyard.front.api.ollama_caps import capabilities, gguf_info, model_info
 from modelyard.front.chat.translate import rfc3339
 from modelyard.front.identity.principal import principal_of
@@ -192,18 +193,27 @@ def _modelfile(entry: Entry, *, admin: bool = True) -> str:
     if preset is not None:
         if preset.ctx_size is not None:
             lines.append(f"PARAMETER num_ctx {preset.ctx_size}")
-        lines += [f"PARAMETER {k} {v}" for k, v in preset.parameters.items()]
+        lines += [f"PARAMETER {k} {v}" for k, v in _ollama_names(preset.parameters).items()]
         if preset.system:
             lines.append(f'SYSTEM """{preset.system}"""')
         lines += [f'MESSAGE {m.get("role")} """{m.get("content")}"""' for m in preset.messages]
     return "\n".join(lines) + "\n"
 
 
+# A preset's request field → the option Ollama names it (max_tokens → num_predict).
+_OLLAMA_NAMES = {field: name for name, field in PARAMETERS.items()}
+
+
+def _ollama_names(parameters: dict[str, Any]) -> dict[str, Any]:
+    """A preset's request defaults under Ollama's option names (others keep theirs)."""
+    return {_OLLAMA_NAMES.get(k, k): v for k, v in parameters.items()}
+
+
 def _parameters(entry: Entry) -> str:
     preset = entry.preset
     if preset is None:
         return ""
-    params = dict(preset.parameters)
+    params = _ollama_names(preset.parameters)
     if preset.ctx_size is not None:
         params["num_ctx"] = preset.ctx_size
     return "\n".join(f"{k:<30} {v}" for k, v in params.items())

@@ -2,7 +2,9 @@
 
     POST   /pull                {"model", "quantize": auto|q4|fp16|no, "init": false}
     GET    /jobs                GET /jobs/{id}      DELETE /jobs/{id}     POST /jobs/{id}/resume
-    POST   /api/pull            Ollama: NDJSON progress, or one answer with "stream": false
+    POST   /api/pull            Ollama: NDJSON progress, or one answer with "stream": false; a
+                                plain name is a model here (success at once) or Ollama's library
+                                mapped to a Hub GGUF (store/ollama_library.py)
     POST   /api/delete          Ollama: forget a pulled or imported model and delete its files
     POST   /api/copy            Ollama: another name for a model (an alias)
     POST   /admin/rescan        re-read disks, database and config
@@ -26,11 +28,12 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from modelyard import db
-from modelyard.errors import InvalidRequest, ModelNotFound, ModelyardError
+from modelyard.errors import InvalidRequest, ModelNotFound, ModelyardError, PullNameUnknown
 from modelyard.front.ops.jobs import PullJobs
 from modelyard.front.state import FrontState, read_json_object, state_of, validate
 from modelyard.store.catalog import DiscoveredModel, WalkLimits, WalkTooLarge, scan_model_dirs
 from modelyard.store.import_roots import resolve_import_dir
+from modelyard.store.ollama_library import is_plain_name, library_key, library_ref
 from modelyard.store.registry import Entry
 
 
@@ -122,14 +125,29 @@ async def ollama_pull(request: Request) -> Response:
     name = req.model or req.name
     if not name:
         raise InvalidRequest("`model` is required", param="model")
+    ref = name.strip().removeprefix("hf.co/").removeprefix("huggingface.co/")
+    library_name = None
+    if is_plain_name(ref):  # Ollama's library: a model here, or a name the table maps
+        if state.catalog.registry.get(ref) is not None:
+            return _have_it(req.stream)
+        mapped = library_ref(ref, state.catalog.settings.pull_aliases)
+        if mapped is None:
+            raise PullNameUnknown(name)
+        ref, library_name = mapped, library_key(ref)
     jobs = _jobs(state)
-    job, _ = await jobs.submit(name.removeprefix("hf.co/").removeprefix("huggingface.co/"))
+    job, _ = await jobs.submit(ref)
+
+    async def succeeded(final: dict[str, Any]) -> None:
+        await state.catalog.rescan()
+        if library_name is not None:  # `llama3.2:1b` then reaches what it pulled
+            await _name_pulled(state, library_name, final)
+
     if not req.stream:
         final = await jobs.wait(job["id"])
         if final["status"] != "succeeded":
             err = _failure(final)
             return _json(err.ollama_body(), err.status)
-        await state.catalog.rescan()
+        await succeeded(final)
         return _json({"status": "success"})
 
     async def lines() -> AsyncIterator[bytes]:
@@ -139,11 +157,36 @@ async def ollama_pull(request: Request) -> Response:
                 yield orjson.dumps(_failure(seen).ollama_body()) + b"\n"
                 return
             if seen["status"] == "succeeded":
-                await state.catalog.rescan()
+                await succeeded(seen)
             for event in _ollama_events(seen, sent):
                 yield orjson.dumps(event) + b"\n"
 
     return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+
+def _have_it(stream: bool) -> Response:
+    """A pull of a model already here: success at once, in Ollama's shapes (its stream for a
+    model it has: the manifest, the digests verified, success)."""
+    if not stream:
+        return _json({"status": "success"})
+    events = [{"status": "pulling manifest"}, {"status": "verifying sha256 digest"},
+              {"status": "writing manifest"}, {"status": "success"}]
+    return Response(b"".join(orjson.dumps(e) + b"\n" for e in events),
+                    media_type="application/x-ndjson")
+
+
+async def _name_pulled(state: FrontState, name: str, job: dict[str, Any]) -> None:
+    """Make the library `name` an alias of the model its pull made (unless it names one)."""
+    registry = state.catalog.registry
+    entry = registry.get(str(job.get("model_id") or ""))
+    if entry is None or registry.get(name) is not None:
+        return
+
+    def add(c: sa.Connection) -> None:
+        c.execute(sa.insert(db.aliases).values(name=name, model=entry.name))
+
+    await _in_db(state, add)
+    await state.catalog.rescan()
 
 
 class NameRequest(BaseModel):

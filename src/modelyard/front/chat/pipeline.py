@@ -26,7 +26,7 @@ from starlette.responses import Response
 
 from modelyard.config import LlamaCppModel
 from modelyard.front.archive import capture as archive_capture
-from modelyard.front.chat import forced_call
+from modelyard.front.chat import forced_call, ollama_fit
 from modelyard.front.chat.openai_compat import Reshape
 from modelyard.front.chat.render import Render
 from modelyard.front.chat.request import ChatCall
@@ -89,12 +89,18 @@ async def answer(request: Request, call: ChatCall, render: Render) -> Response:
     # A non-streamed answer is awaited watching the client: one that leaves stops it.
     watch = None if call.stream else ClientWatch(request.receive)
 
-    def open_relay(say: Callable[[str], None] | None) -> Awaitable[Relay]:
+    def send(sent: bytes, say: Callable[[str], None] | None) -> Awaitable[Relay]:
         return state.dispatch.open_relay(
-            call.serve_as or call.model, call.path, body, keep_alive_s=call.keep_alive_s,
+            call.serve_as or call.model, call.path, sent, keep_alive_s=call.keep_alive_s,
             priority=call.priority, client=None if watch else request, on_progress=say,
             session_kv=None if turn is None else turn.kv, affinity=sid,
         )
+
+    def open_relay(say: Callable[[str], None] | None) -> Awaitable[Relay]:
+        if call.fit is None:
+            return send(body, say)
+        # Ollama cuts a prompt longer than the context (front/chat/ollama_fit.py).
+        return ollama_fit.fitted(lambda sent: send(sent, say), body, call, call.fit)
 
     def stream_body(relay: Relay) -> AsyncIterator[bytes]:
         if gen is None:  # the backend's SSE, unchanged

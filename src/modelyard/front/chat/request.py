@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
+    from modelyard.front.chat.ollama_fit import Fit
     from modelyard.front.chat.openai_compat import Reshape
 
 CHAT_PATH = "/v1/chat/completions"
@@ -52,6 +53,10 @@ class ChatCall:
     # Ollama's `context` (front/chat/ollama_context.py): the token ids before the answer, which
     # the final chunk carries with the answer's; None: the answer has no `context`.
     context_prefix: list[int] | None = None
+    # Ollama's cut of a prompt longer than the context (front/chat/ollama_fit.py): called with
+    # the request sent and the backend's counts, it answers a shorter one (None: it cannot).
+    # None: an overflow is the backend's 400.
+    fit: Fit | None = None
 
     @property
     def own_fields(self) -> dict[str, Any]:

@@ -120,6 +120,7 @@ class Relay:
         # The dispatcher's upstream session, for `call` (set by the dispatcher that opened it).
         self.session: aiohttp.ClientSession | None = None
         self._closed = False
+        self._body: bytes | None = None  # the body, once read()
         self._untrack = track_relay(self)  # a shutdown past its grace aborts it
         self._unwatch = engine.watch(self)  # so does its engine falling silent
         note_opened()  # for /metrics: the next chunk the client gets is the first token
@@ -139,11 +140,17 @@ class Relay:
     async def read(self) -> bytes:
         """The whole body; closes the relay. Under a ClientWatch, a client that disconnects
         before the body is complete ends the wait: the upstream connection is closed (the
-        backend stops generating), the lease given back, and ClientClosedRequest raised."""
+        backend stops generating), the lease given back, and ClientClosedRequest raised.
+        Read again, it answers the same bytes (an error may be looked at before it is
+        rendered: front/chat/ollama_fit.py)."""
+        if self._body is not None:
+            return self._body
         try:
             if self.watch is None:
-                return await self.response.read()
-            return await self.watch.wait(self.response.read())
+                self._body = await self.response.read()
+            else:
+                self._body = await self.watch.wait(self.response.read())
+            return self._body
         except RELAY_ERRORS as exc:
             raise await stream_broke(self, exc) from exc
         finally:
