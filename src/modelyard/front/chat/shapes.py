@@ -15,9 +15,22 @@ from __future__ import annotations
 import binascii
 from typing import Any
 
+from pydantic_core import PydanticCustomError
+
 from modelyard.errors import InvalidRequest, ToolTypeUnsupported
 
 TOOL_CHOICES = ("none", "auto", "required")
+# OpenAI's message roles (`function`: the legacy function result, front/chat/legacy_functions.py).
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+
+
+def known_role(role: str) -> str:
+    """A pydantic validator of a message's `role`: an unknown one would reach the chat template
+    as is, pasted into the prompt; it is a 400 naming it (`messages.N.role`)."""
+    if role not in ROLES:
+        raise PydanticCustomError("unknown_role", "unknown role {role}; expected one of "
+                                  + ", ".join(ROLES), {"role": repr(role[:64])})
+    return role
 
 
 def check_image_data(data: str, param: str) -> None:
