@@ -14,6 +14,9 @@ import pytest
 
 from modelyard.config import LlamaCppModel, OpenAIServerModel
 from modelyard.errors import InvalidRequest
+from modelyard.front.api.anthropic import MessagesRequest
+from modelyard.front.api.native import NativeChatRequest
+from modelyard.front.api.ollama import ChatRequest as OllamaChatRequest
 from modelyard.front.api.openai import ChatCompletionRequest
 from modelyard.front.chat import choices, legacy_functions
 from modelyard.front.chat.openai_compat import Reshape, prepare
@@ -246,3 +249,19 @@ def test_an_unknown_role_is_a_400_naming_it() -> None:
                                   "function"])
 def test_openais_roles_are_accepted(role: str) -> None:
     validate(ChatCompletionRequest, {"model": "m", "messages": [{"role": role, "content": "x"}]})
+
+
+@pytest.mark.parametrize(("model", "body", "param"), [
+    (NativeChatRequest, {"model": "m", "messages": [{"role": "robot", "content": "x"}]},
+     "messages.0.role"),
+    # Ollama's and Anthropic's own roles (system/user/assistant/tool; user/assistant) only
+    (OllamaChatRequest, {"model": "m", "messages": [{"role": "developer", "content": "x"}]},
+     "messages.0.role"),
+    (MessagesRequest, {"model": "m", "max_tokens": 1,
+                       "messages": [{"role": "system", "content": "x"}]}, "messages.0.role"),
+])
+def test_the_other_apis_refuse_roles_they_do_not_have(model: Any, body: dict[str, Any],
+                                                      param: str) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        validate(model, body)
+    assert info.value.param == param

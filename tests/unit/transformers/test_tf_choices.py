@@ -8,6 +8,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import pytest
 
 from modelyard.engine.backends.transformers.generator import TokenEvent
@@ -92,3 +93,63 @@ def test_each_choice_has_its_own_seed() -> None:
     assert [_choice_params(params, i).seed for i in range(3)] == [7, 8, 9]
     unseeded = SamplingParams.from_openai({})
     assert _choice_params(unseeded, 2).seed is None
+
+
+# ---- the real generator: the tiny random model, n rows of one batch ----------------------------
+
+
+@pytest.fixture
+async def served(model: Any, tokenizer: Any) -> AsyncIterator[httpx.AsyncClient]:
+    from modelyard.engine.backends.transformers.constraints import Compiler
+    from modelyard.engine.backends.transformers.generator import BatchGenerator
+    from modelyard.engine.backends.transformers.server import build_app
+
+    gen = BatchGenerator(model, tokenizer, max_batch_size=8)
+    gen.start()
+    def ids(body: dict[str, Any]) -> list[int]:
+        return [int(i) for m in body["messages"] for i in tokenizer.encode(m["content"])]
+
+    app = build_app("tiny", gen, ids, lambda body: [int(i) for i in tokenizer.encode(
+        body["prompt"])], constrain=Compiler(tokenizer, [tokenizer.eos_token_id]).for_request)
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://tiny") as client:
+            yield client
+    finally:
+        gen.stop()
+
+
+SAMPLED = {"messages": [{"role": "user", "content": "Hello world!"}], "max_tokens": 6,
+           "temperature": 1.0, "seed": 3, "ignore_eos": True}
+
+
+@pytest.mark.timeout(120)
+async def test_n_choices_from_the_real_generator(served: httpx.AsyncClient) -> None:
+    r = await served.post("/v1/chat/completions", json={**SAMPLED, "n": 3})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert [c["index"] for c in out["choices"]] == [0, 1, 2]
+    assert out["usage"]["completion_tokens"] == 18
+    again = (await served.post("/v1/chat/completions", json={**SAMPLED, "n": 3})).json()
+    texts = [c["message"]["content"] for c in out["choices"]]
+    assert texts == [c["message"]["content"] for c in again["choices"]]  # seeded: reproducible
+    assert len(set(texts)) > 1  # each choice its own seed
+
+    r = await served.post("/v1/chat/completions", json={
+        **SAMPLED, "n": 2, "stream": True, "stream_options": {"include_usage": True}})
+    events = [json.loads(line[6:]) for line in r.text.splitlines()
+              if line.startswith("data: {")]
+    assert {c["index"] for e in events for c in e["choices"]} == {0, 1}
+    assert [e["usage"]["completion_tokens"] for e in events if "usage" in e] == [12]
+
+
+@pytest.mark.timeout(120)
+async def test_each_choice_follows_its_own_grammar(served: httpx.AsyncClient) -> None:
+    schema = {"type": "object", "additionalProperties": False, "required": ["ok"],
+              "properties": {"ok": {"type": "boolean"}}}
+    r = await served.post("/v1/chat/completions", json={
+        **SAMPLED, "max_tokens": 40, "ignore_eos": False, "n": 2, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "a", "schema": schema}}})
+    assert r.status_code == 200, r.text
+    for choice in r.json()["choices"]:
+        assert isinstance(json.loads(choice["message"]["content"])["ok"], bool)
