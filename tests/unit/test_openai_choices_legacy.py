@@ -15,11 +15,11 @@ import pytest
 from modelyard.config import LlamaCppModel, OpenAIServerModel
 from modelyard.errors import InvalidRequest
 from modelyard.front.api.anthropic import MessagesRequest
-from modelyard.front.api.native import NativeChatRequest
 from modelyard.front.api.ollama import ChatRequest as OllamaChatRequest
 from modelyard.front.api.openai import ChatCompletionRequest
 from modelyard.front.chat import choices, legacy_functions
 from modelyard.front.chat.openai_compat import Reshape, prepare
+from modelyard.front.chat.shapes import check_roles
 from modelyard.front.state import validate
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(10)]
@@ -150,6 +150,7 @@ def test_functions_become_tools_and_function_call_a_tool_choice() -> None:
         {"role": "function", "name": "weather", "content": "sunny"}],
         "functions": [WEATHER], "function_call": {"name": "weather"}}
     assert legacy_functions.used(data) and legacy_functions.answers_legacy(data)
+    assert check_roles(data["messages"])
     out = legacy_functions.to_tools(data)
     assert "functions" not in out and "function_call" not in out
     assert out["tools"] == [{"type": "function", "function": WEATHER}]
@@ -175,8 +176,8 @@ def test_malformed_legacy_fields_are_a_400_naming_them(data: dict[str, Any], par
 
 
 def test_plain_requests_are_not_legacy() -> None:
-    assert not legacy_functions.used({"messages": [{"role": "user", "content": "x"}],
-                                      "tools": []})
+    data = {"messages": [{"role": "user", "content": "x"}], "tools": []}
+    assert not legacy_functions.used(data) and not check_roles(data["messages"])
 
 
 def test_the_answer_goes_back_as_function_call() -> None:
@@ -237,31 +238,29 @@ def test_logprobs_with_top_logprobs_pass_through() -> None:
 
 
 def test_an_unknown_role_is_a_400_naming_it() -> None:
-    body = {"model": "m", "messages": [{"role": "user", "content": "a"},
-                                       {"role": "robot", "content": "b"}]}
+    messages = [{"role": "user", "content": "a"}, {"role": "robot", "content": "b"}]
+    validate(ChatCompletionRequest, {"model": "m", "messages": messages})  # a string: the shape
     with pytest.raises(InvalidRequest) as info:
-        validate(ChatCompletionRequest, body)
+        check_roles(messages)
     assert info.value.param == "messages.1.role"
     assert "'robot'" in info.value.message and info.value.code == "invalid_request"
 
 
-@pytest.mark.parametrize("role", ["system", "developer", "user", "assistant", "tool",
-                                  "function"])
-def test_openais_roles_are_accepted(role: str) -> None:
-    validate(ChatCompletionRequest, {"model": "m", "messages": [{"role": role, "content": "x"}]})
+def test_openais_roles_are_accepted_and_the_legacy_ones_noticed() -> None:
+    plain = [{"role": r, "content": "x"} for r in ("system", "developer", "user", "assistant",
+                                                    "tool")]
+    assert check_roles(plain) is False
+    assert check_roles([*plain, {"role": "function", "name": "f", "content": "1"}]) is True
+    assert check_roles([{"role": "assistant", "function_call": {"name": "f"}}]) is True
 
 
-@pytest.mark.parametrize(("model", "body", "param"), [
-    (NativeChatRequest, {"model": "m", "messages": [{"role": "robot", "content": "x"}]},
-     "messages.0.role"),
+@pytest.mark.parametrize(("model", "body"), [
     # Ollama's and Anthropic's own roles (system/user/assistant/tool; user/assistant) only
-    (OllamaChatRequest, {"model": "m", "messages": [{"role": "developer", "content": "x"}]},
-     "messages.0.role"),
+    (OllamaChatRequest, {"model": "m", "messages": [{"role": "developer", "content": "x"}]}),
     (MessagesRequest, {"model": "m", "max_tokens": 1,
-                       "messages": [{"role": "system", "content": "x"}]}, "messages.0.role"),
+                       "messages": [{"role": "system", "content": "x"}]}),
 ])
-def test_the_other_apis_refuse_roles_they_do_not_have(model: Any, body: dict[str, Any],
-                                                      param: str) -> None:
+def test_the_other_apis_refuse_roles_they_do_not_have(model: Any, body: dict[str, Any]) -> None:
     with pytest.raises(InvalidRequest) as info:
         validate(model, body)
-    assert info.value.param == param
+    assert info.value.param == "messages.0.role"

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -22,7 +22,7 @@ from modelyard.errors import InvalidRequest
 from modelyard.front.archive import capture as archive_capture
 from modelyard.front.chat import choices, legacy_functions, openai_compat, pipeline, render
 from modelyard.front.chat.request import CHAT_PATH, COMPLETION_PATH, ChatCall
-from modelyard.front.chat.shapes import check_openai_chat, known_role
+from modelyard.front.chat.shapes import check_openai_chat, check_roles
 from modelyard.front.chat.tools.support import check_tools_for
 from modelyard.front.chat.vision import check_vision_for
 from modelyard.front.state import (
@@ -51,8 +51,6 @@ class ChatMessage(BaseModel):
 
     role: str = Field(min_length=1)
     content: str | list[Any] | None = None
-
-    _known_role = field_validator("role")(known_role)
 
 
 class ChatCompletionRequest(_Request):
@@ -98,8 +96,8 @@ async def _relay(
         data = {**data, "max_tokens": cap}
         body = orjson.dumps(data)
     legacy = False
-    if path == CHAT_PATH and legacy_functions.used(data):  # the legacy function calling
-        legacy = legacy_functions.answers_legacy(data)
+    if path == CHAT_PATH and (check_roles(data.get("messages")) or legacy_functions.used(data)):
+        legacy = legacy_functions.answers_legacy(data)  # the legacy function calling
         data = legacy_functions.to_tools(data)
         body = orjson.dumps(data)
     n = _choices(state, req, data)

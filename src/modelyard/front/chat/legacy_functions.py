@@ -17,13 +17,9 @@ from modelyard.errors import InvalidRequest
 
 
 def used(data: dict[str, Any]) -> bool:
-    """Whether an OpenAI chat body uses the legacy shape anywhere (a few key lookups)."""
-    if "functions" in data or "function_call" in data:
-        return True
-    messages = data.get("messages")
-    return isinstance(messages, list) and any(
-        isinstance(m, dict) and (m.get("role") == "function" or "function_call" in m)
-        for m in messages)
+    """Whether an OpenAI chat body offers functions the legacy way (its messages are looked at by
+    front/chat/shapes.py's `check_roles`, which goes over them anyway)."""
+    return "functions" in data or "function_call" in data
 
 
 def to_tools(data: dict[str, Any]) -> dict[str, Any]:

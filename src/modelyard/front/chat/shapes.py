@@ -15,8 +15,6 @@ from __future__ import annotations
 import binascii
 from typing import Any
 
-from pydantic_core import PydanticCustomError
-
 from modelyard.errors import InvalidRequest, ToolTypeUnsupported
 
 TOOL_CHOICES = ("none", "auto", "required")
@@ -24,13 +22,20 @@ TOOL_CHOICES = ("none", "auto", "required")
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
 
-def known_role(role: str) -> str:
-    """A pydantic validator of a message's `role`: an unknown one would reach the chat template
-    as is, pasted into the prompt; it is a 400 naming it (`messages.N.role`)."""
-    if role not in ROLES:
-        raise PydanticCustomError("unknown_role", "unknown role {role}; expected one of "
-                                  + ", ".join(ROLES), {"role": repr(role[:64])})
-    return role
+def check_roles(messages: Any) -> bool:
+    """Each message's `role` is OpenAI's: an unknown one would reach the chat template as is,
+    pasted into the prompt, so it is a 400 naming it (`messages.N.role`). True when a message
+    is in the legacy function-calling shape (a `function` result, an assistant's
+    `function_call`: front/chat/legacy_functions.py maps them). One pass, a lookup a message."""
+    legacy = False
+    for i, message in enumerate(_listed(messages)):
+        role = message.get("role") if isinstance(message, dict) else None
+        if role not in ROLES:
+            raise InvalidRequest(f"messages.{i}.role: unknown role {str(role)[:64]!r}; expected "
+                                 f"one of {', '.join(ROLES)}", param=f"messages.{i}.role")
+        if role == "function" or (role == "assistant" and "function_call" in message):
+            legacy = True
+    return legacy
 
 
 def check_image_data(data: str, param: str) -> None:
