@@ -264,3 +264,33 @@ def test_the_other_apis_refuse_roles_they_do_not_have(model: Any, body: dict[str
     with pytest.raises(InvalidRequest) as info:
         validate(model, body)
     assert info.value.param == "messages.0.role"
+
+
+# ---- a forced call with several choices -------------------------------------------------------
+
+
+def test_a_forced_call_in_each_of_several_choices() -> None:
+    from modelyard.front.chat.forced_call import ForcedCall
+
+    call = '{"name": "f", "arguments": {"x": 1}}'
+    events = [chunk(0, {"content": call[:9]}), chunk(1, {"content": call[:20]}),
+              chunk(1, {"content": call[20:]}), chunk(0, {"content": call[9:]}),
+              chunk(1, finish="stop"), usage(12, 0), chunk(0, finish="stop"), usage(12, 9)]
+    for stream in (False, True):
+        prepared = prepare(CHAT, {"model": "m", "stream": stream}, chat=True, n=2)
+        assert prepared is not None and prepared.reshape is not None
+        prepared.reshape.forced = ForcedCall(frozenset({"f"}))
+        if stream:
+            out = streamed(prepared.reshape, sse(events))
+            calls = {c["index"]: c["delta"]["tool_calls"][0] for e in out for c in e["choices"]
+                     if c["delta"].get("tool_calls")}
+            finishes = {c["index"]: c["finish_reason"] for e in out for c in e["choices"]
+                        if c["finish_reason"]}
+        else:
+            whole = orjson.loads(prepared.reshape.whole(sse(events)))
+            calls = {c["index"]: c["message"]["tool_calls"][0] for c in whole["choices"]}
+            finishes = {c["index"]: c["finish_reason"] for c in whole["choices"]}
+            assert whole["usage"]["completion_tokens"] == 24
+        assert sorted(calls) == [0, 1] and finishes == {0: "tool_calls", 1: "tool_calls"}
+        assert all(c["function"]["name"] == "f" for c in calls.values())
+        assert calls[0]["id"] != calls[1]["id"]

@@ -12,6 +12,10 @@ take it. What the front adds, and only when `n > 1`:
   `timings` are summed into one (OpenAI's: the prompt once, the completions added up), sent at the
   end; a whole answer is asked of the backend as a stream and assembled here (`assemble`), which is
   the only way to learn every choice's token count.
+
+Everything else per choice already goes by `index` (a forced tool call, the completions logprobs
+and echo: front/chat/openai_compat.py). A server-side session continues with choice 0, and the
+archive keeps choice 0's text (with the whole request's usage): a transcript has one answer.
 """
 
 from __future__ import annotations
