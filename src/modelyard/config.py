@@ -778,6 +778,11 @@ class Settings(BaseSettings):
         "log probability per step (one token evaluated each), so a long prompt holds the model "
         "that many steps; longer is a 400 `prompt_too_long_for_scoring`.",
     )
+    # `n` costs a generation per choice (and a llama-server slot each): bounded per request.
+    max_choices: int = Field(
+        8, ge=1, le=128, description="Most choices (`n`) one OpenAI chat or text completion may "
+        "ask for; a llama.cpp model also allows at most `llama_server_parallel` (its slots).",
+    )
     engine_devices: Literal["per_gpu", "per_node"] | list[list[int]] = Field(
         "per_node", description="Which GPUs each engine process owns: `per_node` (one engine "
         "owns all of them, so a model bigger than one GPU can be split over several, and one "

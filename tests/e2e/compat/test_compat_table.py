@@ -35,6 +35,7 @@ MODULES = [
     "tests.unit.test_openai_compat",
     "tests.integration.test_auth",
     "tests.e2e.compat.test_openai_fidelity_demo",
+    "tests.e2e.compat.test_compat_openai_choices",
     "tests.integration.test_usage_api",
     "tests.integration.test_rate_limits_sdks",
 ]

@@ -79,7 +79,6 @@ def test_accepted(body: dict[str, Any], expected: dict[str, Any]) -> None:
     ({"logprobs": -1}, "logprobs"),
     ({"logprobs": "yes"}, "logprobs"),
     ({"seed": "x"}, "seed"),
-    ({"n": 2}, "n"),
     ({"ignore_eos": "yes"}, "ignore_eos"),
 ])
 def test_rejected(body: dict[str, Any], param: str) -> None:

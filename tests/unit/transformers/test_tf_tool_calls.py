@@ -35,7 +35,7 @@ def body(**extra: Any) -> dict[str, Any]:
 
 
 def test_whole_answer_has_parsed_tool_calls() -> None:
-    out = asyncio.run(Completion("m", True, body(), "hermes").whole(scripted(PIECES)))
+    out = asyncio.run(Completion("m", True, body(), "hermes").whole([scripted(PIECES)]))
     choice = out["choices"][0]
     assert choice["finish_reason"] == "tool_calls"
     assert choice["message"]["content"] == "Sure. "
@@ -46,14 +46,14 @@ def test_whole_answer_has_parsed_tool_calls() -> None:
 
 def test_without_tools_or_with_tool_choice_none_the_text_stays() -> None:
     for b in ({"messages": []}, body(tool_choice="none")):
-        out = asyncio.run(Completion("m", True, b, "hermes").whole(scripted(PIECES)))
+        out = asyncio.run(Completion("m", True, b, "hermes").whole([scripted(PIECES)]))
         assert out["choices"][0]["message"]["content"] == "".join(PIECES)
         assert out["choices"][0]["finish_reason"] == "stop"
 
 
 async def collect(completion: Completion, pieces: list[str]) -> list[Any]:
     events = []
-    async for raw in completion.stream(scripted(pieces)):
+    async for raw in completion.stream([scripted(pieces)]):
         for line in raw.decode().splitlines():
             if line.startswith("data: ") and line != "data: [DONE]":
                 events.append(json.loads(line.removeprefix("data: ")))

@@ -22,7 +22,7 @@ from modelyard.errors import ModelyardError
 from modelyard.front.archive import capture as archive_capture
 from modelyard.front.chat import pipeline, render
 from modelyard.front.chat.request import CHAT_PATH, ChatCall
-from modelyard.front.chat.shapes import check_openai_chat
+from modelyard.front.chat.shapes import check_openai_chat, check_roles
 from modelyard.front.chat.tools.support import check_tools_for
 from modelyard.front.chat.vision import check_vision_for
 from modelyard.front.dispatch.dispatcher import EngineModel
@@ -81,6 +81,7 @@ async def chat(request: Request) -> Response:
     req = validate(NativeChatRequest, await read_json_object(request))
     call = native_call(req, priority=request_priority(request))
     # A malformed part or tool: 400 naming it, not the backend's 500.
+    check_roles(call.own_fields.get("messages"))
     check_openai_chat(call.own_fields, mcp=False)  # no tool loop here: function tools only
     check_tools_for(state, req.model, call.own_fields)
     check_vision_for(state, req.model, call.own_fields)

@@ -18,10 +18,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from modelyard.errors import InvalidRequest
 from modelyard.front.archive import capture as archive_capture
-from modelyard.front.chat import openai_compat, pipeline, render, scoring
+from modelyard.front.chat import choices, legacy_functions, openai_compat, pipeline, render, scoring
 from modelyard.front.chat.request import CHAT_PATH, COMPLETION_PATH, ChatCall
-from modelyard.front.chat.shapes import check_openai_chat
+from modelyard.front.chat.shapes import check_openai_chat, check_roles
 from modelyard.front.chat.tools.support import check_tools_for
 from modelyard.front.chat.vision import check_vision_for
 from modelyard.front.state import (
@@ -42,7 +43,7 @@ class _Request(BaseModel):
     max_tokens: int | None = Field(None, ge=0)
     temperature: float | None = Field(None, ge=0)
     top_p: float | None = Field(None, ge=0, le=1)
-    n: int | None = Field(None, ge=1, le=1)
+    n: int | None = Field(None, ge=1)  # its bound is the setting's: front/chat/choices.py
 
 
 class ChatMessage(BaseModel):
@@ -94,6 +95,12 @@ async def _relay(
     if cap_tokens and (cap := default_max_tokens(state, req.model, data)) is not None:
         data = {**data, "max_tokens": cap}
         body = orjson.dumps(data)
+    legacy = False
+    if path == CHAT_PATH and (check_roles(data.get("messages")) or legacy_functions.used(data)):
+        legacy = legacy_functions.answers_legacy(data)  # the legacy function calling
+        data = legacy_functions.to_tools(data)
+        body = orjson.dumps(data)
+    n = _choices(state, req, data)
     if path == CHAT_PATH:
         check_openai_chat(data)  # a malformed part or tool: 400 naming it, not the backend's 500
         check_tools_for(state, req.model, data)
@@ -105,10 +112,26 @@ async def _relay(
         # else its backend scores the prompt itself: the request goes as sent
     else:
         # Parsed further only when it asks for what llama-server serves differently (§3.13).
-        prepared = openai_compat.prepare(path, data, chat=path == CHAT_PATH)
+        prepared = openai_compat.prepare(path, data, chat=path == CHAT_PATH, n=n,
+                                          legacy=legacy)
     call = openai_call(path, data, body, req, priority=request_priority(request),
                        prepared=prepared)
     return await pipeline.answer(request, call, render.OPENAI)
+
+
+def _choices(state: FrontState, req: _Request, data: dict[str, Any]) -> int:
+    """The request's `n`, within `max_choices` (and a llama.cpp model's slots)."""
+    if req.n is None or req.n == 1:
+        return 1
+    entry = state.catalog.registry.get(req.model)
+    settings = state.catalog.settings
+    n = choices.check_n(req.n, max_choices=settings.max_choices,
+                        spec=None if entry is None else entry.spec,
+                        slots=settings.llama_server_parallel)
+    if n > 1 and any(isinstance(t, dict) and t.get("type") == "mcp"
+                     for t in data.get("tools") or []):
+        raise InvalidRequest("n: the MCP tool loop answers one choice; send n=1", param="n")
+    return n
 
 
 async def chat_completions(request: Request) -> Response:

@@ -34,7 +34,7 @@ class ForcedCall:
             message = choice.get("message") if isinstance(choice, dict) else None
             if not isinstance(message, dict) or message.get("tool_calls"):
                 continue
-            call = self._call(str(message.get("content") or ""))
+            call = self._call(str(message.get("content") or ""), int(choice.get("index") or 0))
             if call is not None:
                 message["content"] = None
                 message["tool_calls"] = [call]
@@ -63,7 +63,7 @@ class ForcedCall:
                     kept.append(choice)
                 continue
             held = self._held.pop(index, "")
-            call = self._call(held)
+            call = self._call(held, index)
             if call is None:  # cut short (max_tokens) or not a call: the text, as it came
                 kept.append({**choice, "delta": {**(delta or {}), "content": held}})
                 continue
@@ -77,7 +77,7 @@ class ForcedCall:
             out.append({**event, "choices": kept})
         return out
 
-    def _call(self, text: str) -> dict[str, Any] | None:
+    def _call(self, text: str, index: int) -> dict[str, Any] | None:
         try:
             data = json.loads(text)
         except ValueError:
@@ -87,7 +87,9 @@ class ForcedCall:
         arguments = data.get("arguments")
         if not isinstance(arguments, dict):
             return None
-        return {"id": self.call_id, "type": "function",
+        # each choice's call its own id (several choices: `n`)
+        call_id = self.call_id if index == 0 else f"{self.call_id}_{index}"
+        return {"id": call_id, "type": "function",
                 "function": {"name": data["name"], "arguments": json.dumps(arguments)}}
 
 

@@ -9,6 +9,12 @@ keeps the byte-for-byte passthrough (DESIGN.md §3.13). `prepare` says what a re
 - `stream_options.include_usage`: OpenAI sends `"usage": null` on every chunk and the usage on a
   last chunk with empty `choices`; llama-server leaves `usage` out of the others and, for text
   completions, puts it on the finishing chunk.
+- `logprobs: true` without `top_logprobs` (or with 0): OpenAI gives each token's logprob and no
+  alternatives; llama-server computes none at all for 0 and defaults to 20 when unset, so it is
+  asked for 1 and the alternatives are dropped.
+- `n > 1`: every choice's usage, summed (front/chat/choices.py).
+- legacy `functions` / `function_call`: the answer's tool call as `function_call`
+  (front/chat/legacy_functions.py; the request is mapped to tools by the route).
 - text completions: `echo` (the prompt before the text), an integer `logprobs` in the completions
   shape (`tokens`, `token_logprobs`, `top_logprobs`, `text_offset`; llama-server answers the chat
   shape), and `suffix` (served by llama-server's `/infill`; a model without fill-in-the-middle
@@ -29,6 +35,7 @@ from typing import Any
 import orjson
 
 from modelyard.errors import InvalidRequest
+from modelyard.front.chat import choices, legacy_functions
 from modelyard.front.chat.forced_call import ForcedCall
 from modelyard.front.sse import sse_event
 
@@ -49,18 +56,28 @@ class Prepared:
     reshape: Reshape | None
 
 
-def prepare(path: str, data: dict[str, Any], *, chat: bool) -> Prepared | None:
-    """What the OpenAI request `data` (bound for `path`) needs; None: nothing, pass it through."""
+def prepare(path: str, data: dict[str, Any], *, chat: bool, n: int = 1,
+            legacy: bool = False) -> Prepared | None:
+    """What the OpenAI request `data` (bound for `path`) needs; None: nothing, pass it through.
+    `n`: the choices it asks for (checked: front/chat/choices.py); `legacy`: it offered the
+    legacy `functions` (mapped to `tools` in `data` already), and the answer goes back so."""
     payload = data
-    reshape = Reshape(model=str(data.get("model", "")))
+    reshape = Reshape(model=str(data.get("model", "")), legacy=legacy)
     stream = data.get("stream") is True
     options = data.get("stream_options")
     if stream and isinstance(options, dict) and options.get("include_usage") is True:
         reshape.include_usage = True
+    if n > 1:
+        reshape.n = n
+        reshape.assemble = not stream
+        payload = {**payload, **choices.UPSTREAM}
     if chat:
         choice = data.get("tool_choice")
         if isinstance(choice, dict):
             payload = {**payload, **_named_tool_choice(data, choice)}
+        if data.get("logprobs") is True and not data.get("top_logprobs"):
+            reshape.no_alternatives = True
+            payload = {**payload, "top_logprobs": 1}
     else:
         payload = _prepare_completion(payload, reshape)
     if payload is data and not reshape.active:
@@ -133,15 +150,24 @@ class Reshape:
     infill: bool = False  # the answer is llama-server's /infill (native) shape
     # a forced tool call llama-server answered as JSON text (front/chat/forced_call.py)
     forced: ForcedCall | None = None
+    no_alternatives: bool = False  # chat logprobs without `top_logprobs`: each token's `[]`
+    legacy: bool = False  # the tool call as the legacy `function_call`
+    n: int = 1  # choices per prompt: usages summed, and the echo's prompt is index // n
+    assemble: bool = False  # asked upstream as a stream, for a whole answer (choices.py)
+    _usage: choices.Usage = field(default_factory=choices.Usage)
+    _held: dict[str, Any] | None = None  # the last choice's finishing chunk (n > 1)
     _offsets: dict[int, int] = field(default_factory=dict)  # text_offset so far, by choice
     _echoed: set[int] = field(default_factory=set)
 
     @property
     def active(self) -> bool:
         return self.include_usage or self.echo is not None or self.logprobs is not None \
-            or self.infill or self.forced is not None
+            or self.infill or self.forced is not None or self.no_alternatives or self.legacy \
+            or self.n > 1
 
     def whole(self, body: bytes) -> bytes:
+        if self.assemble:
+            body = choices.assemble(body)
         try:
             data = orjson.loads(body)
         except orjson.JSONDecodeError:
@@ -179,6 +205,8 @@ class Reshape:
         if not line.startswith(b"data:"):
             return line + b"\n\n"
         raw = line[5:].strip()
+        if raw == b"[DONE]" and self.n > 1:
+            return self._flush() + line + b"\n\n"
         try:
             event = orjson.loads(raw)
         except orjson.JSONDecodeError:
@@ -191,27 +219,68 @@ class Reshape:
     def _event(self, event: dict[str, Any]) -> list[dict[str, Any]]:
         if self.infill:
             event = self._from_infill(event)
-        choices = event.get("choices") or []
-        for choice in choices:
+        for choice in event.get("choices") or []:
             self._choice(choice)
+        events = [event] if self.n == 1 else self._several(event)
+        return [out for e in events for out in self._usage_null(e)]
+
+    def _several(self, event: dict[str, Any]) -> list[dict[str, Any]]:
+        """n > 1: the usages (one per choice from llama-server) are summed and sent once, at
+        the end; so are the `timings`, on the last finishing chunk (held until the next one or
+        the end) when the client asked no usage (the front's metrics read them there)."""
+        listed = event.get("choices") or []
+        finishing = any(isinstance(c, dict) and c.get("finish_reason") for c in listed)
+        if finishing or isinstance(event.get("usage"), dict):
+            self._usage.add(event)
+        if not listed:
+            return []
+        if not finishing:
+            return [event]
+        held, self._held = self._held, event
+        return [] if held is None else [held]
+
+    def _flush(self) -> bytes:
+        held, self._held = self._held, None
+        events = []
+        if held is not None:
+            if not self.include_usage and self._usage.seen:
+                held["timings"] = self._usage.timings()
+            events.append(held)
+        if self.include_usage and self._usage.seen and held is not None:
+            head: dict[str, Any] = {k: held[k] for k in ("id", "object", "created", "model")
+                                    if k in held}
+            events.append({**head, "choices": [], "usage": self._usage.usage(),
+                           "timings": self._usage.timings()})
+        return b"".join(sse_event(out) for e in events for out in self._usage_null(e))
+
+    def _usage_null(self, event: dict[str, Any]) -> list[dict[str, Any]]:
         if not self.include_usage:
             return [event]
+        listed = event.get("choices") or []
         usage = event.get("usage")
         if usage is None:
             return [{**event, "usage": None}]
-        if not choices:
+        if not listed:
             return [event]
         # usage on a chunk that still carries choices (llama-server's text completions): split
         return [{**event, "usage": None}, {**event, "choices": [], "usage": usage}]
 
     def _choice(self, choice: dict[str, Any]) -> None:
         index = int(choice.get("index") or 0)
-        if self.echo is not None and index not in self._echoed and index < len(self.echo):
+        prompt = index // self.n  # llama-server numbers a prompt's n choices in a row
+        if self.echo is not None and index not in self._echoed and prompt < len(self.echo):
             self._echoed.add(index)
-            choice["text"] = self.echo[index] + str(choice.get("text") or "")
-            self._offsets[index] = len(self.echo[index])
+            choice["text"] = self.echo[prompt] + str(choice.get("text") or "")
+            self._offsets[index] = len(self.echo[prompt])
         if self.logprobs is not None:
             choice["logprobs"] = self._completion_logprobs(index, choice.get("logprobs"))
+        elif self.no_alternatives:
+            content = (choice.get("logprobs") or {}).get("content")
+            for item in content if isinstance(content, list) else []:
+                if isinstance(item, dict):
+                    item["top_logprobs"] = []
+        if self.legacy:
+            legacy_functions.answer_choice(choice)
 
     def _completion_logprobs(self, index: int, chat_shape: Any) -> dict[str, Any] | None:
         """llama-server's chat-shaped logprobs (`content: [{token, logprob, top_logprobs}]`) in

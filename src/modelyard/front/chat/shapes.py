@@ -18,6 +18,24 @@ from typing import Any
 from modelyard.errors import InvalidRequest, ToolTypeUnsupported
 
 TOOL_CHOICES = ("none", "auto", "required")
+# OpenAI's message roles (`function`: the legacy function result, front/chat/legacy_functions.py).
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+
+
+def check_roles(messages: Any) -> bool:
+    """Each message's `role` is OpenAI's: an unknown one would reach the chat template as is,
+    pasted into the prompt, so it is a 400 naming it (`messages.N.role`). True when a message
+    is in the legacy function-calling shape (a `function` result, an assistant's
+    `function_call`: front/chat/legacy_functions.py maps them). One pass, a lookup a message."""
+    legacy = False
+    for i, message in enumerate(_listed(messages)):
+        role = message.get("role") if isinstance(message, dict) else None
+        if role not in ROLES:
+            raise InvalidRequest(f"messages.{i}.role: unknown role {str(role)[:64]!r}; expected "
+                                 f"one of {', '.join(ROLES)}", param=f"messages.{i}.role")
+        if role == "function" or (role == "assistant" and "function_call" in message):
+            legacy = True
+    return legacy
 
 
 def check_image_data(data: str, param: str) -> None:

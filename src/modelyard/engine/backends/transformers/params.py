@@ -17,6 +17,8 @@ Conventions (the OpenAI ones unless noted):
   `logprobs: N`. Logprobs are those of the model's raw distribution (before penalties and
   temperature), like OpenAI's.
 * `max_tokens` (or chat's newer `max_completion_tokens`) `None` = up to the model's context.
+* `n` (choices) is not a sampling field: `choices_of(body)` reads it; each choice is a sequence
+  of its own (the server's), its seed the request's plus the choice's index (as llama-server).
 * `ignore_eos` (vLLM's and llama-server's extension) keeps generating past EOS tokens, for
   benchmarks that need a fixed number of tokens.
 """
@@ -30,6 +32,7 @@ from typing import Any
 
 MAX_STOP = 4
 MAX_LOGPROBS = 20
+MAX_CHOICES = 128  # the front bounds `n` by its `max_choices` setting (at most this)
 
 
 class InvalidParams(ValueError):
@@ -118,9 +121,6 @@ class SamplingParams:
         max_tokens = _int(body, "max_completion_tokens")
         if max_tokens is None:
             max_tokens = _int(body, "max_tokens")
-        n = _int(body, "n")
-        if n is not None and n != 1:
-            raise InvalidParams("only n=1 is supported", "n")
         seed = _int(body, "seed")
         return cls(
             max_tokens=max_tokens,
@@ -136,6 +136,14 @@ class SamplingParams:
             logprobs=_logprobs(body),
             ignore_eos=_bool(body, "ignore_eos"),
         )
+
+
+def choices_of(body: Mapping[str, Any]) -> int:
+    """A request's `n`: how many choices to generate from its prompt."""
+    n = _int(body, "n")
+    if n is not None and not 1 <= n <= MAX_CHOICES:
+        raise InvalidParams(f"n must be in [1, {MAX_CHOICES}], got {n}", "n")
+    return 1 if n is None else n
 
 
 def _int(body: Mapping[str, Any], key: str) -> int | None:

@@ -12,6 +12,11 @@ llama-server's `timings`, which the Ollama API turns into its statistics).
     POST /v1/rerank               (cross-encoders: raw scores of every document, rerank_shapes)
     DELETE /sessions/{key}        drop a chat session's pinned KV (204, known or not)
 
+Several choices (`n`): each is a sequence of its own in the generator's batch, queued together
+(the prefix cache lets the later ones reuse the prompt's KV), seeded with the request's seed plus
+its index; their chunks are interleaved as they come, each with its `index`, and the usage is
+the whole request's (the prompt once, the completions added up).
+
 Chat sessions: the front marks a request that belongs to one of its server-side chat sessions
 with the body field `x_modelyard_session` (an opaque key, at most 128 characters). It is taken out
 of the body before the chat template and the sampling parameters see it, and handed to the
@@ -43,6 +48,7 @@ from modelyard.engine.backends.transformers.params import (
     ContextOverflow,
     InvalidParams,
     SamplingParams,
+    choices_of,
 )
 from modelyard.engine.backends.transformers.session_pins import valid_session_key
 from modelyard.engine.speculative import off_header_value
@@ -85,12 +91,31 @@ def timings(last: TokenEvent) -> dict[str, Any]:
     }
 
 
-def usage_of(last: TokenEvent) -> dict[str, Any]:
-    u = last.usage or {}
-    prompt, completion = int(u.get("prompt_tokens", 0)), int(u.get("completion_tokens", 0))
+def usage_of(*lasts: TokenEvent) -> dict[str, Any]:
+    """The usage of a request whose choices ended with `lasts`: the prompt they share once (its
+    reuse: the least any choice had cached), the completions added up."""
+    us = [last.usage or {} for last in lasts]
+    prompt = max(int(u.get("prompt_tokens", 0)) for u in us)
+    completion = sum(int(u.get("completion_tokens", 0)) for u in us)
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": int(u.get("cached_tokens", 0))}}
+            "prompt_tokens_details": {
+                "cached_tokens": min(int(u.get("cached_tokens", 0)) for u in us)}}
+
+
+def timings_of(*lasts: TokenEvent) -> dict[str, Any]:
+    """`timings` of a request whose choices ended with `lasts`."""
+    out = timings(lasts[0])
+    if len(lasts) > 1:
+        usage = usage_of(*lasts)
+        every = [timings(last) for last in lasts]
+        out["cache_n"] = usage["prompt_tokens_details"]["cached_tokens"]
+        out["prompt_n"] = usage["prompt_tokens"] - out["cache_n"]
+        out["predicted_n"] = usage["completion_tokens"]
+        out["predicted_ms"] = max(t["predicted_ms"] for t in every)
+        ms = out["predicted_ms"]
+        out["predicted_per_second"] = 1e3 * out["predicted_n"] / ms if ms else 0.0
+    return out
 
 
 class Completion:
@@ -113,8 +138,8 @@ class Completion:
         return {"id": self.id, "object": obj, "created": self.created,
                 "model": self.model_name, "choices": choices, **extra}
 
-    def chunk_choice(self, event: TokenEvent, first: bool) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "finish_reason": event.finish_reason}
+    def chunk_choice(self, event: TokenEvent, first: bool, index: int = 0) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": index, "finish_reason": event.finish_reason}
         if self.chat:
             delta: dict[str, Any] = {"content": event.text} if event.text else {}
             if isinstance(event, _ToolDeltas):
@@ -128,29 +153,45 @@ class Completion:
             choice["logprobs"] = {"content": event.logprobs}
         return choice
 
-    async def stream(self, events: AsyncIterator[TokenEvent]) -> AsyncIterator[bytes]:
+    async def stream(self, streams: list[AsyncIterator[TokenEvent]]) -> AsyncIterator[bytes]:
+        """The choices' chunks as they come (interleaved when several), then the usage (when
+        asked) and `[DONE]`."""
+        sources = [self._chunks(events, index) for index, events in enumerate(streams)]
+        chunks = sources[0] if len(sources) == 1 else _merged(sources)
+        lasts: list[TokenEvent] = []
+        try:
+            async for chunk, last in chunks:
+                yield sse(chunk)
+                if last is not None:
+                    lasts.append(last)
+            if self.include_usage and lasts:
+                tail = self.envelope([], usage=usage_of(*lasts))
+                tail["object"] = "chat.completion.chunk" if self.chat else "text_completion"
+                yield sse(tail)
+            yield b"data: [DONE]\n\n"
+        finally:
+            await _close(chunks)  # a client that left cancels its sequences
+
+    async def _chunks(self, events: AsyncIterator[TokenEvent], index: int
+                      ) -> AsyncIterator[tuple[dict[str, Any], TokenEvent | None]]:
+        """One choice's chunks, each with the choice's last event on the finishing one."""
         if self.tool_family is not None:
             events = self._with_tool_calls(events, self.tool_family)
         first = True
         try:
             async for event in events:
-                chunk = self.envelope([self.chunk_choice(event, first)])
+                chunk = self.envelope([self.chunk_choice(event, first, index)])
                 if self.chat:
                     chunk["object"] = "chat.completion.chunk"
                 first = False
                 if event.finish_reason is not None:
                     chunk["timings"] = timings(event)
-                    yield sse(chunk)
-                    if self.include_usage:
-                        tail = self.envelope([], usage=usage_of(event))
-                        tail["object"] = chunk["object"]
-                        yield sse(tail)
+                    yield chunk, event
                     break
                 if event.text or event.logprobs or isinstance(event, _ToolDeltas):
-                    yield sse(chunk)
-            yield b"data: [DONE]\n\n"
+                    yield chunk, None
         finally:
-            await _close(events)  # a client that left cancels its sequence
+            await _close(events)
 
     async def _with_tool_calls(
         self, events: AsyncIterator[TokenEvent], family: tool_calls.Family
@@ -192,7 +233,24 @@ class Completion:
         finally:
             await _close(events)
 
-    async def whole(self, events: AsyncIterator[TokenEvent]) -> dict[str, Any]:
+    async def whole(self, streams: list[AsyncIterator[TokenEvent]]) -> dict[str, Any]:
+        if len(streams) == 1:
+            done = [await self._whole_choice(streams[0], 0)]
+        else:
+            try:
+                async with asyncio.TaskGroup() as group:  # one failing cancels the others
+                    tasks = [group.create_task(self._whole_choice(events, index))
+                             for index, events in enumerate(streams)]
+            finally:
+                for events in streams:
+                    await _close(events)
+            done = [task.result() for task in tasks]
+        lasts = [last for _, last in done]
+        return self.envelope([choice for choice, _ in done], usage=usage_of(*lasts),
+                             timings=timings_of(*lasts))
+
+    async def _whole_choice(self, events: AsyncIterator[TokenEvent], index: int
+                            ) -> tuple[dict[str, Any], TokenEvent]:
         text, logprobs, last = [], [], None
         try:
             async for event in events:
@@ -203,7 +261,7 @@ class Completion:
         finally:
             await _close(events)
         assert last is not None
-        choice: dict[str, Any] = {"index": 0, "finish_reason": last.finish_reason,
+        choice: dict[str, Any] = {"index": index, "finish_reason": last.finish_reason,
                                   "logprobs": {"content": logprobs} if logprobs else None}
         if self.chat:
             message, reason = tool_calls.openai_message("".join(text), self.tool_family)
@@ -212,7 +270,38 @@ class Completion:
                 choice["finish_reason"] = reason
         else:
             choice["text"] = "".join(text)
-        return self.envelope([choice], usage=usage_of(last), timings=timings(last))
+        return choice, last
+
+
+async def _merged(sources: list[AsyncIterator[Any]]) -> AsyncIterator[Any]:
+    """The items of several async iterators as each comes; closing it closes them all."""
+    queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+
+    async def pump(source: AsyncIterator[Any]) -> None:
+        try:
+            async for item in source:
+                await queue.put((0, item))
+            await queue.put((1, None))
+        except Exception as exc:  # re-raised by the reader
+            await queue.put((2, exc))
+
+    tasks = [asyncio.create_task(pump(source)) for source in sources]
+    try:
+        left = len(tasks)
+        while left:
+            kind, item = await queue.get()
+            if kind == 2:
+                raise item
+            if kind == 1:
+                left -= 1
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for source in sources:
+            await _close(source)
 
 
 class _ToolDeltas:
@@ -239,10 +328,18 @@ def _replace(event: TokenEvent, text: str, finish: Any = _KEEP) -> TokenEvent:
     return dataclasses.replace(event, text=text, finish_reason=finish)
 
 
-async def _close(events: AsyncIterator[TokenEvent]) -> None:
+async def _close(events: AsyncIterator[Any]) -> None:
     aclose = getattr(events, "aclose", None)
     if aclose is not None:
         await aclose()
+
+
+def _choice_params(params: SamplingParams, index: int) -> SamplingParams:
+    """Choice `index`'s sampling: the request's seed plus the index (llama-server's way), so a
+    seeded request's choices differ and each is reproducible."""
+    if index == 0 or params.seed is None:
+        return params
+    return dataclasses.replace(params, seed=(params.seed + index) & 0xFFFF_FFFF_FFFF_FFFF)
 
 
 Constrain = Callable[[dict[str, Any], bool, "tool_calls.Family | None"], Any]
@@ -304,19 +401,29 @@ def build_app(
             return error(400, str(exc), "messages" if chat else "prompt")
         family = grammars.parse_family(body, tool_family) if chat else None
         try:
-            constraint = await _constraint(constrain, body, chat, family)
+            n = choices_of(body)
+            # a grammar's matcher is one sequence's own: one per choice
+            constraints = [await _constraint(constrain, body, chat, family) for _ in range(n)]
         except grammars.InvalidGrammar as exc:
             return error(400, str(exc), exc.param, code=exc.code)
-        completion = Completion(model_name, chat, body, family)
-        try:
-            events = generator.generate(ids, params, session=session, constraint=constraint)
-        except ContextOverflow as exc:  # llama-server's shape: the front translates both alike
-            return JSONResponse(exc.llama_server_body(), status_code=400)
-        except InvalidParams as exc:  # an empty prompt
+        except InvalidParams as exc:
             return error(400, str(exc), exc.param)
+        completion = Completion(model_name, chat, body, family)
+        streams: list[AsyncIterator[TokenEvent]] = []
+        try:
+            for index, constraint in enumerate(constraints):
+                streams.append(generator.generate(
+                    ids, _choice_params(params, index), constraint=constraint,
+                    session=session if index == 0 else None))  # one answer continues a session
+        except (ContextOverflow, InvalidParams) as exc:
+            for events in streams:
+                await _close(events)
+            if isinstance(exc, ContextOverflow):  # llama-server's shape: the front reads both
+                return JSONResponse(exc.llama_server_body(), status_code=400)
+            return error(400, str(exc), exc.param)  # an empty prompt
         if body.get("stream"):
-            return StreamingResponse(completion.stream(events), media_type="text/event-stream")
-        return JSONResponse(await completion.whole(events))
+            return StreamingResponse(completion.stream(streams), media_type="text/event-stream")
+        return JSONResponse(await completion.whole(streams))
 
     async def _score(body: dict[str, Any], k: int) -> Response:
         """`echo` with an integer `logprobs`: the prompt's log probabilities (scoring.py)."""
