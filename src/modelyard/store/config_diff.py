@@ -59,6 +59,7 @@ RELOADABLE: tuple[str, ...] = (
     "fair_share",  # read by the dispatcher at each request (weights, swap share)
     "import_max_depth", "import_max_entries", "import_max_s",  # read at each /admin/import
     "max_scored_prompt_tokens",  # read at each scored /v1/completions request
+    "max_choices",  # read at each OpenAI request that asks for n > 1
     "pull_aliases",  # read at each /api/pull of a plain name
 )
 
