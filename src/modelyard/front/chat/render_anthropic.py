@@ -27,6 +27,7 @@ from starlette.responses import Response
 
 from modelyard.errors import ModelyardError
 from modelyard.front.chat import anthropic_shapes
+from modelyard.front.chat.openai_compat import context_overflow
 from modelyard.front.chat.render import Render
 from modelyard.front.chat.request import ChatCall
 from modelyard.front.chat.translate import Generation
@@ -112,7 +113,13 @@ class AnthropicRender(Render):
 
     def upstream_error(self, call: ChatCall, status: int, content_type: str,
                        body: bytes) -> Response:  # fmt: skip
-        payload = anthropic_shapes.message_error(status, upstream_message(body))
+        if (counts := context_overflow(status, body)) is not None:
+            # Anthropic's own wording, which its clients (litellm's `anthropic/`, Claude Code)
+            # match to tell an overflow from other 400s.
+            message = "prompt is too long: {} tokens > {} maximum".format(*counts)
+        else:
+            message = upstream_message(body)
+        payload = anthropic_shapes.message_error(status, message)
         return Response(orjson.dumps(payload), status_code=status, media_type="application/json")
 
     def text(self, call: ChatCall, gen: Generation, text: str) -> bytes:
