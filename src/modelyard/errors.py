@@ -9,8 +9,10 @@
     ├── NumCtxNotAllowed            403 num_ctx_not_allowed  (over the caller's `max_num_ctx`)
     ├── ContextVariantsFull         429 context_variants_full (`max_context_variants` running)
     ├── VisionUnsupported           400 vision_unsupported   (images for a model that reads none)
+    ├── ContentTypeUnsupported      400 content_type_unsupported (audio/file parts it cannot read)
     ├── WrongModelKind              400 model_not_embedding / model_not_reranker (names one that is)
     ├── ModelNotFound               404 model_not_found
+    │   └── NoServiceFor            404 model_not_found      (an audio/image route nothing serves)
     ├── ModelNotPulled              404 model_not_pulled     (says the pull command)
     ├── PullNameUnknown             404 pull_name_unknown    (a plain /api/pull name: the Hub form)
     ├── JobNotFound                 404 job_not_found
@@ -605,3 +607,26 @@ class PromptLogprobsUnsupported(InvalidRequest):
 _BY_CODE.update({cls.code: cls for cls in (ToolTypeUnsupported, ModelfileInvalid, NumCtxTooLarge,
                                            NumCtxNotAllowed, ContextVariantsFull,
                                            PromptTooLongForScoring, PromptLogprobsUnsupported)})
+
+
+# ---- added by issue 32 (the last compatibility gaps: error shapes) ---------------------------
+
+
+class NoServiceFor(ModelNotFound):
+    """An image or audio route (/v1/images/generations, /v1/audio/speech, …) that no model or
+    service serves: a 404 `model_not_found`, as OpenAI answers a model it does not have."""
+
+    def __init__(self, route: str, kind: str) -> None:
+        ModelyardError.__init__(
+            self, f"no model or service serves {route}: register a `service` model that "
+            f"declares `{kind}` in its `paths` (docs/scheduling.md, Services)", param="model")
+
+
+class ContentTypeUnsupported(InvalidRequest):
+    """A chat content part the model cannot read (`input_audio`, `file`): llama-server answers
+    audio with a 500, which clients retry, and a file part in its own error shape."""
+
+    code = "content_type_unsupported"
+
+
+_BY_CODE.update({ContentTypeUnsupported.code: ContentTypeUnsupported})

@@ -569,11 +569,15 @@ class Generation(Response):
 NO_PROJECTOR = "image input is not supported - hint: if this is unexpected, you may need to " \
     "provide the mmproj"
 BAD_IMAGE = "Failed to load image or audio file"
+NO_MEDIA = "{} input is not supported - hint: if this is unexpected, you may need to provide " \
+    "the mmproj"
+MEDIA_PARTS = {"input_audio": "audio", "input_video": "video", "video_url": "video"}
 
 
 def chat_fault(body: dict[str, Any], vision: bool) -> JSONResponse | None:
     """The 500 llama-server answers a chat with: `tools` that is not an array, an image for a
-    model loaded without `--mmproj`, an image that does not decode."""
+    model loaded without `--mmproj`, an image that does not decode, an audio or video part (for a
+    model without such a projector); and its 400 for a part type it does not know (`file`)."""
     tools = body.get("tools")
     if tools is not None and not isinstance(tools, list):
         kind = type(tools).__name__.replace("str", "string")
@@ -585,7 +589,12 @@ def chat_fault(body: dict[str, Any], vision: bool) -> JSONResponse | None:
     for message in body.get("messages") or []:
         content = message.get("content") if isinstance(message, dict) else None
         for part in content if isinstance(content, list) else []:
-            if not isinstance(part, dict) or part.get("type") != "image_url":
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind in MEDIA_PARTS:
+                return error(500, NO_MEDIA.format(MEDIA_PARTS[kind]), "server_error")
+            if kind not in ("image_url", "text"):
+                return error(400, "unsupported content[].type", "invalid_request_error")
+            if kind != "image_url":
                 continue
             if not vision:
                 return error(500, NO_PROJECTOR, "server_error")

@@ -113,4 +113,4 @@ def test_errors_have_the_family_shape(document: dict[str, Any]) -> None:
     assert error_ref("/v1/chat/completions", "post") == "OpenAIError"
     assert error_ref("/api/chat", "post") == "OllamaError"
     assert error_ref("/chat", "post") == "NativeError"
-    assert error_ref("/v1/audio/speech", "post") == "NativeError"
+    assert error_ref("/v1/audio/speech", "post") == "OpenAIError"

@@ -144,13 +144,16 @@ def draw(server: Server, model: str, prompt: str = "a red fox") -> httpx.Respons
     return httpx.post(server.url + "/v1/images/generations", json=body, timeout=30)
 
 
-def assert_native_error(r: httpx.Response, status: int, code: str) -> dict[str, Any]:
+def assert_openai_error(r: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    """The OpenAI envelope, as on every /v1/ route: the SDK reads `error.code` from it."""
     assert r.status_code == status, r.text
-    body = dict(r.json())
-    assert body["error"] == code, body
-    assert isinstance(body["message"], str) and body["message"]
-    assert {"consumer", "retryable"} <= body.keys()
-    return body
+    body = r.json()
+    assert set(body) == {"error"}, body
+    error = dict(body["error"])
+    assert error["code"] == code, body
+    assert error["type"] == "invalid_request_error" and error["param"] == "model", body
+    assert isinstance(error["message"], str) and error["message"]
+    return error
 
 
 # --- round trips ---------------------------------------------------------------------------------
@@ -228,33 +231,30 @@ def test_upstream_error_passes_through_unchanged(
     assert ms is not None and ms["leases"] == 0
 
 
-# --- modelyard's own errors: the native shape -------------------------------------------------
+# --- modelyard's own errors: OpenAI's envelope, as on every /v1/ route ---------------------------
 
 
-def test_unknown_model_is_404_in_the_native_shape(server: Server) -> None:
-    body = assert_native_error(speak(server, "no-such-voice"), 404, "model_not_found")
-    assert body["consumer"] == "no-such-voice"
-    assert body["retryable"] is False
-    assert_native_error(draw(server, "no-such-painter"), 404, "model_not_found")
+def test_unknown_model_is_404_model_not_found(server: Server) -> None:
+    error = assert_openai_error(speak(server, "no-such-voice"), 404, "model_not_found")
+    assert "no-such-voice" in error["message"]
+    assert_openai_error(draw(server, "no-such-painter"), 404, "model_not_found")
 
 
-def test_a_model_that_does_not_serve_the_kind_is_400_in_the_native_shape(
-    server: Server,
-) -> None:
-    body = assert_native_error(speak(server, "chatty"), 400, "invalid_request")
-    assert "speech" in body["message"]
-    body = assert_native_error(draw(server, "tts"), 400, "invalid_request")  # speech, not image
-    assert "image" in body["message"]
+def test_a_model_that_does_not_serve_the_kind_is_400_model_wrong_kind(server: Server) -> None:
+    error = assert_openai_error(speak(server, "chatty"), 400, "model_wrong_kind")
+    assert "speech" in error["message"] and "tts" in error["message"]  # names one that does
+    error = assert_openai_error(draw(server, "tts"), 400, "model_wrong_kind")  # speech, not image
+    assert "image" in error["message"]
     r = httpx.post(
         server.url + "/v1/audio/transcriptions",
         files={"file": ("a.wav", b"RIFF")},
         data={"model": "chatty"},
         timeout=30,
     )
-    assert "transcription" in assert_native_error(r, 400, "invalid_request")["message"]
+    assert "transcription" in assert_openai_error(r, 400, "model_wrong_kind")["message"]
     # No `model` while several services serve speech: which one cannot be guessed.
-    body = assert_native_error(speak(server, None), 400, "invalid_request")
-    assert "tts" in body["message"] and "own-mem" in body["message"]
+    error = assert_openai_error(speak(server, None), 400, "invalid_request")
+    assert "tts" in error["message"] and "own-mem" in error["message"]
     # The chat model was never touched.
     assert model_status(server, "chatty") is None
 

@@ -179,7 +179,7 @@ def test_stream_with_text_then_tool_use() -> None:
         "content_block_delta", "content_block_stop", "message_delta", "message_stop"]
     assert got[0][1]["message"]["id"] == render.id and got[0][1]["message"]["content"] == []
     assert got[6][1] == {"type": "content_block_start", "index": 1, "content_block": {
-        "type": "tool_use", "id": "call_1", "name": "w", "input": {}}}  # fmt: skip
+        "type": "tool_use", "id": "toolu_1", "name": "w", "input": {}}}  # fmt: skip
     assert json.loads(got[7][1]["delta"]["partial_json"]) == {"city": "Oslo"}
     assert got[9][1]["delta"]["stop_reason"] == "tool_use"
     assert got[9][1]["usage"] == {"input_tokens": 7, "cache_read_input_tokens": 0,

@@ -38,6 +38,9 @@ MODULES = [
     "tests.e2e.compat.test_compat_openai_choices",
     "tests.integration.test_usage_api",
     "tests.integration.test_rate_limits_sdks",
+    "tests.e2e.compat.test_compat_error_shapes",
+    "tests.e2e.compat.test_compat_anthropic_stops",
+    "tests.e2e.compat.test_compat_anthropic_clients",
 ]
 DOC = ROOT / "docs" / "compatibility.md"
 

@@ -5,7 +5,8 @@ and POST /v1/messages/count_tokens, so the official `anthropic` SDK works unchan
 Validated here, translated to an OpenAI chat body (front/chat/anthropic_shapes.py) and run
 through the one chat pipeline (front/chat/pipeline.py: sessions, archive, queues, leases, swap
 progress), then framed by front/chat/render_anthropic.py. Errors on these paths are in
-Anthropic's shape (front/render.py).
+Anthropic's shape (front/render.py). With `stop_sequences`, a llama.cpp model is asked for its
+`verbose` answer, the one that names the sequence it stopped on (`stop_sequence`).
 
 count_tokens asks the model itself: the translated request, non-streamed and limited to one
 token, goes to the backend through the dispatcher like any chat, and the answer's
@@ -23,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from modelyard.config import LlamaCppModel
 from modelyard.errors import UpstreamError
 from modelyard.front.archive import capture as archive_capture
 from modelyard.front.chat import pipeline
@@ -93,12 +95,21 @@ async def messages(request: Request) -> Response:
     data = await read_json_object(request)
     req = validate(MessagesRequest, data)
     payload = _openai_body(state, data, req, max_tokens=req.max_tokens, stream=req.stream)
+    if req.stop_sequences and _on_llama_server(state, req.model):
+        # llama-server names the stop sequence it stopped on only in its `__verbose` object:
+        # asked for when there are stop sequences, so `stop_sequence` can be reported.
+        payload["verbose"] = True
     call = ChatCall(
         "anthropic", "/v1/messages", req.model, CHAT_PATH, req.stream, payload,
         fields=data,  # `session_id` and `archive` are read from the client's own fields
         archive=data.get(archive_capture.BODY_FIELD), priority=request_priority(request),
     )
     return await pipeline.answer(request, call, AnthropicRender())
+
+
+def _on_llama_server(state: FrontState, model: str) -> bool:
+    entry = state.catalog.registry.get(model)
+    return entry is not None and isinstance(entry.spec, LlamaCppModel)
 
 
 async def count_tokens(request: Request) -> Response:

@@ -32,7 +32,6 @@ from modelyard.front.api import (
     ollama_models,
     openai,
     pulls,
-    services,
 )
 from modelyard.front.api import anthropic as anthropic_api
 from modelyard.front.api import batches as batches_api
@@ -323,8 +322,6 @@ def openapi_path(route_path: str) -> str:
 
 def _error_schema(path: str) -> str:
     """The error shape of the API family `path` belongs to (as front/render.py picks it)."""
-    if path.startswith(services.PATH_PREFIXES):
-        return "NativeError"
     if path.startswith(anthropic_shapes.PATH_PREFIX):
         return "AnthropicError"
     if path.startswith("/v1/"):

@@ -5,7 +5,9 @@ Each goes to a registered service (`backend: service`) that declares the route's
 evicted what it had to first. The request body goes to the service byte for byte with its
 content-type (a multipart upload is never re-encoded: only its `model` field is read here), and
 the service's answer comes back unchanged: status, content-type and bytes, 4xx/5xx included.
-Errors modelyard raises itself on these routes use the native shape (see `PATH_PREFIXES`).
+Errors modelyard raises itself on these routes are in OpenAI's envelope, as on every /v1/ route
+(front/render.py): a route no service serves is a 404 `model_not_found`, as OpenAI answers a
+model it does not have, so the SDK raises its NotFoundError.
 A successful output is also archived, as it streams past (front/archive/capture.py), unless the
 request says `X-Modelyard-Archive: off`.
 """
@@ -21,42 +23,42 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from modelyard.config import ServiceKind, ServiceModel
-from modelyard.errors import InvalidRequest
+from modelyard.errors import InvalidRequest, NoServiceFor, WrongModelKind
 from modelyard.front.archive import capture as archive_capture
 from modelyard.front.dispatch.relay import RELAY_ERRORS, LeasedStream, Relay, stream_broke
-from modelyard.front.render import SERVICE_PATH_PREFIXES
 from modelyard.front.state import FrontState, read_json_object, request_priority, state_of
 from modelyard.store.registry import Entry
 
 log = logging.getLogger("modelyard.front.services")
 
-# Routes whose own errors render in the native shape, not the OpenAI envelope of other /v1/.
-PATH_PREFIXES = SERVICE_PATH_PREFIXES
-
 # Upstream response headers passed to the client with the body (raw bytes need their encoding).
 _PASSED_HEADERS = ("content-encoding", "content-length", "content-disposition")
 
 
-def find_service(state: FrontState, kind: ServiceKind, name: str | None) -> Entry:
-    """The service `name` names, which must serve `kind`; with no name, the only one that does."""
+def find_service(state: FrontState, kind: ServiceKind, name: str | None, route: str) -> Entry:
+    """The service `name` names, which must serve `kind`; with no name, the only one that does.
+    `route` (the request's path) names what nothing serves, when nothing does."""
+    serving = [
+        e
+        for e in state.catalog.registry.entries()
+        if isinstance(e.spec, ServiceModel) and kind in e.spec.paths
+    ]
     if name is None:
-        serving = [
-            e
-            for e in state.catalog.registry.entries()
-            if isinstance(e.spec, ServiceModel) and kind in e.spec.paths
-        ]
         if len(serving) == 1:
             return serving[0]
-        which = ", ".join(e.id for e in serving) if serving else "none is configured"
+        if not serving:
+            raise NoServiceFor(route, kind)
         raise InvalidRequest(
-            f"`model` is required: name the service for this {kind} request ({which})",
+            f"`model` is required: name the service for this {kind} request "
+            f"({', '.join(e.id for e in serving)})",
             param="model",
         )
-    entry = state.catalog.registry.resolve(name)
+    entry = state.catalog.registry.resolve(name)  # an unknown name: 404 model_not_found
     if not isinstance(entry.spec, ServiceModel) or kind not in entry.spec.paths:
-        raise InvalidRequest(
+        which = ", ".join(e.id for e in serving) or f"no model or service here serves {route}"
+        raise WrongModelKind(
             f"model '{entry.id}' does not serve {kind} requests: only a `service` model that "
-            f"declares `{kind}` in its `paths` does",
+            f"declares `{kind}` in its `paths` does ({which})",
             param="model",
             model=entry.id,
         )
@@ -126,7 +128,7 @@ async def _passthrough(relay: Relay) -> AsyncIterator[bytes]:
 
 async def _forward(request: Request, kind: ServiceKind, model: str | None) -> Response:
     state = state_of(request)
-    entry = find_service(state, kind, model)
+    entry = find_service(state, kind, model, request.url.path)
     assert isinstance(entry.spec, ServiceModel)
     body = await request.body()
     # Outputs are archived unless the request says `X-Modelyard-Archive: off`.

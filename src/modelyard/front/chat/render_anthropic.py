@@ -27,6 +27,7 @@ from starlette.responses import Response
 
 from modelyard.errors import ModelyardError
 from modelyard.front.chat import anthropic_shapes
+from modelyard.front.chat.openai_compat import context_overflow
 from modelyard.front.chat.render import Render
 from modelyard.front.chat.request import ChatCall
 from modelyard.front.chat.translate import Generation
@@ -46,21 +47,34 @@ def stop_reason(gen: Generation) -> str:
         return "tool_use"
     if gen.finish_reason == "length":
         return "max_tokens"
-    # llama-server reports a stop sequence and the end of a turn alike ("stop"), so a
-    # stop_sequence cannot be told apart: end_turn (docs/api.md).
-    return "end_turn"
+    # The backend names the stop sequence it stopped on (front/chat/translate.py); without
+    # one, "stop" is the end of the turn.
+    return "stop_sequence" if gen.stop_sequence is not None else "end_turn"
+
+
+def matched_stop(gen: Generation) -> str | None:
+    """The message's `stop_sequence`: the one it stopped on, else null."""
+    return gen.stop_sequence if stop_reason(gen) == "stop_sequence" else None
+
+
+def tool_use_id(backend_id: str) -> str:
+    """Anthropic's tool ids start `toolu_`; the backend's id (llama-server's random one, or
+    `call_…`) follows, so the client's tool_result names the same call back."""
+    if backend_id.startswith("toolu_"):
+        return backend_id
+    return "toolu_" + (backend_id.removeprefix("call_") or uuid.uuid4().hex[:24])
 
 
 def tool_uses(gen: Generation) -> list[dict[str, Any]]:
     """The answer's tool calls as tool_use blocks, their arguments parsed (`{}` if the model
     wrote something that is not a JSON object)."""
     blocks = []
-    for index, slot in sorted(gen.tool_calls.items()):
+    for _, slot in sorted(gen.tool_calls.items()):
         try:
             args = json.loads(slot["arguments"]) if slot["arguments"].strip() else {}
         except ValueError:
             args = {}
-        blocks.append({"type": "tool_use", "id": slot["id"] or f"toolu_{index}",
+        blocks.append({"type": "tool_use", "id": tool_use_id(slot["id"]),
                        "name": slot["name"], "input": args if isinstance(args, dict) else {}})
     return blocks
 
@@ -99,7 +113,13 @@ class AnthropicRender(Render):
 
     def upstream_error(self, call: ChatCall, status: int, content_type: str,
                        body: bytes) -> Response:  # fmt: skip
-        payload = anthropic_shapes.message_error(status, upstream_message(body))
+        if (counts := context_overflow(status, body)) is not None:
+            # Anthropic's own wording, which its clients (litellm's `anthropic/`, Claude Code)
+            # match to tell an overflow from other 400s.
+            message = "prompt is too long: {} tokens > {} maximum".format(*counts)
+        else:
+            message = upstream_message(body)
+        payload = anthropic_shapes.message_error(status, message)
         return Response(orjson.dumps(payload), status_code=status, media_type="application/json")
 
     def text(self, call: ChatCall, gen: Generation, text: str) -> bytes:
@@ -130,7 +150,8 @@ class AnthropicRender(Render):
             out += event("content_block_delta", {"type": "content_block_delta", "index": index,
                                                  "delta": args})
             out += event("content_block_stop", {"type": "content_block_stop", "index": index})
-        delta: dict[str, Any] = {"stop_reason": stop_reason(gen), "stop_sequence": None}
+        delta: dict[str, Any] = {"stop_reason": stop_reason(gen),
+                                 "stop_sequence": matched_stop(gen)}
         out += event("message_delta", {"type": "message_delta", "delta": delta,
                                        "usage": usage(gen)})
         return out + event("message_stop", {"type": "message_stop"})
@@ -142,6 +163,7 @@ class AnthropicRender(Render):
         content.extend(tool_uses(gen))
         message: dict[str, Any] = {"id": self.id, "type": "message", "role": "assistant",
                                    "model": call.model,
-                   "content": content, "stop_reason": stop_reason(gen), "stop_sequence": None,
+                   "content": content, "stop_reason": stop_reason(gen),
+                   "stop_sequence": matched_stop(gen),
                    "usage": usage(gen)}
         return Response(orjson.dumps(message), media_type="application/json")

@@ -30,6 +30,10 @@ class Generation:
     thinking: str = ""
     thinking_delta: str = ""  # the reasoning the last `absorb` added (streamed as it comes)
     finish_reason: str | None = None
+    # The stop sequence of the request that ended the answer, when the backend says which:
+    # llama-server in its `__verbose` object (asked for with `verbose`) or its native
+    # `stopping_word`, vLLM and the transformers engine as the choice's `stop_reason`.
+    stop_sequence: str | None = None
     # All prompt tokens, those reused from the backend's cache included (Ollama's
     # `prompt_eval_count`); `cached_tokens` says how many of them were reused.
     prompt_tokens: int = 0
@@ -67,8 +71,12 @@ class Generation:
                 self._absorb_tool_calls(part["tool_calls"])
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
+                if isinstance(matched := choice.get("stop_reason"), str) and matched:
+                    self.stop_sequence = matched
         if "choices" not in payload:  # llama-server's own shape (/infill, /completion)
             added += self._absorb_native(payload)
+        elif isinstance(verbose := payload.get("__verbose"), dict):
+            self._absorb_stop_word(verbose)
         self.content += added
         self.thinking += self.thinking_delta
         self._absorb_counts(payload)
@@ -78,12 +86,20 @@ class Generation:
         """llama-server's native completion: `content`, `stop` and why (`stop_type`)."""
         if payload.get("stop") is True:
             self.finish_reason = "length" if payload.get("stop_type") == "limit" else "stop"
+            self._absorb_stop_word(payload)
         self.prompt_tokens = max(self.prompt_tokens, _int(payload.get("tokens_evaluated")))
         self.completion_tokens = _int(payload.get("tokens_predicted")) or self.completion_tokens
         if isinstance(tokens := payload.get("tokens"), list):
             self.token_ids += [t for t in tokens if isinstance(t, int)]
         text = payload.get("content")
         return text if isinstance(text, str) else ""
+
+    def _absorb_stop_word(self, native: dict[str, Any]) -> None:
+        """llama-server's `stop_type` "word": it stopped on `stopping_word`, one of the
+        request's stop sequences (not the end of its turn, "eos")."""
+        word = native.get("stopping_word")
+        if native.get("stop_type") == "word" and isinstance(word, str) and word:
+            self.stop_sequence = word
 
     def _absorb_counts(self, payload: dict[str, Any]) -> None:
         """Token counts and timings. llama-server's `usage.prompt_tokens` counts the whole prompt

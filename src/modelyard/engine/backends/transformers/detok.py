@@ -69,6 +69,7 @@ class StopMatcher:
         self._longest = max((len(s) for s in self._stops), default=0)
         self._held = ""  # text received but not yet emitted (could start a stop string)
         self.stopped = False
+        self.matched: str | None = None  # the stop string that hit (the answer's stop_reason)
 
     def feed(self, text: str) -> str:
         if self.stopped:
@@ -76,8 +77,9 @@ class StopMatcher:
         if not self._stops:
             return text
         held = self._held + text
-        cut = min((i for i in (held.find(s) for s in self._stops) if i >= 0), default=-1)
-        if cut >= 0:
+        hits = [(i, s) for s in self._stops if (i := held.find(s)) >= 0]
+        if hits:
+            cut, self.matched = min(hits, key=lambda hit: hit[0])
             self.stopped = True
             self._held = ""
             return held[:cut]

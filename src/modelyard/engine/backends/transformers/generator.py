@@ -101,6 +101,7 @@ class TokenEvent:
     finish_reason: str | None  # on the last event: "stop" | "length" | "cancelled"
     usage: dict[str, int] | None = None  # last event: prompt/completion/cached tokens
     timings: dict[str, float] | None = None  # last event: queue/prefill/decode/ttft ms
+    stop_sequence: str | None = None  # last event: the stop string that ended it, if one did
 
 
 @dataclass(eq=False)
@@ -573,7 +574,7 @@ class BatchGenerator:
         logprobs = None
         if seq.params.logprobs is not None:
             logprobs = [] if eos else [self._logprob_entry(choice)]
-        event = TokenEvent(text, [token], logprobs, finish)
+        event = TokenEvent(text, [token], logprobs, finish, stop_sequence=seq.stopper.matched)
         if finish is not None:
             self._finish(seq, event, finish)
         else:

@@ -140,6 +140,8 @@ class Completion:
 
     def chunk_choice(self, event: TokenEvent, first: bool, index: int = 0) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": index, "finish_reason": event.finish_reason}
+        if event.finish_reason == "stop" and event.stop_sequence is not None:
+            choice["stop_reason"] = event.stop_sequence  # vLLM's field: the stop string hit
         if self.chat:
             delta: dict[str, Any] = {"content": event.text} if event.text else {}
             if isinstance(event, _ToolDeltas):
@@ -270,6 +272,8 @@ class Completion:
                 choice["finish_reason"] = reason
         else:
             choice["text"] = "".join(text)
+        if choice["finish_reason"] == "stop" and last.stop_sequence is not None:
+            choice["stop_reason"] = last.stop_sequence  # vLLM's field: the stop string hit
         return choice, last
 
 
