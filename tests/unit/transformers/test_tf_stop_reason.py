@@ -36,17 +36,17 @@ def body(**extra: Any) -> dict[str, Any]:
 
 
 async def streamed(stop: str | None) -> list[bytes]:
-    return [c async for c in Completion("m", True, body(stream=True)).stream(scripted(stop))]
+    return [c async for c in Completion("m", True, body(stream=True)).stream([scripted(stop)])]
 
 
 def test_the_answer_carries_it_as_stop_reason_whole_and_streamed() -> None:
-    out = asyncio.run(Completion("m", True, body()).whole(scripted("3")))
+    out = asyncio.run(Completion("m", True, body()).whole([scripted("3")]))
     assert out["choices"][0]["stop_reason"] == "3"
     assert out["choices"][0]["finish_reason"] == "stop"
     assert b'"stop_reason":"3"' in b"".join(asyncio.run(streamed("3")))
     # The end of the turn names nothing.
     assert "stop_reason" not in asyncio.run(Completion("m", True, body()).whole(
-        scripted(None)))["choices"][0]
+        [scripted(None)]))["choices"][0]
     assert b"stop_reason" not in b"".join(asyncio.run(streamed(None)))
 
 
