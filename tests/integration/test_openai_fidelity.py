@@ -133,12 +133,15 @@ def test_integer_logprobs_come_in_the_completions_shape(server: Server) -> None:
     }
 
 
-def test_streamed_logprobs_with_echo_count_offsets_after_the_prompt(server: Server) -> None:
-    r = post(server, "/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": 2,
-                                         "logprobs": 1, "echo": True, "stream": True})
+def test_echo_with_logprobs_reaches_an_openai_server_as_sent(server: Server) -> None:
+    """`echo` with an integer `logprobs` asks for the prompt's log probabilities (issue 32): on a
+    llama.cpp model the front scores it (front/chat/scoring.py); an `openai` backend gets the
+    request as sent, since such a server (vLLM) scores prompts itself and the front cannot."""
+    sent = {"model": "m", "prompt": "hi", "max_tokens": 2, "logprobs": 1, "echo": True}
+    r = post(server, "/v1/completions", sent)
     assert r.status_code == 200, r.text
-    shapes = [c["logprobs"] for e in sse_json(r.text) for c in e["choices"] if c["logprobs"]]
-    assert [(s["tokens"], s["text_offset"]) for s in shapes] == [(["The"], [2]), ([" quick"], [5])]
+    received = last_received(server, "m")
+    assert (received["echo"], received["logprobs"], received["prompt"]) == (True, 1, "hi")
 
 
 def test_the_openai_sdk_reads_completion_logprobs(server: Server) -> None:
