@@ -437,7 +437,7 @@ def build_app(
         try:
             answer = await scoring.answer(
                 generator, body, k, model_name, prompt_ids, generator.token_text,
-                lambda events: Completion(model_name, False, body).whole(events))
+                lambda events: Completion(model_name, False, body).whole([events]))
         except ContextOverflow as exc:
             return JSONResponse(exc.llama_server_body(), status_code=400)
         except InvalidParams as exc:
