@@ -8,7 +8,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -122,6 +123,28 @@ def require_e2e_artifact(path: Path | None, what: str) -> Path:
     if os.environ.get("MODELYARD_REQUIRE_E2E") == "1":
         pytest.fail(message)
     pytest.skip(message)
+
+
+@contextmanager
+def demo_batch_generator(max_batch_size: int = 4) -> Iterator[tuple[Any, Any, Any]]:
+    """The demo model as safetensors (`make demo-safetensors`) loaded in process, with the
+    transformers engine's batch generator running on it: (model, tokenizer, generator)."""
+    from modelyard.config import TransformersModel, cache_dir
+    from modelyard.engine.backends.transformers.generator import BatchGenerator
+    from modelyard.engine.backends.transformers.loader import decide_precision, load_causal_lm
+
+    env = os.environ.get("MODELYARD_DEMO_SAFETENSORS")
+    default = cache_dir() / "models" / "smollm2-135m-instruct-safetensors"
+    repo = require_e2e_artifact(Path(env) if env else default,
+                                "the demo model as safetensors (make demo-safetensors)")
+    spec = TransformersModel(id="smol", backend="transformers", path=repo)
+    done = load_causal_lm(spec, decide_precision(spec))
+    gen = BatchGenerator(done.model, done.tokenizer, max_batch_size=max_batch_size)
+    gen.start()
+    try:
+        yield done.model, done.tokenizer, gen
+    finally:
+        gen.stop()
 
 
 def poll(check: Callable[[], T], timeout_s: float = 20.0, what: str = "condition") -> T:

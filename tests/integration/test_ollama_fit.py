@@ -13,11 +13,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
-import orjson
 import pytest
 from tests.fakes.fake_backend import BOS_ID, word_id
-from tests.integration.harness import config, model_status, module_server
-from tests.integration.test_ollama_context import gguf_fake
+from tests.integration.harness import config, module_server
+from tests.integration.test_ollama_context import chunks as answers
+from tests.integration.test_ollama_context import gguf_fake, received
 from tests.support import Server, fake_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -37,20 +37,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 def post(server: Server, path: str, body: Any) -> httpx.Response:
     return httpx.post(server.url + path, json=body, timeout=30)
-
-
-def answers(response: httpx.Response, stream: bool) -> list[dict[str, Any]]:
-    assert response.status_code == 200, response.text
-    if not stream:
-        return [response.json()]
-    return [orjson.loads(line) for line in response.text.splitlines() if line.strip()]
-
-
-def received(server: Server, model: str) -> list[dict[str, Any]]:
-    found = model_status(server, model)
-    assert found is not None
-    got: list[dict[str, Any]] = httpx.get(found["upstream"] + "/requests", timeout=10).json()
-    return got
 
 
 def words(messages: list[dict[str, Any]]) -> int:

@@ -6,17 +6,13 @@ although the model's chat template teaches no tool-call format at all."""
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import jsonschema
 import pytest
-from tests.support import require_e2e_artifact
-
-from modelyard.config import cache_dir
+from tests.support import demo_batch_generator
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -36,23 +32,8 @@ TOOLS = [
 
 @pytest.fixture(scope="module")
 def loaded() -> Iterator[Any]:
-    env = os.environ.get("MODELYARD_DEMO_SAFETENSORS")
-    default = cache_dir() / "models" / "smollm2-135m-instruct-safetensors"
-    repo = require_e2e_artifact(Path(env) if env else default,
-                                "the demo model as safetensors (make demo-safetensors)")
-    from modelyard.config import TransformersModel
-    from modelyard.engine.backends.transformers.generator import BatchGenerator
-    from modelyard.engine.backends.transformers.loader import decide_precision, load_causal_lm
-
-    spec = TransformersModel(id="smol", backend="transformers", path=repo)
-    done = load_causal_lm(spec, decide_precision(spec))
-    model, tokenizer = done.model, done.tokenizer
-    gen = BatchGenerator(model, tokenizer, max_batch_size=4)
-    gen.start()
-    try:
+    with demo_batch_generator() as (model, tokenizer, gen):
         yield model, tokenizer, gen
-    finally:
-        gen.stop()
 
 
 @pytest.fixture

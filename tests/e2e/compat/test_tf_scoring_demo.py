@@ -6,17 +6,13 @@ integer `logprobs` gives the prompt's tokens their log probabilities from one fo
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
-from tests.support import require_e2e_artifact
-
-from modelyard.config import cache_dir
+from tests.support import demo_batch_generator
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -25,22 +21,8 @@ PROMPT = "The capital of France is"
 
 @pytest.fixture(scope="module")
 def loaded() -> Iterator[Any]:
-    env = os.environ.get("MODELYARD_DEMO_SAFETENSORS")
-    default = cache_dir() / "models" / "smollm2-135m-instruct-safetensors"
-    repo = require_e2e_artifact(Path(env) if env else default,
-                                "the demo model as safetensors (make demo-safetensors)")
-    from modelyard.config import TransformersModel
-    from modelyard.engine.backends.transformers.generator import BatchGenerator
-    from modelyard.engine.backends.transformers.loader import decide_precision, load_causal_lm
-
-    spec = TransformersModel(id="smol", backend="transformers", path=repo)
-    done = load_causal_lm(spec, decide_precision(spec))
-    gen = BatchGenerator(done.model, done.tokenizer, max_batch_size=4)
-    gen.start()
-    try:
-        yield done.tokenizer, gen
-    finally:
-        gen.stop()
+    with demo_batch_generator() as (_, tokenizer, gen):
+        yield tokenizer, gen
 
 
 @pytest.fixture
