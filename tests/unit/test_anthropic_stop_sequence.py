@@ -5,11 +5,11 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import orjson
 import pytest
+from tests.unit.test_anthropic_shapes import events
 
 from modelyard.front.chat.render_anthropic import AnthropicRender, tool_use_id
 from modelyard.front.chat.request import CHAT_PATH, ChatCall
@@ -60,14 +60,6 @@ def test_the_native_completions_stopping_word() -> None:
     gen = Generation.start()
     gen.absorb({"content": "1, 2, ", **verbose("word", "3")})
     assert gen.finish_reason == "stop" and gen.stop_sequence == "3"
-
-
-def events(raw: bytes) -> list[tuple[str, dict[str, Any]]]:
-    out = []
-    for block in raw.decode().strip().split("\n\n"):
-        lines = dict(line.split(": ", 1) for line in block.splitlines())
-        out.append((lines["event"], json.loads(lines["data"])))
-    return out
 
 
 def test_the_streams_message_delta_names_it() -> None:
