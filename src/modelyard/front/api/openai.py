@@ -107,7 +107,8 @@ async def _relay(
         check_vision_for(state, req.model, data)
     prepared = None
     if path == COMPLETION_PATH and scoring.concerns(data):  # echo + logprobs, or max_tokens 0
-        if (scored := await scoring.answer(request, state, req.model, data)) is not None:
+        if (scored := await scoring.answer(request.receive, request_priority(request), state,
+                                           req.model, data)) is not None:
             return scored
         # else its backend scores the prompt itself: the request goes as sent
     else:

@@ -29,8 +29,8 @@ import uuid
 from typing import Any
 
 import orjson
-from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Receive
 
 from modelyard.completion_logprobs import added_bos, completions_logprobs
 from modelyard.config import LlamaCppModel, OpenAIServerModel
@@ -45,7 +45,7 @@ from modelyard.front.chat.presets import apply_preset
 from modelyard.front.chat.request import COMPLETION_PATH
 from modelyard.front.dispatch.relay import ClientWatch, Relay
 from modelyard.front.sse import sse_event
-from modelyard.front.state import FrontState, request_priority
+from modelyard.front.state import FrontState
 
 # A bias no logit comes near: the token it is given is the one sampled, whatever the samplers.
 FORCE_BIAS = 1e9
@@ -69,7 +69,7 @@ def scored_alternatives(data: dict[str, Any]) -> int | None:
     return logprobs
 
 
-async def answer(request: Request, state: FrontState, model: str,
+async def answer(receive: Receive, priority: int, state: FrontState, model: str,
                  data: dict[str, Any]) -> Response | None:  # fmt: skip
     """The answer to a request `concerns` took; None: its backend serves it as sent."""
     entry = state.catalog.registry.resolve(model)
@@ -84,9 +84,9 @@ async def answer(request: Request, state: FrontState, model: str,
     if data.get("n") not in (None, 1):
         raise InvalidRequest("n: a scored prompt has one answer; send n=1", param="n")
     prompts = _prompts(data)
-    watch = ClientWatch(request.receive)  # a client that leaves stops the steps
+    watch = ClientWatch(receive)  # a client that leaves stops the steps
     try:
-        scored = await watch.wait(_on_llama_server(request, state, model, data, prompts, k))
+        scored = await watch.wait(_on_llama_server(priority, state, model, data, prompts, k))
     except _Refused as refused:  # in OpenAI's shape where llama-server's differs, else as is
         shaped = openai_compat.openai_error(refused.status, refused.body, infill=False)
         status, body = shaped if shaped is not None else (refused.status, refused.body)
@@ -160,10 +160,10 @@ class _Refused(Exception):
         self.status, self.body = status, body
 
 
-async def _on_llama_server(request: Request, state: FrontState, model: str, data: dict[str, Any],
+async def _on_llama_server(priority: int, state: FrontState, model: str, data: dict[str, Any],
                            prompts: list[str | list[int]], k: int) -> dict[str, Any]:  # fmt: skip
     relay = await state.dispatch.open_relay(
-        model, "/tokenize", _tokenize_body(prompts[0]), priority=request_priority(request))
+        model, "/tokenize", _tokenize_body(prompts[0]), priority=priority)
     try:
         choices, prompt_n, completion_n = [], 0, 0
         for index, prompt in enumerate(prompts):
