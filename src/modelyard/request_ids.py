@@ -19,8 +19,6 @@ from contextvars import ContextVar
 from datetime import UTC, datetime
 
 import orjson
-from starlette.datastructures import MutableHeaders
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 HEADER = "X-Request-Id"
 REQUEST_ID: ContextVar[str | None] = ContextVar("modelyard_request_id", default=None)
@@ -78,32 +76,3 @@ def handler_setup(handler: logging.Handler, log_format: str, process: str) -> No
     handler.addFilter(RequestIdFilter())
     handler.setFormatter(JsonFormatter(process) if log_format == "json"
                          else logging.Formatter(TEXT_FORMAT))
-
-
-class RequestIdMiddleware:
-    """Gives each HTTP request its id for its whole life and answers it in X-Request-Id."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        offered = None
-        for name, value in scope["headers"]:
-            if name == b"x-request-id":
-                offered = value.decode("latin-1")
-                break
-        rid = accept(offered)
-        token = REQUEST_ID.set(rid)
-
-        async def send_with_id(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                MutableHeaders(scope=message)[HEADER] = rid
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_with_id)
-        finally:
-            REQUEST_ID.reset(token)

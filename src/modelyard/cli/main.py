@@ -163,7 +163,6 @@ def serve(
 
     from modelyard import db, metrics
     from modelyard.front.app import create_app
-    from modelyard.front.dispatch.drain import Drain
     from modelyard.store.registry import ModelRegistry
 
     # Before the front writes anything into the home (its log, its metrics, its database).
@@ -189,9 +188,10 @@ def serve(
     front = create_app(
         settings, registry=registry, config_file=config, import_dirs=import_dir or ()
     )
-    drain = Drain(front)  # requests in flight when a shutdown begins: their grace, then an error
     grace_s = settings.shutdown_grace_s
-    serving.run(drain, host=settings.host, port=settings.port, grace_s=grace_s,
+    # Requests in flight when a shutdown begins: their grace, then an error (dispatch/drain.py).
+    drain = front.drain
+    serving.run(front, host=settings.host, port=settings.port, grace_s=grace_s,
                 on_shutdown=lambda: drain.begin(grace_s), limits=serving.http_limits(settings),
                 keep_alive_s=settings.client_keep_alive_s,
                 forwarded_allow_ips=settings.forwarded_allow_ips)

@@ -21,9 +21,9 @@ from typing import Any
 import sqlalchemy as sa
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
+from starlette.types import ASGIApp
 
 from modelyard import db, metrics
 from modelyard.config import Settings
@@ -62,13 +62,14 @@ from modelyard.front.chat.sessions.kv import SessionKv
 from modelyard.front.chat.sessions.store import SessionStore
 from modelyard.front.chat.tools.mcp import McpHub
 from modelyard.front.dispatch.dispatcher import Dispatcher
+from modelyard.front.dispatch.drain import Drain
 from modelyard.front.dispatch.relay import new_upstream_session
+from modelyard.front.edge import Edge
 from modelyard.front.engines.catalog_feed import CatalogFeed
 from modelyard.front.engines.client import EngineClient
 from modelyard.front.engines.provider import ChildProcess, InProcessEngines, LocalEngines
 from modelyard.front.identity import accounts, auth, tokens
-from modelyard.front.identity.cors import OllamaCors
-from modelyard.front.identity.limits import Limiter, RateLimits
+from modelyard.front.identity.limits import Limiter
 from modelyard.front.ops import fronts
 from modelyard.front.ops import metrics as front_metrics
 from modelyard.front.ops.activity import Activity
@@ -80,7 +81,6 @@ from modelyard.front.ops.replace import Replacer
 from modelyard.front.ops.usage import UsageRecorder
 from modelyard.front.render import render_error
 from modelyard.front.state import Chat, FrontState, Identity, Ops
-from modelyard.request_ids import RequestIdMiddleware
 from modelyard.store.registry import Entry, ModelRegistry
 from modelyard.wire.engines import EngineProvider
 
@@ -118,6 +118,19 @@ async def _on_unexpected(request: Request, exc: Exception) -> Response:
     return render_error(request, ModelyardError(f"internal error: {type(exc).__name__}: {exc}"))
 
 
+class FrontApp(Starlette):
+    """The front's Starlette app, with its edge (front/edge.py) as its whole middleware stack;
+    `drain` knows the requests in flight, for a graceful shutdown."""
+
+    def __init__(self, settings: Settings, **kwargs: Any) -> None:
+        self.edge_settings = settings
+        self.drain = Drain()
+        super().__init__(**kwargs)
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return Edge(self.router, self.edge_settings, self.drain, dict(self.exception_handlers))
+
+
 def create_app(
     settings: Settings,
     *,
@@ -125,7 +138,7 @@ def create_app(
     registry: ModelRegistry | None = None,
     config_file: Path | None = None,
     import_dirs: Sequence[Path] = (),
-) -> Starlette:
+) -> FrontApp:
     registry = registry or ModelRegistry.build(settings)
 
     @contextlib.asynccontextmanager
@@ -205,7 +218,8 @@ def create_app(
             stack.push_async_callback(app.state.batches.close)
             yield
 
-    app = Starlette(
+    app = FrontApp(
+        settings,
         routes=[
             *openai.routes, *services.routes, *ollama.routes, *ollama_models.routes,
             *ollama_create.routes, *native.routes, *admin.routes,
@@ -218,7 +232,6 @@ def create_app(
             *usage_api.routes,
             *batches_api.routes,
         ],
-        middleware=_middleware(settings),
         lifespan=lifespan,
         exception_handlers={
             ModelyardError: _on_modelyard_error,
@@ -228,18 +241,6 @@ def create_app(
         },
     )
     return app
-
-
-def _middleware(settings: Settings) -> list[Middleware]:
-    """Request ids, then CORS (Ollama's local defaults, widened by `cors_origins`) outside the
-    auth gate, so a browser's preflight is answered without credentials, as the CORS protocol
-    requires."""
-    # Outermost: even a refused request has an id, and is counted.
-    stack = [Middleware(RequestIdMiddleware), Middleware(front_metrics.RequestMetrics),
-             Middleware(OllamaCors, settings=settings),
-             Middleware(auth.AuthGate, settings=settings),
-             Middleware(RateLimits)]  # inside the gate: it needs the caller
-    return stack
 
 
 async def _open_identity(settings: Settings, stack: contextlib.AsyncExitStack) -> Identity:

@@ -1,7 +1,7 @@
 """Graceful shutdown of the front: let requests in flight finish, then end them in their API's
 own shape rather than cut their connections (DESIGN.md §3.8).
 
-`Drain` is an ASGI middleware around the front that knows every HTTP request in flight. When the
+`Drain` knows every HTTP request in flight (the front's edge enters each one). When the
 server begins to shut down (it has stopped accepting connections), `begin(grace_s)`:
 
 * ends the feeds at once — open SSE/NDJSON streams that are not answers of a model (the Studio's
@@ -24,12 +24,12 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import orjson
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from modelyard.errors import ModelyardError, ServerShuttingDown
 from modelyard.front.render import error_response
@@ -69,6 +69,11 @@ class InFlight:
 _CURRENT: ContextVar[InFlight | None] = ContextVar("modelyard_in_flight", default=None)
 
 
+def in_flight() -> InFlight | None:
+    """The current request's record (None outside a request the drain knows)."""
+    return _CURRENT.get()
+
+
 def mark_answer() -> None:
     """The current request streams a model's answer: shutdown gives it the grace."""
     current = _CURRENT.get()
@@ -102,46 +107,39 @@ def _nothing() -> None:
 
 
 class Drain:
-    """The front's ASGI app, wrapped; `begin(grace_s)` when the server starts shutting down."""
+    """The HTTP requests in flight; `begin(grace_s)` when the server starts shutting down. The
+    front's edge (front/edge.py) enters each request and watches its response start."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
+    def __init__(self) -> None:
         self.in_flight: set[InFlight] = set()
         self.draining = False
         # What a request the drain ends hears: feeds at once, the rest when the grace is over.
         self.error = ServerShuttingDown("the server is shutting down", retry_after_s=RETRY_AFTER_S)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    def enter(self, path: str) -> tuple[InFlight, Token[InFlight | None]]:
+        """The current task's request, known until `leave`."""
         task = asyncio.current_task()
         assert task is not None
-        record = InFlight(scope["path"], task)
-
-        async def watched_send(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                record.started = True
-                for name, value in message.get("headers", ()):
-                    if name.lower() == b"content-type" and value.startswith(_FEED_TYPES):
-                        record.feed_type = value
-            await send(message)
-
+        record = InFlight(path, task)
         self.in_flight.add(record)
-        token = _CURRENT.set(record)
-        try:
-            await self.app(scope, receive, watched_send)
-        except asyncio.CancelledError:
-            if not record.ended_by_drain:
-                raise
-            task.uncancel()
-            await self._end(record, scope, receive, send)
-        finally:
-            _CURRENT.reset(token)
-            self.in_flight.discard(record)
+        return record, _CURRENT.set(record)
 
-    async def _end(self, record: InFlight, scope: Scope, receive: Receive, send: Send) -> None:
-        """Finish a response the drain cut short, in its API's shape."""
+    def leave(self, record: InFlight, token: Token[InFlight | None]) -> None:
+        _CURRENT.reset(token)
+        self.in_flight.discard(record)
+
+    @staticmethod
+    def started(record: InFlight, message: Message) -> None:
+        """`record`'s response started with `message` (its http.response.start)."""
+        record.started = True
+        for name, value in message.get("headers", ()):
+            if name.lower() == b"content-type" and value.startswith(_FEED_TYPES):
+                record.feed_type = value
+
+    async def end(self, record: InFlight, scope: Scope, receive: Receive, send: Send) -> None:
+        """Finish a response the drain cut short (its task's cancel, taken back), in its API's
+        shape."""
+        record.task.uncancel()
         exc = self.error
         with contextlib.suppress(OSError, RuntimeError):
             if not record.started:

@@ -52,14 +52,13 @@ import sqlalchemy as sa
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 from starlette.datastructures import Headers
 from starlette.routing import Match
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope
 
 from modelyard.config import Settings
 from modelyard.errors import (
     CsrfFailed,
     Forbidden,
     HostNotAllowed,
-    ModelyardError,
     OriginNotAllowed,
     PasswordChangeRequired,
     PayloadTooLarge,
@@ -72,10 +71,8 @@ from modelyard.front.identity.login_throttle import LoginThrottle
 from modelyard.front.identity.principal import (
     ANONYMOUS_ADMIN,
     ANONYMOUS_INFERENCE,
-    CURRENT_PRINCIPAL,
     Principal,
 )
-from modelyard.front.render import error_response
 
 # The web login's cookie. Its name (and the signing salt below) keep the word "session" that
 # browsers and clients already hold; only the Python names say "login".
@@ -326,65 +323,55 @@ def decide(settings: Settings, cls: RouteClass, method: str, path: str,
 
 
 class AuthGate:
-    """The ASGI middleware: Host check, body limit, identity, policy."""
+    """The edge's identity step (front/edge.py): Host check, body limit, identity, policy."""
 
-    def __init__(self, app: ASGIApp, settings: Settings) -> None:
-        self.app = app
+    def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.hosts = allowed_host_names(settings)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def admit(self, scope: Scope, receive: Receive) -> Receive:
+        """Attach the caller's principal to `scope` (`modelyard.principal`, and the login
+        session's id for a Studio login) and answer the `receive` the request goes on with (its
+        body limited); a request refused raises its ModelyardError."""
         path: str = scope["path"]
         # A batch line the front's own runner sends in process (front/batches/runner.py): its
         # owner's principal is in the scope, which no client can set. Nothing to check.
         preset: Principal | None = scope.get("modelyard.batch_principal")
         if preset is not None:
             scope["modelyard.principal"] = preset
-            await self.app(scope, receive, send)
-            return
-        try:
-            headers = Headers(scope=scope)
-            self._check_host(headers)
-            # An admin's blob upload (/api/create's model files) is a whole model, not a
-            # request body: limited by the disk, not by max_body_bytes (checked once we know).
-            blob = scope["method"] == "POST" and path.startswith(BLOB_PREFIX)
-            if not blob:  # a batch input (POST /v1/files) is held to files_max_bytes
-                if path == FILES_PATH and scope["method"] == "POST":
-                    receive = self._limit_body(
-                        headers, receive, self.settings.files_max_bytes + _MULTIPART_SLACK,
-                        "files_max_bytes")
-                else:
-                    receive = self._limit_body(headers, receive)
-            auth: Auth = scope["app"].state.front.identity.auth
-            cls = route_class(scope["method"], path)
-            who, bad_token = (None, False)
-            if cls is not RouteClass.PUBLIC or headers.get("cookie") or headers.get(
-                    "authorization"):
-                who, bad_token = await auth.identify(headers)
-            check_browser_request(self.settings, scope["method"], path, headers, who)
-            try:
-                principal = decide(self.settings, cls, scope["method"], path, who, bad_token,
-                                   headers.get(CSRF_HEADER))
-            except (Unauthorized, Forbidden):
-                if _routed(scope):
-                    raise
-                principal = ANONYMOUS_INFERENCE  # no such route: let the router say 404/405
-            if blob and not principal.is_admin:
+            return receive
+        headers = Headers(scope=scope)
+        self._check_host(headers)
+        # An admin's blob upload (/api/create's model files) is a whole model, not a
+        # request body: limited by the disk, not by max_body_bytes (checked once we know).
+        blob = scope["method"] == "POST" and path.startswith(BLOB_PREFIX)
+        if not blob:  # a batch input (POST /v1/files) is held to files_max_bytes
+            if path == FILES_PATH and scope["method"] == "POST":
+                receive = self._limit_body(
+                    headers, receive, self.settings.files_max_bytes + _MULTIPART_SLACK,
+                    "files_max_bytes")
+            else:
                 receive = self._limit_body(headers, receive)
-        except ModelyardError as exc:
-            await error_response(path, exc)(scope, receive, send)
-            return
+        auth: Auth = scope["app"].state.front.identity.auth
+        cls = route_class(scope["method"], path)
+        who, bad_token = (None, False)
+        if cls is not RouteClass.PUBLIC or headers.get("cookie") or headers.get(
+                "authorization"):
+            who, bad_token = await auth.identify(headers)
+        check_browser_request(self.settings, scope["method"], path, headers, who)
+        try:
+            principal = decide(self.settings, cls, scope["method"], path, who, bad_token,
+                               headers.get(CSRF_HEADER))
+        except (Unauthorized, Forbidden):
+            if _routed(scope):
+                raise
+            principal = ANONYMOUS_INFERENCE  # no such route: let the router say 404/405
+        if blob and not principal.is_admin:
+            receive = self._limit_body(headers, receive)
         scope["modelyard.principal"] = principal
         if who is not None and who.login is not None:
             scope["modelyard.login_session"] = who.login
-        owner = CURRENT_PRINCIPAL.set(principal)
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            CURRENT_PRINCIPAL.reset(owner)
+        return receive
 
     def _check_host(self, headers: Headers) -> None:
         if self.hosts is None:

@@ -26,16 +26,14 @@ from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
-from starlette.datastructures import MutableHeaders
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Scope
 
-from modelyard.errors import RateLimited, rate_limit_headers
+from modelyard.errors import rate_limit_headers
 from modelyard.front.identity import limits_store as store
 from modelyard.front.identity.limits_store import Admission, Limit, Rule, Windows
 from modelyard.front.identity.principal import Principal
 from modelyard.front.ops.metrics import API_OF_PATH
 from modelyard.front.ops.request_log import RequestRecord
-from modelyard.front.render import error_response
 
 log = logging.getLogger(__name__)
 
@@ -190,39 +188,18 @@ def _first(own: Limit | None, default: Limit | None, name: str) -> Any:
     return getattr(default, name) if value is None and default is not None else value
 
 
-class RateLimits:
-    """The ASGI middleware, inside the auth gate: refuses a request over a limit (429
-    rate_limited in its API's shape) and adds X-RateLimit-* to a limited caller's answers."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        limiter: Limiter | None = None
-        if (scope["type"] == "http" and scope["method"] == "POST"
-                and scope["path"] in LIMITED_PATHS):
-            limiter = getattr(scope["app"].state, "limits", None)
-        rules = limiter.rules_for(scope.get("modelyard.principal")) if limiter else []
-        if limiter is None or not rules:  # the common case: no database work at all
-            await self.app(scope, receive, send)
-            return
-        try:
-            admission = await limiter.admit(rules)
-        except RateLimited as exc:
-            await error_response(scope["path"], exc)(scope, receive, send)
-            return
-        extra = ({} if admission.limit is None else
-                 rate_limit_headers(admission.limit, admission.remaining, admission.reset_s))
-
-        async def with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start" and extra:
-                headers = MutableHeaders(scope=message)
-                for name, value in extra.items():
-                    headers[name] = value
-            await send(message)
-
-        try:
-            await self.app(scope, receive, with_headers)
-        finally:
-            if admission.slots:  # not lost if the client's leaving cancels us here
-                await asyncio.shield(limiter.release(admission))
+async def admit(scope: Scope) -> tuple[Limiter, Admission, dict[str, str]] | None:
+    """The edge's limits step (front/edge.py), after the auth gate: None when no limit applies
+    to this request (the common case, no database work at all); else its admission, to be
+    released when the request ends, and the X-RateLimit-* headers for its answer. A request
+    over a limit raises RateLimited (429 rate_limited)."""
+    if scope["method"] != "POST" or scope["path"] not in LIMITED_PATHS:
+        return None
+    limiter: Limiter | None = getattr(scope["app"].state, "limits", None)
+    rules = limiter.rules_for(scope.get("modelyard.principal")) if limiter else []
+    if limiter is None or not rules:
+        return None
+    admission = await limiter.admit(rules)
+    extra = ({} if admission.limit is None else
+             rate_limit_headers(admission.limit, admission.remaining, admission.reset_s))
+    return limiter, admission, extra

@@ -1,10 +1,10 @@
 """`GET /metrics` (Prometheus text format) and what feeds it in the front (docs/metrics.md).
 
-- `RequestMetrics`, an ASGI middleware, records each inference request once its response is
-  over: the count by model/API/status, time to first token, latency and tokens (read from the
-  answer's last two chunks, kept by reference: nothing of the stream is copied). Handlers deeper
-  down tell it what only they know through `modelyard.metrics.current` (the model routed to,
-  when the backend's answer began, an in-band error).
+- `Metered` (run by the front's edge, front/edge.py) records each inference request once its
+  response is over: the count by model/API/status, time to first token, latency and tokens
+  (read from the answer's last two chunks, kept by reference: nothing of the stream is
+  copied). Handlers deeper down tell it what only they know through `modelyard.metrics.current`
+  (the model routed to, when the backend's answer began, an in-band error).
 - `readings` turns each engine's /status (as `GET /status` shows it), the front's queues and
   its pull jobs into gauges at scrape time, so nothing stale outlives an engine.
 - `metrics` answers the scrape: in multiprocess mode the sum of every process's files (front
@@ -56,53 +56,80 @@ API_OF_PATH = {
 }
 
 
+class Metered:
+    """One inference request being counted and timed (the edge's part of the metrics, in
+    front/edge.py): `start` when it arrives, `on_send` for each message of its answer,
+    `finish` when its response is over."""
+
+    __slots__ = ("activity", "capture", "front", "request", "scope", "token")
+
+    def __init__(self, scope: Scope, api: str) -> None:
+        self.scope = scope
+        self.request = m.Request(api)
+        self.token = m.current.set(self.request)
+        # The activity view (front/ops/activity.py): what is in flight, and opt-in capture of
+        # the bodies, taken here where they pass anyway; off, it costs an attribute read.
+        self.front = _front_of(scope)
+        self.activity: Activity | None = getattr(getattr(self.front, "ops", None), "activity",
+                                                 None)
+        self.capture: Capture | None = None
+        if self.activity is not None:
+            self.activity.begin(self.request, scope, REQUEST_ID.get())
+            self.capture = activity_capture.begin(scope)
+
+    @staticmethod
+    def start(scope: Scope) -> Metered | None:
+        """A Metered for an inference request (a POST to one of API_OF_PATH), else None."""
+        api = API_OF_PATH.get(scope["path"])
+        return None if api is None or scope["method"] != "POST" else Metered(scope, api)
+
+    def receive(self, receive: Receive) -> Receive:
+        """`receive`, copying the body when the activity view captures it."""
+        return receive if self.capture is None else self.capture.wrap(receive)
+
+    def on_send(self, message: Message) -> None:
+        kind = message["type"]
+        if kind == "http.response.body":
+            self.request.on_body(message.get("body", b""), message.get("more_body", False))
+            if self.capture is not None:
+                self.capture.on_response(message.get("body", b""))
+        elif kind == "http.response.start":
+            self.request.status = message["status"]
+
+    def finish(self, exc: BaseException | None = None) -> None:
+        """Count it and hand it to the request log; `exc`: what ended it, if it raised."""
+        try:
+            self.request.finish(exc)
+            _record(self.front, self.scope, self.request, self.capture)
+        finally:
+            m.current.reset(self.token)
+            if self.activity is not None:
+                self.activity.end(self.request)
+
+
 class RequestMetrics:
-    """Counts and times the inference routes (others pass straight through)."""
+    """`Metered` as an ASGI middleware of its own, for an app without the front's edge (the
+    request log's and activity view's unit tests mount it around a bare app)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        api = API_OF_PATH.get(scope["path"]) if scope["type"] == "http" else None
-        if api is None or scope["method"] != "POST":
+        metered = Metered.start(scope) if scope["type"] == "http" else None
+        if metered is None:
             await self.app(scope, receive, send)
             return
-        request = m.Request(api)
-        token = m.current.set(request)
-        # The activity view (front/ops/activity.py): what is in flight, and opt-in capture of
-        # the bodies, taken here where they pass anyway; off, it costs an attribute read.
-        front = _front_of(scope)
-        activity: Activity | None = getattr(getattr(front, "ops", None), "activity", None)
-        capture = None
-        if activity is not None:
-            activity.begin(request, scope, REQUEST_ID.get())
-            capture = activity_capture.begin(scope)
-            if capture is not None:
-                receive = capture.wrap(receive)
 
         async def watched(message: Message) -> None:
-            kind = message["type"]
-            if kind == "http.response.body":
-                request.on_body(message.get("body", b""), message.get("more_body", False))
-                if capture is not None:
-                    capture.on_response(message.get("body", b""))
-            elif kind == "http.response.start":
-                request.status = message["status"]
+            metered.on_send(message)
             await send(message)
 
         try:
-            await self.app(scope, receive, watched)
+            await self.app(scope, metered.receive(receive), watched)
         except BaseException as exc:
-            request.finish(exc)
-            _record(front, scope, request, capture)
+            metered.finish(exc)
             raise
-        else:
-            request.finish()
-            _record(front, scope, request, capture)
-        finally:
-            m.current.reset(token)
-            if activity is not None:
-                activity.end(request)
+        metered.finish()
 
 
 def _front_of(scope: Scope) -> FrontState | None:
