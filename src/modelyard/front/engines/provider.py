@@ -49,7 +49,8 @@ if TYPE_CHECKING:
     from modelyard.engine.loop import Engine
     from modelyard.engine.session_slots import SessionSlots
 
-__all__ = ["ChildProcess", "InProcessEngines", "LocalEngineClient", "LocalEngines", "count_gpus"]
+__all__ = ["ChildProcess", "FileLog", "InProcessEngines", "LocalEngineClient", "LocalEngines",
+           "count_gpus"]
 
 log = logging.getLogger("modelyard.front.engines.client")
 

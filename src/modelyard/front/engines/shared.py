@@ -28,9 +28,8 @@ from pathlib import Path
 from modelyard.config import Settings
 from modelyard.front.engines.catalog_feed import CatalogFeed
 from modelyard.front.engines.client import EngineClient, HttpEngineClient
-from modelyard.front.engines.provider import LocalEngines, _Published
+from modelyard.front.engines.provider import FileLog, LocalEngines, _Published
 from modelyard.front.engines.supervisor import engine_log_path
-from modelyard.proc.logfile import FileLog
 
 log = logging.getLogger("modelyard.workers")
 
