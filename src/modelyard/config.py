@@ -34,6 +34,7 @@ DEMO_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # this ChatML template is the same without tools and adds Hermes-style `<tool_call>` sections.
 DEMO_CHAT_TEMPLATE = Path(__file__).parent / "templates" / "chatml-tools.jinja"
 LLAMA_SERVER_VERSION = "11434.0.0"
+AUTO_WORKERS_MAX = 8  # `workers: auto` uses the cores, up to this many front processes
 
 
 # "~/models/x.gguf" in a config file means what it means in a shell.
@@ -636,6 +637,14 @@ class Settings(BaseSettings):
         5.0, gt=0, description="How long the front keeps an idle client connection open "
         "between requests (uvicorn's default); raise it for many clients that keep theirs.",
     )
+    # One front process tops out near a thousand small requests a second (issue 33): more
+    # processes on the same port use more cores. They share the engines, the home and the
+    # database; what must hold across them is shared there (docs/operations.md, workers).
+    workers: Annotated[int, Field(ge=1, le=64)] | Literal["auto"] = Field(
+        1, description="Front processes serving the public port (SO_REUSEPORT), sharing the "
+        "engines, the home and the database; `auto`: one per core, at most "
+        "8. Not with `single_process` or a Ray cluster.",
+    )
     model_dirs: list[UserPath] = Field(
         default_factory=list,
         description="Extra directories scanned for GGUF files ($home/models is always scanned).",
@@ -1068,6 +1077,14 @@ class Settings(BaseSettings):
     def session_kv_dir(self) -> Path:
         """Where llama-server saves the KV of chat sessions (`--slot-save-path`)."""
         return self.home / "session-kv"
+
+    @property
+    def worker_count(self) -> int:
+        """Front processes `workers` asks for: `auto` is the cores, capped at
+        AUTO_WORKERS_MAX (past a few, the engines, not the fronts, are the bound)."""
+        if self.workers == "auto":
+            return max(1, min(AUTO_WORKERS_MAX, os.cpu_count() or 1))
+        return self.workers
 
     @property
     def shared_path(self) -> Path:

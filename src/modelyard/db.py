@@ -277,6 +277,18 @@ batches = sa.Table(
 )
 
 # ---- several fronts on one database (front/ops/fronts.py) --------------------------------------
+# Failed logins every front process counts together (front/identity/login_throttle_db.py): one
+# row per key (`user:<name>`, `address:<ip>`), its streak as login_throttle.py keeps it.
+login_failures = sa.Table(
+    "login_failures",
+    metadata,
+    sa.Column("key", sa.String(300), primary_key=True),
+    sa.Column("failures", sa.Integer, nullable=False),
+    sa.Column("last_at", sa.Float, nullable=False),
+    sa.Column("blocked_until", sa.Float, nullable=False),
+    sa.Column("by_user", sa.JSON, nullable=False),
+)
+
 # A counter per shared event: `config` is bumped by a front that reloaded its config; the others
 # see it move and reload too.
 front_epochs = sa.Table(

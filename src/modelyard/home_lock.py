@@ -49,3 +49,35 @@ def hold(path: Path, owner: str, *, wait_s: float = 0.0) -> None:
     os.ftruncate(fd, 0)
     os.write(fd, f"pid {os.getpid()}, {owner}\n".encode())
     _held.append(fd)
+
+
+def join(path: Path, fd: int) -> None:
+    """A worker of `serve --workers N` shares its supervisor's lock on `path`: it inherited
+    the supervisor's locked descriptor `fd` (the supervisor's token names it). Proof that it
+    is that lock, not a claim: `fd` must be the file at `path`, and flock on it must succeed
+    at once, which it does only on the very open file that holds the lock (any other
+    descriptor of the file is refused while the supervisor lives). An unrelated second `serve`
+    has no such descriptor, takes `hold`, and is refused. HomeBusy when the proof fails."""
+    try:
+        mine, there = os.fstat(fd), os.stat(path)
+        same = (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino)
+        if same:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except (OSError, BlockingIOError):
+        same = False
+    if not same:
+        raise HomeBusy(f"descriptor {fd} is not this process's supervisor's lock on {path}")
+    os.set_inheritable(fd, False)  # held for this worker's life; its children do not keep it
+    _held.append(fd)
+
+
+def held_descriptor(path: Path) -> int:
+    """The descriptor this process holds its lock on `path` by (for its workers to inherit)."""
+    for fd in _held:
+        try:
+            mine, there = os.fstat(fd), os.stat(path)
+        except OSError:
+            continue
+        if (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino):
+            return fd
+    raise LookupError(f"this process holds no lock on {path}")

@@ -17,6 +17,7 @@ import socket
 import sys
 from collections.abc import Callable, Sequence
 from types import FrameType
+from typing import Protocol
 
 import uvicorn
 from starlette.types import ASGIApp
@@ -40,10 +41,17 @@ PUBLIC_KEEPALIVE_S = 5.0  # uvicorn's default, for clients we do not know
 
 class GracefulServer(uvicorn.Server):
     def __init__(
-        self, config: uvicorn.Config, *, on_shutdown: Callable[[], None] | None = None
+        self, config: uvicorn.Config, *, on_shutdown: Callable[[], None] | None = None,
+        hooks: ServerHooks | None = None,
     ) -> None:
         super().__init__(config)
         self.on_shutdown = on_shutdown
+        self.hooks = hooks
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.hooks is not None and self.started and not self.should_exit:
+            await self.hooks.started()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.should_exit:  # the second signal (uvicorn alone forces only on SIGINT)
@@ -53,7 +61,24 @@ class GracefulServer(uvicorn.Server):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         if self.on_shutdown is not None:
             self.on_shutdown()
+        if self.hooks is not None:
+            self.hooks.stopping()
         await super().shutdown(sockets)
+        if self.hooks is not None:
+            await self.hooks.stopped()
+
+
+class ServerHooks(Protocol):
+    """What runs beside a server (a `serve --workers N` supervisor's worker processes)."""
+
+    async def started(self) -> None:
+        """The server accepts: start what goes beside it."""
+
+    def stopping(self) -> None:
+        """The first signal: tell them to stop too (they drain as this server does)."""
+
+    async def stopped(self) -> None:
+        """This server has drained: wait until they have too."""
 
 
 def force_exit(sig: int) -> None:
@@ -84,6 +109,7 @@ def server_config(
     keep_alive_s: float = PUBLIC_KEEPALIVE_S,
     limits: HttpLimits | None = None,
     forwarded_allow_ips: Sequence[str] = (),
+    headers: Sequence[tuple[str, str]] = (),
 ) -> uvicorn.Config:
     """uvicorn's configuration for `run`. X-Forwarded-For/-Proto are believed only from the
     peers in `forwarded_allow_ips` (the `forwarded_allow_ips` setting; engines: none):
@@ -96,6 +122,7 @@ def server_config(
         timeout_keep_alive=math.ceil(keep_alive_s),
         proxy_headers=bool(forwarded_allow_ips),
         forwarded_allow_ips=list(forwarded_allow_ips),
+        headers=list(headers),
     )
 
 
@@ -109,16 +136,21 @@ def run(
     keep_alive_s: float = PUBLIC_KEEPALIVE_S,
     limits: HttpLimits | None = None,
     forwarded_allow_ips: Sequence[str] = (),
+    sockets: Sequence[socket.socket] = (),
+    hooks: ServerHooks | None = None,
+    headers: Sequence[tuple[str, str]] = (),
 ) -> None:
     """Serve `app` until a signal; see the module's docstring. `grace_s` None waits for
     requests in flight without a bound (an engine: its front bounds it); `keep_alive_s`: how
     long an idle client connection stays open; `limits`: head size and read timeouts
-    (http_limits.py); `forwarded_allow_ips`: see `server_config`."""
+    (http_limits.py); `forwarded_allow_ips`: see `server_config`; `sockets`: listening
+    sockets already bound (a worker's), instead of binding `host:port`; `hooks`: what runs
+    beside the server; `headers`: added to every response."""
     config = server_config(app, host=host, port=port, grace_s=grace_s,
                            keep_alive_s=keep_alive_s, limits=limits,
-                           forwarded_allow_ips=forwarded_allow_ips)
-    server = GracefulServer(config, on_shutdown=on_shutdown)
+                           forwarded_allow_ips=forwarded_allow_ips, headers=headers)
+    server = GracefulServer(config, on_shutdown=on_shutdown, hooks=hooks)
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the SIGINT it handled
-        server.run()
+        server.run(sockets=list(sockets) or None)
     if not server.started:
         sys.exit(STARTUP_FAILURE)

@@ -9,7 +9,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 from urllib.parse import quote
 
 import httpx
@@ -23,6 +23,9 @@ from modelyard.cli.server_url import MODELYARD_DEFAULT, auth_headers, default_ur
 from modelyard.cli.status import size
 from modelyard.config import Settings, load_settings
 from modelyard.request_ids import handler_setup
+
+if TYPE_CHECKING:  # the front's modules are imported only by the commands that serve
+    from modelyard.front.app import FrontApp
 
 app = typer.Typer(
     help="modelyard: one endpoint for every model on your GPUs.",
@@ -99,6 +102,11 @@ def serve(
     ray_address: Annotated[
         str | None, typer.Option(help="With --cluster ray: the Ray head, host:port.")
     ] = None,
+    workers: Annotated[
+        str | None,
+        typer.Option(help="Front processes on the port (SO_REUSEPORT), sharing the engines "
+                     "and the database: N, or `auto` (the cores, at most 8). Default 1."),
+    ] = None,
 ) -> None:
     """Serve the OpenAI, Ollama and native APIs (or, with --engine-only, one engine).
 
@@ -115,6 +123,7 @@ def serve(
         settings = load_settings(
             config, host=host, port=port, single_process=single_process or None,
             simulate_gpus=simulate_gpus, cluster=serve_overrides(cluster, ray_address) or None,
+            workers=_workers_option(workers),
         )
     except (FileNotFoundError, ValueError) as exc:
         err_console.print(f"[red]config error:[/red] {escape(str(exc))}")  # [..] is no markup
@@ -162,11 +171,22 @@ def serve(
         return
 
     from modelyard import db, metrics
+    from modelyard.cli import workers as pool
     from modelyard.front.app import create_app
     from modelyard.store.registry import ModelRegistry
 
+    token = pool.take_token()  # a worker of a `serve --workers N` (cli/workers.py)
+    count = settings.worker_count
+    if count > 1 and (settings.single_process or settings.cluster.mode == "ray"):
+        err_console.print("--workers N needs engine processes on this machine: not with "
+                          "--single-process or --cluster ray")
+        raise typer.Exit(2)
+    if token is not None:  # the supervisor's lock, on the descriptor it inherited
+        _join_home(pool.lock_path(settings), token.lock_fd)
+        _serve_worker(settings, token, config, log_level)
+        return
     # Before the front writes anything into the home (its log, its metrics, its database).
-    _hold_home(settings.home / "run" / "front.lock",
+    _hold_home(pool.lock_path(settings),
                f"front http://{settings.host}:{settings.port}", "a front")
     if settings.single_process:  # its engine-0 runs inside: no stray engine-0 beside it
         _hold_home(settings.home / "run" / "engine-0.lock",
@@ -185,6 +205,9 @@ def serve(
         "modelyard %s on http://%s:%s — models: %s", __version__, settings.host, settings.port,
         names,
     )
+    if count > 1:
+        _serve_supervisor(settings, registry, config, import_dir or ())
+        return
     front = create_app(
         settings, registry=registry, config_file=config, import_dirs=import_dir or ()
     )
@@ -195,6 +218,68 @@ def serve(
                 on_shutdown=lambda: drain.begin(grace_s), limits=serving.http_limits(settings),
                 keep_alive_s=settings.client_keep_alive_s,
                 forwarded_allow_ips=settings.forwarded_allow_ips)
+
+
+def _workers_option(value: str | None) -> int | str | None:
+    if value is None or value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        err_console.print(f"--workers: a number or `auto`, not {value!r}")
+        raise typer.Exit(2) from None
+
+
+def _serve_front(settings: Settings, front: FrontApp, *, worker: int, count: int,
+                 sockets: list[Any], hooks: Any = None) -> None:
+    """Serve one worker's front on its socket; answers say which worker gave them."""
+    from modelyard import serving
+    from modelyard.cli import workers as pool
+
+    drain = front.drain  # requests in flight when a shutdown begins (dispatch/drain.py)
+    grace_s = settings.shutdown_grace_s
+    serving.run(front, host=settings.host, port=settings.port, grace_s=grace_s,
+                on_shutdown=lambda: drain.begin(grace_s), limits=serving.http_limits(settings),
+                keep_alive_s=settings.client_keep_alive_s,
+                forwarded_allow_ips=settings.forwarded_allow_ips, sockets=sockets,
+                hooks=hooks, headers=[(pool.HEADER, f"{worker}/{count}")])
+
+
+def _serve_supervisor(settings: Settings, registry: Any, config: Path | None,
+                      import_dirs: list[Path] | tuple[()]) -> None:
+    """Worker 0 of `serve --workers N`: the engines, the worker processes, socket 0."""
+    from modelyard import home_lock
+    from modelyard.cli import workers as pool
+    from modelyard.front.app import create_app
+    from modelyard.front.engines.shared import Worker
+
+    count = settings.worker_count
+    try:
+        sockets = pool.bind(settings.host, settings.port, count)
+    except OSError as exc:
+        print(f"modelyard: cannot listen on {settings.host}:{settings.port}: {exc}",
+              file=sys.stderr)
+        raise typer.Exit(1) from None
+    secret = pool.new_secret()
+    lock_fd = home_lock.held_descriptor(pool.lock_path(settings))
+    front = create_app(settings, registry=registry, config_file=config,
+                       import_dirs=import_dirs, worker=Worker(0, count, secret))
+    workers = pool.WorkerPool(settings, sockets, lock_fd, secret)
+    _serve_front(settings, front, worker=0, count=count, sockets=[sockets[0]], hooks=workers)
+
+
+def _serve_worker(settings: Settings, token: Any, config: Path | None, log_level: str) -> None:
+    """Worker 1..N-1 of `serve --workers N`: a front on the engines worker 0 supervises."""
+    from modelyard.cli import workers as pool
+    from modelyard.front.app import create_app
+    from modelyard.store.registry import ModelRegistry
+
+    # Its output goes to logs/worker-N.log (its supervisor's ChildProcess), like an engine's.
+    _setup_logging(settings, None, log_level, f"worker-{token.index}")
+    registry = ModelRegistry.build(settings)
+    front = create_app(settings, registry=registry, config_file=config, worker=token.worker)
+    _serve_front(settings, front, worker=token.index, count=token.count,
+                 sockets=[pool.adopt(token)])
 
 
 # An engine restarted right after its predecessor was killed may find it still dying (its
@@ -212,6 +297,17 @@ def _hold_home(lock: Path, owner: str, what: str, wait_s: float = 0.0) -> None:
     except home_lock.HomeBusy as exc:
         print(f"modelyard: refusing to start {what}: this MODELYARD_HOME is in use ({exc}); "
               "stop that one, or give this one its own MODELYARD_HOME", file=sys.stderr)
+        raise typer.Exit(1) from None
+
+
+def _join_home(lock: Path, fd: int) -> None:
+    """A worker's share of its supervisor's lock (home_lock.join), or exit 1."""
+    from modelyard import home_lock
+
+    try:
+        home_lock.join(lock, fd)
+    except home_lock.HomeBusy as exc:
+        print(f"modelyard: refusing to start a worker: {exc}", file=sys.stderr)
         raise typer.Exit(1) from None
 
 

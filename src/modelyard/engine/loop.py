@@ -45,6 +45,7 @@ from modelyard.errors import (
     ModelLoadFailed,
     ModelNotFound,
     ModelyardError,
+    QueueFull,
 )
 from modelyard.hw.thermal import DEFAULT_THRESHOLDS, ThermalSensors, engine_paused
 from modelyard.placement import policy as scheduler
@@ -171,7 +172,19 @@ class Engine(ConfigReload):
         return rt.slots.free(len(rt.leases), self._max_concurrency(rt))
 
     async def _wait_slot(self, rt: Runtime) -> None:
-        """Wait in `rt`'s slot queue until a release hands this request a turn."""
+        """Wait in `rt`'s slot queue until a release hands this request a turn.
+
+        Under `serve --workers N` this queue is the model's queue for every worker (each
+        worker's own admits `max_concurrency + max_queue`, dispatcher.limits): the engine
+        sees every lease, so `max_queue` is held here, once for all of them."""
+        if self.settings.worker_count > 1:
+            limit = rt.spec.max_queue
+            limit = self.settings.max_queue if limit is None else limit
+            if len(rt.slots.waiting) >= limit:
+                raise QueueFull(
+                    f"model '{rt.entry.id}' is busy: {len(rt.leases)} running, "
+                    f"{len(rt.slots.waiting)} waiting (max_queue {limit})",
+                    model=rt.entry.id, retry_after_s=1.0)
         await rt.slots.wait(lambda: self._hand_slot(rt))
 
     def _hand_slot(self, rt: Runtime) -> None:

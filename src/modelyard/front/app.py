@@ -68,6 +68,7 @@ from modelyard.front.edge import Edge
 from modelyard.front.engines.catalog_feed import CatalogFeed
 from modelyard.front.engines.client import EngineClient
 from modelyard.front.engines.provider import ChildProcess, InProcessEngines, LocalEngines
+from modelyard.front.engines.shared import PublishingEngines, SharedEngines, Worker
 from modelyard.front.identity import accounts, auth, tokens
 from modelyard.front.identity.limits import Limiter
 from modelyard.front.ops import fronts
@@ -138,20 +139,26 @@ def create_app(
     registry: ModelRegistry | None = None,
     config_file: Path | None = None,
     import_dirs: Sequence[Path] = (),
+    worker: Worker | None = None,
 ) -> FrontApp:
+    """`worker`: this process's place in a `serve --workers N` (front/engines/shared.py);
+    worker 0 supervises the engines and does the once-per-start work (imports, startup models),
+    the others attach to its engines."""
     registry = registry or ModelRegistry.build(settings)
+    first = worker is None or worker.index == 0
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
-            if provider is None and not settings.single_process:  # (`modelyard serve` did it)
+            if provider is None and not settings.single_process and first:  # (`serve` did)
                 metrics.setup_multiprocess(settings.home)  # before engines start: they inherit
             metrics.prepare()  # not on the first request's time
             stack.callback(metrics.release_multiprocess)  # last, once the engines have stopped
             # The front's own records, for GET /admin/logs (and an in-process engine's).
             logs = stack.enter_context(LogBuffer(settings.log_buffer_lines).capture())
             feed = CatalogFeed()  # the catalog engines are pushed (front/catalog.py)
-            engines = provider or _default_provider(settings, registry, config_file, logs, feed)
+            engines = provider or _default_provider(settings, registry, config_file, logs, feed,
+                                                    worker)
             try:
                 await engines.start()
             finally:  # what started stops, even when the first start failed
@@ -165,7 +172,7 @@ def create_app(
             identity = await _open_identity(settings, stack)
             # A pull job that finishes places its model through the dispatcher, built next.
             catalog = await _open_catalog(settings, registry, engines, identity.db, stack,
-                                          lambda entry: dispatch.route(entry), feed)
+                                          lambda entry: dispatch.route(entry), feed, worker)
             dispatch = Dispatcher(catalog, engines, upstream, session_kv)
             archive = ArchiveStore.for_settings(settings, identity.db)
             await archive.start()  # and its sweeper; stopped before the database closes
@@ -194,16 +201,17 @@ def create_app(
             await limiter.start()
             stack.push_async_callback(limiter.stop)
             state.ops.requests.add_sink(limiter.on_record)
-            for directory in import_dirs:
+            for directory in import_dirs if first else ():
                 added = await pulls.import_models(state, directory)
                 log.info("imported %d model(s) from %s", len(added), directory)
             stack.enter_context(reloader.on_sighup())
-            replacer = Replacer(dispatch, catalog)  # front/ops/replace.py
-            await replacer.load_startup()
-            await dispatch.replicas.load_pinned()  # `replicas: N`: N copies at start
             stack.push_async_callback(dispatch.replicas.close)
-            replacer.start()  # an engine that leaves: its startup models and copies move
-            stack.push_async_callback(replacer.close)
+            if first:  # the workers share worker 0's engines: it places what starts on them
+                replacer = Replacer(dispatch, catalog)  # front/ops/replace.py
+                await replacer.load_startup()
+                await dispatch.replicas.load_pinned()  # `replicas: N`: N copies at start
+                replacer.start()  # an engine that leaves: its startup models and copies move
+                stack.push_async_callback(replacer.close)
             # /v1/batches: its runner sends lines through this app (front/batches/runner.py).
             app.state.batches = BatchRunner(
                 app, state, FileStore(
@@ -275,6 +283,7 @@ async def _open_catalog(
     stack: contextlib.AsyncExitStack,
     route: Callable[[Entry], Awaitable[EngineClient]],
     feed: CatalogFeed,
+    worker: Worker | None = None,
 ) -> Catalog:
     """The catalog and its pull jobs; jobs a previous run left unfinished become interrupted.
     `route` places a model a job pulled with `init` (the dispatcher's)."""
@@ -294,9 +303,13 @@ async def _open_catalog(
         # A declared model's hub draft comes with it (front/ops/draft_pulls.py).
         await pull_drafts(catalog.jobs, catalog.registry, job)
 
+    front_id = await asyncio.to_thread(fronts.front_id, settings.home)
+    if worker is not None and worker.index > 0:
+        # Each worker's jobs are its own: a restarted worker recovers (marks interrupted)
+        # only what it ran, never a job another live worker is downloading.
+        front_id = f"{front_id}-w{worker.index}"
     jobs = PullJobs(settings, database, catalog_changed=catalog_changed, on_pulled=on_pulled,
-                    spawn=ChildProcess, pulled_with=pulled_with,
-                    front_id=await asyncio.to_thread(fronts.front_id, settings.home))
+                    spawn=ChildProcess, pulled_with=pulled_with, front_id=front_id)
     interrupted = await jobs.recover()
     if interrupted:
         log.warning("%d pull job(s) were interrupted by the last shutdown: POST "
@@ -320,7 +333,12 @@ async def _open_front_sync(settings: Settings, database: sa.Engine, jobs: PullJo
 def _default_provider(
     settings: Settings, registry: ModelRegistry, config_file: Path | None, logs: LogBuffer,
     feed: CatalogFeed,
+    worker: Worker | None = None,
 ) -> EngineProvider:
+    if worker is not None:
+        if worker.index == 0:
+            return PublishingEngines(settings, worker, config_file=config_file, catalog=feed)
+        return SharedEngines(settings, worker, catalog=feed)
     if settings.single_process:
         return InProcessEngines(settings, registry, log_buffer=logs)
     if settings.cluster.mode == "ray":

@@ -135,8 +135,10 @@ class ChildProcess:
         stdout_pipe: bool = False,
         log_max_bytes: int = 0,
         log_backups: int = 0,
+        pass_fds: Sequence[int] = (),
     ) -> None:
         self.argv = list(argv)
+        self.pass_fds = tuple(pass_fds)  # descriptors it inherits (a front worker's socket)
         self.log_max_bytes = log_max_bytes  # rotate the log on start beyond this (0: never)
         self.log_backups = log_backups
         self.stdout_pipe = stdout_pipe  # stdout to the caller (a protocol), stderr to the log
@@ -172,6 +174,7 @@ class ChildProcess:
                 stderr=log if self.stdout_pipe else asyncio.subprocess.STDOUT,
                 env=self.env,
                 start_new_session=True,
+                pass_fds=self.pass_fds,
                 preexec_fn=_die_with_parent if sys.platform == "linux" else None,
             )
         self._log_moved = 0

@@ -26,6 +26,7 @@ RESTART_REQUIRED: tuple[str, ...] = (
     "files_max_total_bytes_per_owner", "batch_max_requests", "batches_max_open_per_owner",
     "max_header_bytes", "max_header_count", "header_read_timeout_s",
     "body_read_timeout_s", "client_keep_alive_s", "database_url", "shared_dir",
+    "workers",  # the front processes are started once, with the port
     "front_sync_interval_s", "single_process", "devices", "limits_refresh_s",
     "usage_flush_interval_s", "usage_metric_owners", "usage_metric_top_owners",
     "simulate_gpus", "engine_devices", "node_address", "cluster",

@@ -31,6 +31,7 @@ from modelyard.config import ArchiveRetention
 from modelyard.errors import Conflict, Forbidden, InvalidRequest, Unauthorized
 from modelyard.front.identity import accounts, tokens
 from modelyard.front.identity.auth import Auth, cookie_header, login_session_of
+from modelyard.front.identity.login_throttle import LoginThrottle
 from modelyard.front.identity.principal import Principal, principal_of
 from modelyard.front.state import read_json_object, state_of, validate
 
@@ -67,15 +68,26 @@ async def _start_login_session(request: Request, auth: Auth, user: accounts.User
                  {"Set-Cookie": cookie})
 
 
+async def _throttle(throttle: LoginThrottle, user: str, address: str | None, *,
+                    succeeded: bool = False) -> None:
+    """A step of the login throttle: inline when it is in memory, else off the loop (the
+    database's, under `serve --workers N`: front/identity/login_throttle_db.py)."""
+    step = throttle.succeeded if succeeded else throttle.attempt
+    if throttle.blocking:
+        await asyncio.to_thread(step, user, address)
+    else:
+        step(user, address)
+
+
 async def login(request: Request) -> Response:
     auth = _auth(request)
     req = validate(Login, await read_json_object(request))
     address = request.client.host if request.client else None
-    auth.logins.attempt(req.username, address)  # 429 while this user or address is blocked
+    await _throttle(auth.logins, req.username, address)  # 429 while blocked
     user = await asyncio.to_thread(accounts.verify_password, auth.db, req.username, req.password)
     if user is None:
         raise Unauthorized("wrong user name or password")
-    auth.logins.succeeded(req.username, address)
+    await _throttle(auth.logins, req.username, address, succeeded=True)
     return await _start_login_session(request, auth, user)
 
 

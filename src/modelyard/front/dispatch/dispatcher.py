@@ -245,7 +245,13 @@ class Dispatcher:
             spec.max_concurrency if spec else None
         ) or settings.max_concurrency
         max_queue = entry.spec.max_queue
-        return Limits(concurrency, settings.max_queue if max_queue is None else max_queue)
+        queue = settings.max_queue if max_queue is None else max_queue
+        if settings.worker_count > 1:
+            # One of several workers: the engine's queue is the model's queue for all of them
+            # (it sees every lease: engine/loop.py `_wait_slot` holds `max_queue` there), so
+            # this worker sends on whatever could run or wait there, and refuses the rest.
+            return Limits(concurrency + queue, 0)
+        return Limits(concurrency, queue)
 
     async def engine_statuses(self) -> list[EngineReport]:
         """Every engine's /status, named; an engine that does not answer says why."""

@@ -62,6 +62,9 @@ class HttpEngineClient:
         self.process_log = process_log
         self._session: aiohttp.ClientSession | None = None
         self._leases: LeaseClient | None = None
+        # Where it answers while attached ("", 0: detached); a `serve --workers N` supervisor
+        # tells its workers (front/engines/shared.py).
+        self.address: tuple[str, int] = ("", 0)
         # False from a health probe (or a report) it did not answer in time until one it does:
         # calls then fail fast with 503 instead of hanging on a wedged engine.
         self._answering = True
@@ -117,6 +120,7 @@ class HttpEngineClient:
         # The catalog first, while it is not up yet: no request reaches it with an older one.
         await self._push_catalog(session)
         self._leases, self._session = leases, session
+        self.address = (base_url, lease_port)
 
     async def _push_catalog(self, session: aiohttp.ClientSession) -> None:
         snapshot = self.catalog.current if self.catalog is not None else None
@@ -153,6 +157,7 @@ class HttpEngineClient:
         """The engine went away; requests get 503 engine_unavailable until it is back."""
         session, self._session = self._session, None
         leases, self._leases = self._leases, None
+        self.address = ("", 0)
         if leases is not None:
             await leases.close()
         if session is not None:

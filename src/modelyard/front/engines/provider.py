@@ -49,7 +49,8 @@ if TYPE_CHECKING:
     from modelyard.engine.loop import Engine
     from modelyard.engine.session_slots import SessionSlots
 
-__all__ = ["ChildProcess", "InProcessEngines", "LocalEngineClient", "LocalEngines", "count_gpus"]
+__all__ = ["ChildProcess", "FileLog", "InProcessEngines", "LocalEngineClient", "LocalEngines",
+           "count_gpus"]
 
 log = logging.getLogger("modelyard.front.engines.client")
 
@@ -258,8 +259,12 @@ class LocalEngines(_Published):
     """One supervised engine process per GPU (front/engines/supervisor.py), on this machine."""
 
     def __init__(self, settings: Settings, *, config_file: Path | None = None,
-                 gpu_count: int | None = None, catalog: CatalogFeed | None = None) -> None:
+                 gpu_count: int | None = None, catalog: CatalogFeed | None = None,
+                 secret: str | None = None) -> None:
         super().__init__(count_gpus(settings) if gpu_count is None else gpu_count)
+        # One secret for every engine (a `serve --workers N`'s, front/engines/shared.py);
+        # None: a fresh one each start.
+        self.secret = secret
         self.settings = settings
         self.config_file = config_file
         self.catalog = catalog  # what its clients push to their engine on each attach
@@ -281,7 +286,7 @@ class LocalEngines(_Published):
             catalog=self.catalog,
         )
         supervisor = EngineSupervisor(self.settings, plan, client, config_file=self.config_file,
-                                      on_change=self._publish)
+                                      on_change=self._publish, secret=self.secret)
         try:
             await supervisor.start()
         except BaseException:

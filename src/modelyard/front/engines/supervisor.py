@@ -117,6 +117,8 @@ class EngineSupervisor:
         env["MODELYARD_HOME"] = str(self.settings.home)
         if self.settings.simulate_gpus:
             env["MODELYARD_SIMULATE_GPUS"] = self.settings.simulate_gpus
+        # Under `serve --workers N` the engine holds `max_queue` for every worker (loop.py).
+        env["MODELYARD_WORKERS"] = str(self.settings.workers)
         env.update(self.settings.engine_specs.get(self.plan.index, _NO_SPEC).env)
         return env
 

@@ -68,6 +68,7 @@ from modelyard.errors import (
 from modelyard.front.identity import accounts, tokens
 from modelyard.front.identity.cors import is_default_origin
 from modelyard.front.identity.login_throttle import LoginThrottle
+from modelyard.front.identity.login_throttle_db import SharedLoginThrottle
 from modelyard.front.identity.principal import (
     ANONYMOUS_ADMIN,
     ANONYMOUS_INFERENCE,
@@ -197,7 +198,10 @@ class Auth:
         self.db = database
         self.cookies = URLSafeTimedSerializer(secret_key, salt="modelyard-session")
         self._tokens: dict[str, tuple[float, tokens.Token | None]] = {}
-        self.logins = LoginThrottle()
+        # Several worker processes count failed logins together, in the database: else each
+        # would allow its own share of guesses (login_throttle_db.py).
+        self.logins = (SharedLoginThrottle(database) if settings.worker_count > 1
+                       else LoginThrottle())
         # A key of its own for pseudonyms, derived from the cookie key (never the key itself).
         self._pseudonym_key = hmac.new(secret_key.encode(), b"modelyard user pseudonym",
                                        hashlib.sha256).digest()

@@ -44,6 +44,8 @@ class _Streak:
 
 
 class LoginThrottle:
+    blocking = False  # in memory: called on the event loop (the check and charge are atomic)
+
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self._streaks: dict[tuple[str, str], _Streak] = {}
