@@ -39,6 +39,7 @@ from modelyard.wire.lease import (
     PROTOCOL_OVERRIDE_ENV,
     Acquire,
     Cancel,
+    CoalescedWriter,
     FrameError,
     FrontFrame,
     Granted,
@@ -67,6 +68,7 @@ class _Connection:
     def __init__(self, engine: Engine, writer: asyncio.StreamWriter) -> None:
         self.engine = engine
         self.writer = writer
+        self.out = CoalescedWriter(writer)  # grants, refusals, progress: one write per loop turn
         self.held: set[str] = set()
         self.pending: dict[int, asyncio.Task[None]] = {}
         self.pushing: asyncio.Task[None] | None = None
@@ -87,7 +89,7 @@ class _Connection:
 
     def _send(self, frame: Pong | Progress | Granted | Refused | State) -> None:
         if not self.writer.is_closing():
-            self.writer.write(frame.encode())
+            self.out.write(frame.encode())
 
     async def _grant(
         self, request_id: int, model: str, keep_alive_s: float | None, progress: bool

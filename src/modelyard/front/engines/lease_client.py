@@ -27,6 +27,7 @@ from modelyard.wire.lease import (
     PROTOCOL,
     Acquire,
     Cancel,
+    CoalescedWriter,
     FrameError,
     Granted,
     Hello,
@@ -64,6 +65,7 @@ class LeaseClient:
     ) -> None:
         self._reader = reader
         self._writer = writer
+        self._out = CoalescedWriter(writer)  # acquires and releases, one write per loop turn
         self._name = name
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[Granted | Refused]] = {}
@@ -125,7 +127,7 @@ class LeaseClient:
     def _send(self, frame: Acquire | Release | Cancel | Ping) -> None:
         if self._closed:
             raise LeaseChannelClosed("lease channel closed")
-        self._writer.write(frame.encode())
+        self._out.write(frame.encode())
 
     async def acquire(
         self,
