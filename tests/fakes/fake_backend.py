@@ -211,6 +211,12 @@ def rates(prefix: str, n: int, ms: float) -> dict[str, Any]:
     return {f"{prefix}_{k}": v for k, v in values.items()}
 
 
+def not_supported(what: str, flag: str) -> JSONResponse:
+    """llama-server's 501 for a route its command line did not turn on."""
+    return error(501, f"This server does not support {what}. Start it with `{flag}`",
+                 "not_supported_error")
+
+
 def body_message(data: bytes, more: bool) -> Message:
     return {"type": "http.response.body", "body": data, "more_body": more}
 
@@ -315,6 +321,9 @@ class Fake:
         n_slots = max(1, opts.parallel or 1)
         self.slots: list[list[str]] = [[] for _ in range(n_slots)]  # each slot's cached tokens
         self.slot_used: list[float] = [0.0] * n_slots
+
+    def remember(self, body: Any) -> None:
+        self.received = [*self.received[-63:], body]
 
     def use_slot(self, body: dict[str, Any], plan: Plan) -> None:
         """Serve `plan` from a slot: count the cached prefix, then cache prompt + answer."""
@@ -685,6 +694,12 @@ def reasoning_for(body: dict[str, Any]) -> str | None:
 def build_app(fake: Fake) -> Any:
     loading = error(503, "Loading model", "unavailable_error")
 
+    async def recorded(request: Request) -> Any:
+        """The request's JSON body, kept for GET /requests."""
+        body = json.loads(await request.body())
+        fake.remember(body)
+        return body
+
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
@@ -719,7 +734,7 @@ def build_app(fake: Fake) -> Any:
             body = json.loads(await request.body())
         except ValueError as exc:
             return error(400, f"[json.exception.parse_error.101] parse error: {exc}")
-        fake.received = [*fake.received[-63:], body]
+        fake.remember(body)
         infill = request.url.path == "/infill"
         if infill and fake.opts.no_fim:  # a model without FIM tokens, as the demo's
             return error(501, "Infill is not supported by this model: prefix token is missing. ",
@@ -744,15 +759,13 @@ def build_app(fake: Fake) -> Any:
         return Generation(fake, plan)
 
     async def template(request: Request) -> Response:  # the chat template, applied
-        body = json.loads(await request.body())
-        fake.received = [*fake.received[-63:], body]
+        body = await recorded(request)
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             return error(400, "'messages' is required")
         return JSONResponse({"prompt": apply_template(body["messages"])})
 
     async def tokenize(request: Request) -> Response:  # text → ids, the template's marks too
-        body = json.loads(await request.body())
-        fake.received = [*fake.received[-63:], body]
+        body = await recorded(request)
         if not isinstance(body, dict) or not isinstance(body.get("content"), str):
             return error(400, "'content' is required")
         ids = [word_id(w) for w in body["content"].split()]
@@ -760,10 +773,8 @@ def build_app(fake: Fake) -> Any:
 
     async def rerank(request: Request) -> Response:
         if not fake.opts.reranking:
-            return error(501, "This server does not support reranking. Start it with "
-                         "`--reranking`", "not_supported_error")
-        body = json.loads(await request.body())
-        fake.received = [*fake.received[-63:], body]
+            return not_supported("reranking", "--reranking")
+        body = await recorded(request)
         words = set(str(body["query"]).lower().split())
         docs = [str(d) for d in body["documents"]]
         results = [{"index": i, "relevance_score": float(len(words & set(d.lower().split())) - 1)}
@@ -775,10 +786,8 @@ def build_app(fake: Fake) -> Any:
 
     async def embeddings(request: Request) -> Response:
         if not fake.opts.embeddings:
-            return error(501, "This server does not support embeddings. Start it with "
-                         "`--embeddings`", "not_supported_error")
-        body = json.loads(await request.body())
-        fake.received = [*fake.received[-63:], body]
+            return not_supported("embeddings", "--embeddings")
+        body = await recorded(request)
         inputs = embedding_inputs(body.get("input") if isinstance(body, dict) else None)
         if inputs is None:
             return error(400, "\"input\" must be a string or a list of strings or tokens")
