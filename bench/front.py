@@ -13,7 +13,8 @@ Targets, all on loopback, one driven at a time, interleaved in rounds so load dr
   requests-per-minute limit on that token (too high to refuse anything, but counted), usage and
   activity (always on: every request ends as a record both read).
 
-Workloads at `--concurrency` (16): a 1-token chat, an embedding and a `--stream-tokens` (64)
+The bench's client is aiohttp (httpx would be slower than the floor). Workloads at
+`--concurrency` (16): a 1-token chat, an embedding and a `--stream-tokens` (64)
 stream; then `--paced-streams` (64) streams at once, paced by the fake's `--tokens-per-s`, for
 the relay's CPU per streamed chunk; then requests/s at saturation for modelyard with 1 and 2
 workers (`serve --workers N`, where this modelyard has it). The CPU of a target is read from
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import math
 import os
 import platform
 import shutil
@@ -39,11 +41,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 import orjson
 import psutil
@@ -51,28 +54,27 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.proxy import (
-    CHAT_PATH,
     HOST,
     MESSAGES,
     RESULTS_DIR,
     ROOT,
     Drive,
     Proc,
+    RequestFailed,
     Samples,
     Target,
     busy_warning,
     fmt,
+    has_content,
     interleaved,
     is_200,
     is_healthy,
     loadavg,
     md_table,
     pool,
-    request,
     spawn_serve,
     step,
     stop_all,
-    stream_request,
     summarize,
     wait_until,
     write_json,
@@ -95,19 +97,19 @@ WORKLOADS = {"chat": "1-token chat", "embedding": "embedding", "stream": "stream
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--concurrency", type=int, default=16)
-    p.add_argument("--chats", type=int, default=1200, help="1-token chats per target")
-    p.add_argument("--embeddings", type=int, default=1200, help="embeddings per target")
-    p.add_argument("--streams", type=int, default=320, help="streams per target")
+    p.add_argument("--chats", type=int, default=2000, help="1-token chats per target")
+    p.add_argument("--embeddings", type=int, default=2000, help="embeddings per target")
+    p.add_argument("--streams", type=int, default=600, help="streams per target")
     p.add_argument("--stream-tokens", type=int, default=64)
     p.add_argument("--batch", type=int, default=80,
                    help="requests per target per interleaved round")
     p.add_argument("--paced-streams", type=int, default=64,
                    help="streams at once for the CPU per chunk (0: skip)")
-    p.add_argument("--paced-rounds", type=int, default=3,
+    p.add_argument("--paced-rounds", type=int, default=4,
                    help="rounds of --paced-streams streams per target")
     p.add_argument("--tokens-per-s", type=float, default=32.0,
                    help="each paced stream's rate (the fake's --tokens-per-s)")
-    p.add_argument("--saturation-requests", type=int, default=1000,
+    p.add_argument("--saturation-requests", type=int, default=2000,
                    help="1-token chats per target at --saturation-concurrency (0: skip)")
     p.add_argument("--saturation-concurrency", type=int, default=64)
     p.add_argument("--warmup", type=int, default=32, help="unmeasured requests per target")
@@ -133,7 +135,7 @@ class Front(Target):
     headers: dict[str, str] = field(default_factory=dict)
     others: list[Proc] = field(default_factory=list)  # its other processes (stopped with it)
     roles: dict[str, list[psutil.Process]] = field(default_factory=dict)
-    client: httpx.AsyncClient | None = None
+    session: aiohttp.ClientSession | None = None  # the bench's client to it
 
     def cpu_s(self) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -147,10 +149,17 @@ class Front(Target):
                 out[role] += t.user + t.system
         return out
 
-    @property
-    def http(self) -> httpx.AsyncClient:
-        assert self.client is not None, "measure() opens the clients"
-        return self.client
+    def open(self, width: int) -> None:
+        # Idle connections go after 2 s: the servers close theirs after 5 (uvicorn's default,
+        # client_keep_alive_s), and a round of the other targets can take longer than that:
+        # reusing one the server closed meanwhile fails the request.
+        self.session = aiohttp.ClientSession(
+            headers=self.headers, timeout=aiohttp.ClientTimeout(total=120.0),
+            connector=aiohttp.TCPConnector(limit=width, keepalive_timeout=2.0))
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.session.close()
 
     def paced(self) -> Front:
         return dataclasses.replace(self, url=self.paced_url)
@@ -273,19 +282,73 @@ def chat_payload(model: str = MODEL, *, max_tokens: int = 1, stream: bool = Fals
 EMBED_PAYLOAD = orjson.dumps({"model": MODEL, "input": MESSAGES[0]["content"]})
 
 
+# aiohttp, not httpx, drives the targets: at concurrency 16 one httpx client tops out near 200
+# requests a second on this machine (aiohttp: 1,300), at 64 below 100, so the client, not the
+# target, would set the pace (and the saturation figures).
+JSON = {"content-type": "application/json"}
+CHAT_PATH = "/v1/chat/completions"
+Send = Callable[[aiohttp.ClientSession, str, bytes, Samples], Awaitable[None]]
+
+
+async def send(session: aiohttp.ClientSession, url: str, payload: bytes, s: Samples) -> None:
+    """One request; its latency, or its failure, in `s`."""
+    start = time.perf_counter()
+    try:
+        async with session.post(url, data=payload, headers=JSON) as r:
+            body = await r.read()
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        s.failed(RequestFailed(f"{url}: {type(exc).__name__}: {exc}"))
+        return
+    if r.status != 200:
+        s.failed(RequestFailed(f"{url}: HTTP {r.status}: {body[:300]!r}"))
+        return
+    s.latencies_s.append(time.perf_counter() - start)
+
+
+async def send_stream(
+    session: aiohttp.ClientSession, url: str, payload: bytes, s: Samples
+) -> None:
+    """One SSE request; to its first content chunk, to its end and its chunks (every `data:`
+    event but [DONE]: what the relay passed on) in `s`."""
+    start, ttft, chunks = time.perf_counter(), math.nan, 0
+    try:
+        async with session.post(url, data=payload, headers=JSON) as r:
+            if r.status != 200:
+                raise RequestFailed(f"{url}: HTTP {r.status}: {(await r.read())[:300]!r}")
+            async for raw in r.content:
+                line = raw.decode().rstrip()
+                if line.startswith("data:") and not line.endswith("[DONE]"):
+                    chunks += 1
+                    if math.isnan(ttft) and has_content(line):
+                        ttft = time.perf_counter() - start
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        s.failed(RequestFailed(f"{url}: {type(exc).__name__}: {exc}"), stream=True)
+        return
+    except RequestFailed as exc:
+        s.failed(exc, stream=True)
+        return
+    if math.isnan(ttft):
+        s.failed(RequestFailed(f"{url}: the stream ended without content"), stream=True)
+        return
+    s.latencies_s.append(time.perf_counter() - start)
+    s.ttft_s.append(ttft)
+    s.chunks.append(chunks)
+
+
 def requests_of(payload: bytes, concurrency: int, path: str = CHAT_PATH) -> Drive:
-    """A round of `size` requests at `concurrency` (each front with its own client)."""
-    async def drive(target: Target, s: Samples, size: int) -> None:
-        assert isinstance(target, Front)
-        await pool(size, concurrency,
-                   lambda: request(target.http, target, payload, s, path))
-    return drive
+    """A round of `size` requests at `concurrency`."""
+    return sent_by(send, payload, concurrency, path)
 
 
 def streams_of(payload: bytes, concurrency: int) -> Drive:
+    return sent_by(send_stream, payload, concurrency, CHAT_PATH)
+
+
+def sent_by(how: Send, payload: bytes, concurrency: int, path: str) -> Drive:
     async def drive(target: Target, s: Samples, size: int) -> None:
-        assert isinstance(target, Front)
-        await pool(size, concurrency, lambda: stream_request(target.http, target, payload, s))
+        assert isinstance(target, Front) and target.session is not None
+        session, url = target.session, target.url + path
+        await pool(size, concurrency, lambda: how(session, url, payload, s))
     return drive
 
 
@@ -353,7 +416,7 @@ async def saturation(
         targets.append(two)
     try:
         if two is not None:
-            two.client = client
+            two.open(args.saturation_concurrency)
             await warm_up([two], args)
         c = args.saturation_concurrency
         step(f"saturation, concurrency {c}: {args.saturation_requests} x {len(targets)}")
@@ -361,6 +424,7 @@ async def saturation(
                                  requests_of(chat_payload(), c))
     finally:
         if two is not None:
+            await two.close()
             two.stop()
     return {name: summarize(s) for name, s in runs.items()}
 
@@ -486,9 +550,8 @@ def render(results: dict[str, Any]) -> str:
 
 async def measure(workdir: Path, args: argparse.Namespace, results: dict[str, Any]) -> None:
     width = max(args.concurrency, args.paced_streams, args.saturation_concurrency)
-    limits = httpx.Limits(max_connections=width, max_keepalive_connections=width,
-                          keepalive_expiry=3.0)
-    async with httpx.AsyncClient(timeout=120.0, limits=limits, trust_env=False) as setup:
+    # httpx for the set-up only (health polls, the token): aiohttp drives the workloads
+    async with httpx.AsyncClient(timeout=120.0, trust_env=False) as setup:
         step("starting the targets")
         fronts = [await start_floor(setup, workdir, args),
                   await start_modelyard(setup, workdir, args, "modelyard")]
@@ -497,18 +560,16 @@ async def measure(workdir: Path, args: argparse.Namespace, results: dict[str, An
                                                 features=True))
         try:
             for front in fronts:
-                front.client = httpx.AsyncClient(timeout=120.0, limits=limits, trust_env=False,
-                                                 headers=front.headers)
+                front.open(width)
             step("warming up")
             await warm_up(fronts, args)
             results["workloads"] = await workloads(fronts, args)
             if args.saturation_requests > 0:
                 results["saturation"] = await saturation(
-                    fronts[1].http, fronts, workdir, args, results["workers_supported"])
+                    setup, fronts, workdir, args, results["workers_supported"])
         finally:
             for front in fronts:
-                if front.client is not None:
-                    await front.client.aclose()
+                await front.close()
                 front.stop()
 
 

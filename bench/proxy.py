@@ -429,16 +429,13 @@ def chat_payload(*, max_tokens: int, stream: bool = False) -> bytes:
 
 
 HEADERS = {"content-type": "application/json"}
-CHAT_PATH = "/v1/chat/completions"
 
 
-async def one_shot(
-    client: httpx.AsyncClient, url: str, payload: bytes, path: str = CHAT_PATH
-) -> float:
+async def one_shot(client: httpx.AsyncClient, url: str, payload: bytes) -> float:
     """One non-streaming request; its latency in seconds."""
     start = time.perf_counter()
     try:
-        r = await client.post(url + path, content=payload, headers=HEADERS)
+        r = await client.post(url + "/v1/chat/completions", content=payload, headers=HEADERS)
     except httpx.HTTPError as exc:
         raise RequestFailed(f"{url}: {type(exc).__name__}: {exc}") from exc
     elapsed = time.perf_counter() - start
@@ -515,11 +512,9 @@ class Samples:
             self.ttft_s.append(math.nan)
 
 
-async def request(
-    client: httpx.AsyncClient, target: Target, payload: bytes, s: Samples, path: str = CHAT_PATH
-) -> None:
+async def request(client: httpx.AsyncClient, target: Target, payload: bytes, s: Samples) -> None:
     try:
-        s.latencies_s.append(await one_shot(client, target.url, payload, path))
+        s.latencies_s.append(await one_shot(client, target.url, payload))
     except RequestFailed as exc:
         s.failed(exc)
 
@@ -548,10 +543,10 @@ async def timed(s: Samples, target: Target, work: Awaitable[None]) -> None:
 
 async def burst(
     client: httpx.AsyncClient, target: Target, payload: bytes, n: int, concurrency: int,
-    s: Samples, path: str = CHAT_PATH,
+    s: Samples,
 ) -> None:
     """`n` requests from `concurrency` workers."""
-    await pool(n, concurrency, lambda: request(client, target, payload, s, path))
+    await pool(n, concurrency, lambda: request(client, target, payload, s))
 
 
 async def pool(n: int, concurrency: int, job: Callable[[], Awaitable[None]]) -> None:
