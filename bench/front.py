@@ -97,19 +97,19 @@ WORKLOADS = {"chat": "1-token chat", "embedding": "embedding", "stream": "stream
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--concurrency", type=int, default=16)
-    p.add_argument("--chats", type=int, default=2000, help="1-token chats per target")
-    p.add_argument("--embeddings", type=int, default=2000, help="embeddings per target")
-    p.add_argument("--streams", type=int, default=600, help="streams per target")
+    p.add_argument("--chats", type=int, default=3000, help="1-token chats per target")
+    p.add_argument("--embeddings", type=int, default=3000, help="embeddings per target")
+    p.add_argument("--streams", type=int, default=800, help="streams per target")
     p.add_argument("--stream-tokens", type=int, default=64)
     p.add_argument("--batch", type=int, default=80,
                    help="requests per target per interleaved round")
     p.add_argument("--paced-streams", type=int, default=64,
                    help="streams at once for the CPU per chunk (0: skip)")
-    p.add_argument("--paced-rounds", type=int, default=4,
+    p.add_argument("--paced-rounds", type=int, default=5,
                    help="rounds of --paced-streams streams per target")
     p.add_argument("--tokens-per-s", type=float, default=32.0,
                    help="each paced stream's rate (the fake's --tokens-per-s)")
-    p.add_argument("--saturation-requests", type=int, default=2000,
+    p.add_argument("--saturation-requests", type=int, default=3000,
                    help="1-token chats per target at --saturation-concurrency (0: skip)")
     p.add_argument("--saturation-concurrency", type=int, default=64)
     p.add_argument("--warmup", type=int, default=32, help="unmeasured requests per target")
