@@ -9,7 +9,7 @@ TORCH_VERSION := 2.13.0
 TORCH_BUILD   := $(shell $(PYTHON) scripts/detect_accel.py --torch-variant)
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)$(if $(filter cuda,$(TORCH_BUILD)),-cuda)
 
-.PHONY: run install llama-server demo-model demo-safetensors chromium postgres test test-unit test-integration test-e2e test-cluster check soak fuzz bench-proxy bench-sched bench-batch bench-session bench-swap bench-load bench-spec bench-cluster bench-batches gpu-kit gpu-check gpu-check-dry clean
+.PHONY: run install llama-server demo-model demo-safetensors chromium postgres test test-unit test-integration test-e2e test-cluster check soak fuzz bench-proxy bench-front bench-sched bench-batch bench-session bench-swap bench-load bench-spec bench-cluster bench-batches gpu-kit gpu-check gpu-check-dry clean
 
 install: $(STAMP)
 
@@ -95,6 +95,12 @@ check: install
 
 bench-proxy: install llama-server demo-model
 	$(BIN)/python bench/proxy.py
+
+# The front's own CPU per request (1-token chat, embedding, 64-token stream at c=16) and per
+# streamed chunk, against the floor relay in the same run (fake backend: no model competes for
+# the cores), with default features and with auth + a limit; requests/s with 1 and 2 workers.
+bench-front: install
+	$(BIN)/python bench/front.py
 
 # Turn-10 time to first token of an agent with a chat session vs resending its history.
 bench-session: install llama-server demo-model demo-safetensors

@@ -310,12 +310,17 @@ def modelyard_home(inputs: Inputs, single_process: bool) -> Path:
 
 
 def spawn_modelyard(inputs: Inputs, home: Path, tag: str = "modelyard") -> tuple[Proc, str]:
+    return spawn_serve(inputs.workdir, home, tag)
+
+
+def spawn_serve(workdir: Path, home: Path, tag: str, *options: str) -> tuple[Proc, str]:
+    """`modelyard serve` of `home`'s config.yaml on a free loopback port, logging to workdir."""
     port = free_port()
     env = {**os.environ, "MODELYARD_HOME": str(home), "PYTHONUNBUFFERED": "1"}
     env.pop("MODELYARD_CONFIG", None)
     argv = [sys.executable, "-m", "modelyard", "serve", "--port", str(port),
-            "--config", str(home / "config.yaml")]
-    return Proc(tag, argv, inputs.workdir / f"{tag}.log", env), f"http://{HOST}:{port}"
+            "--config", str(home / "config.yaml"), *options]
+    return Proc(tag, argv, workdir / f"{tag}.log", env), f"http://{HOST}:{port}"
 
 
 async def wait_until(
@@ -541,13 +546,18 @@ async def burst(
     s: Samples,
 ) -> None:
     """`n` requests from `concurrency` workers."""
+    await pool(n, concurrency, lambda: request(client, target, payload, s))
+
+
+async def pool(n: int, concurrency: int, job: Callable[[], Awaitable[None]]) -> None:
+    """`job` run `n` times by `concurrency` workers."""
     remaining = n
 
     async def worker() -> None:
         nonlocal remaining
         while remaining > 0:
             remaining -= 1
-            await request(client, target, payload, s)
+            await job()
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
 
@@ -581,12 +591,25 @@ async def serial_1tok(
 async def concurrent_1tok(
     client: httpx.AsyncClient, targets: Sequence[Target], n: int, concurrency: int, batch: int
 ) -> dict[str, Samples]:
-    payload, out = chat_payload(max_tokens=1), {t.name: Samples() for t in targets}
+    payload = chat_payload(max_tokens=1)
+    return await interleaved(targets, n, batch, lambda target, s, size: burst(
+        client, target, payload, size, concurrency, s))
+
+
+Drive = Callable[[Target, Samples, int], Awaitable[None]]
+
+
+async def interleaved(
+    targets: Sequence[Target], n: int, batch: int, drive: Drive
+) -> dict[str, Samples]:
+    """`n` requests per target in rounds of `batch`: `drive(target, samples, size)` sends one
+    round, timed with the target's CPU; round i drives the targets in an order rotated by i."""
+    out = {t.name: Samples() for t in targets}
     sizes = [min(batch, n - done) for done in range(0, n, batch)]
     for i, size in enumerate(sizes):
         for target in rotated(targets, i):
             s = out[target.name]
-            await timed(s, target, burst(client, target, payload, size, concurrency, s))
+            await timed(s, target, drive(target, s, size))
     return out
 
 
@@ -1002,9 +1025,9 @@ def json_safe(value: Any) -> Any:
     return value
 
 
-def write_json(results: dict[str, Any], stamp: str) -> Path:
+def write_json(results: dict[str, Any], stamp: str, bench: str = "proxy") -> Path:
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    path = RESULTS_DIR / f"proxy-{stamp}.json"
+    path = RESULTS_DIR / f"{bench}-{stamp}.json"
     path.write_text(json.dumps(json_safe(results), indent=1, default=str))
     return path
 

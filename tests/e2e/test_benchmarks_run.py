@@ -75,6 +75,15 @@ BENCHES = [
         needs=("llama-server", "demo-model"),
     ),
     Bench(
+        "bench-front", ("--chats", "32", "--embeddings", "32", "--streams", "8", "--batch", "16",
+                        "--paced-streams", "8", "--paced-rounds", "1", "--saturation-requests",
+                        "32", "--saturation-concurrency", "8", "--warmup", "2"),
+        (r"^\| 1-token chat\s+\|\s+modelyard \|( +[\d.]+ \|){5} +[\d.]+x \| +0 \|$",
+         r"^\| modelyard-features \| +8 \| +\d+ \|( +[\d.]+ \|){3} +[\d.]+x \| +0 \|$",
+         r"^\| modelyard +\| +2 \| (n/a \(no --workers\)|[\d.]+) \|",
+         r"^- modelyard, embedding: CPU per request [\d.]+x the floor's .* → (met|NOT MET)$"),
+    ),
+    Bench(
         "bench-swap", ("--repeats", "1"),
         (r"^\| transformers \| \d+ ms \| \d+ ms \| \*\*[\d.]+\*\* \|",
          r"^\| gguf \| \d+ ms \| \d+ ms \| \*\*[\d.]+\*\* \|"),

@@ -37,6 +37,12 @@ holds, minus one (a raw logit-like score, negative for no match), and answers in
 shape, `{"results": [{"index", "relevance_score"}], "usage"}`, in reverse document order (so a
 client must sort by score itself).
 
+Embeddings (`--embeddings`, llama-server's flag; without it `/v1/embeddings` is llama-server's
+501): `POST /v1/embeddings` `{"input": str | [str] | [int] | [[int]], "encoding_format"}` answers
+OpenAI's shape, one unit vector of `EMBEDDING_DIM` floats per input (see `embedding`: words that
+share a bucket point the same way), base64 of little-endian float32 with
+`"encoding_format": "base64"`; `usage` counts the inputs' words (token ids: one each).
+
 Fill in the middle: `POST /infill` (`input_prefix`, `input_suffix`, `n_predict`) answers in
 llama-server's own completion shape (`content`, `stop`, `stop_type`, `tokens_predicted`,
 `timings`; streamed as SSE without `[DONE]`); with `--no-fim` (a model without
@@ -65,10 +71,12 @@ import asyncio
 import base64
 import contextlib
 import json
+import math
 import os
 import re
 import signal
 import socket
+import struct
 import sys
 import time
 import uuid
@@ -92,6 +100,7 @@ WORDS = ["The", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", 
 DEFAULT_N_PREDICT = 16  # tokens generated when the request sets no limit; ends with "stop"
 FINGERPRINT = "b0-fake"
 DONE = b"data: [DONE]\n\n"
+EMBEDDING_DIM = 8
 
 
 def token_text(i: int) -> str:
@@ -123,6 +132,32 @@ BOS_ID = 1
 def word_id(word: str) -> int:
     """The fake's token id of a prompt word (ids of generated token i: `i % len(WORDS)`)."""
     return 1000 + zlib.crc32(word.encode()) % 30000
+
+
+def embedding(item: str | list[int]) -> list[float]:
+    """The fake's embedding of one input: its words (or token ids) counted into
+    `EMBEDDING_DIM` buckets by `word_id` (an id: by itself), scaled to unit length."""
+    ids = [word_id(w) for w in item.split()] if isinstance(item, str) else item
+    vector = [0.0] * EMBEDDING_DIM
+    for i in ids:
+        vector[i % EMBEDDING_DIM] += 1.0
+    norm = math.sqrt(sum(x * x for x in vector)) or 1.0
+    return [x / norm for x in vector]
+
+
+def embedding_inputs(value: Any) -> list[str | list[int]] | None:
+    """`input` as llama-server takes it (a string, strings, token ids or lists of them); None
+    for anything else."""
+    if isinstance(value, str) or _token_ids(value):
+        return [value]
+    if isinstance(value, list) and value and all(
+            isinstance(v, str) or _token_ids(v) for v in value):
+        return list(value)
+    return None
+
+
+def _token_ids(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(type(v) is int for v in value)
 
 
 def apply_template(messages: list[Any]) -> str:
@@ -174,6 +209,12 @@ def rates(prefix: str, n: int, ms: float) -> dict[str, Any]:
     ms = max(ms, 1e-3)
     values = {"n": n, "ms": ms, "per_token_ms": ms / max(n, 1), "per_second": 1e3 * n / ms}
     return {f"{prefix}_{k}": v for k, v in values.items()}
+
+
+def not_supported(what: str, flag: str) -> JSONResponse:
+    """llama-server's 501 for a route its command line did not turn on."""
+    return error(501, f"This server does not support {what}. Start it with `{flag}`",
+                 "not_supported_error")
 
 
 def body_message(data: bytes, more: bool) -> Message:
@@ -280,6 +321,9 @@ class Fake:
         n_slots = max(1, opts.parallel or 1)
         self.slots: list[list[str]] = [[] for _ in range(n_slots)]  # each slot's cached tokens
         self.slot_used: list[float] = [0.0] * n_slots
+
+    def remember(self, body: Any) -> None:
+        self.received = [*self.received[-63:], body]
 
     def use_slot(self, body: dict[str, Any], plan: Plan) -> None:
         """Serve `plan` from a slot: count the cached prefix, then cache prompt + answer."""
@@ -650,6 +694,12 @@ def reasoning_for(body: dict[str, Any]) -> str | None:
 def build_app(fake: Fake) -> Any:
     loading = error(503, "Loading model", "unavailable_error")
 
+    async def recorded(request: Request) -> Any:
+        """The request's JSON body, kept for GET /requests."""
+        body = json.loads(await request.body())
+        fake.remember(body)
+        return body
+
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
@@ -684,7 +734,7 @@ def build_app(fake: Fake) -> Any:
             body = json.loads(await request.body())
         except ValueError as exc:
             return error(400, f"[json.exception.parse_error.101] parse error: {exc}")
-        fake.received = [*fake.received[-63:], body]
+        fake.remember(body)
         infill = request.url.path == "/infill"
         if infill and fake.opts.no_fim:  # a model without FIM tokens, as the demo's
             return error(501, "Infill is not supported by this model: prefix token is missing. ",
@@ -709,15 +759,13 @@ def build_app(fake: Fake) -> Any:
         return Generation(fake, plan)
 
     async def template(request: Request) -> Response:  # the chat template, applied
-        body = json.loads(await request.body())
-        fake.received = [*fake.received[-63:], body]
+        body = await recorded(request)
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             return error(400, "'messages' is required")
         return JSONResponse({"prompt": apply_template(body["messages"])})
 
     async def tokenize(request: Request) -> Response:  # text → ids, the template's marks too
-        body = json.loads(await request.body())
-        fake.received = [*fake.received[-63:], body]
+        body = await recorded(request)
         if not isinstance(body, dict) or not isinstance(body.get("content"), str):
             return error(400, "'content' is required")
         ids = [word_id(w) for w in body["content"].split()]
@@ -725,10 +773,8 @@ def build_app(fake: Fake) -> Any:
 
     async def rerank(request: Request) -> Response:
         if not fake.opts.reranking:
-            return error(501, "This server does not support reranking. Start it with "
-                         "`--reranking`", "not_supported_error")
-        body = json.loads(await request.body())
-        fake.received = [*fake.received[-63:], body]
+            return not_supported("reranking", "--reranking")
+        body = await recorded(request)
         words = set(str(body["query"]).lower().split())
         docs = [str(d) for d in body["documents"]]
         results = [{"index": i, "relevance_score": float(len(words & set(d.lower().split())) - 1)}
@@ -737,6 +783,24 @@ def build_app(fake: Fake) -> Any:
         return JSONResponse({"model": fake.opts.alias, "object": "list",
                              "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
                              "results": results[::-1]})
+
+    async def embeddings(request: Request) -> Response:
+        if not fake.opts.embeddings:
+            return not_supported("embeddings", "--embeddings")
+        body = await recorded(request)
+        inputs = embedding_inputs(body.get("input") if isinstance(body, dict) else None)
+        if inputs is None:
+            return error(400, "\"input\" must be a string or a list of strings or tokens")
+        base64_out = body.get("encoding_format") == "base64"
+        data = []
+        for i, item in enumerate(inputs):
+            vector: Any = embedding(item)
+            if base64_out:
+                vector = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+            data.append({"object": "embedding", "index": i, "embedding": vector})
+        tokens = sum(count_words(item) for item in inputs)
+        return JSONResponse({"model": fake.opts.alias, "object": "list", "data": data,
+                             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -752,6 +816,7 @@ def build_app(fake: Fake) -> Any:
              "/infill", "/completion")
     routes += [Route(p, complete, methods=["POST"]) for p in paths]
     routes += [Route(p, rerank, methods=["POST"]) for p in ("/v1/rerank", "/rerank")]
+    routes += [Route(p, embeddings, methods=["POST"]) for p in ("/v1/embeddings", "/embeddings")]
     routes += [Route("/apply-template", template, methods=["POST"]),
                Route("/tokenize", tokenize, methods=["POST"])]
     inner = Starlette(routes=routes, lifespan=lifespan)
@@ -825,6 +890,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--parallel", type=int, default=None, help="slots, also -np")
     p.add_argument("--slot-save-path", default=None)
     p.add_argument("--reranking", "--rerank", action="store_true", help="serve /v1/rerank")
+    p.add_argument("--embeddings", "--embedding", action="store_true",
+                   help="serve /v1/embeddings")
     p.add_argument("--no-fim", action="store_true", help="/infill answers 501 (no FIM tokens)")
     p.add_argument("--ctx-size", type=int, default=None,
                    help="a prompt of more words is refused as llama-server does (also -c)")
