@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 # The routes limits apply to: every generating route (POST).
 LIMITED_PATHS = frozenset({*API_OF_PATH, "/v1/responses"})
 ANONYMOUS = "anonymous"
+# Where RateLimits leaves a limited request's admission for the API layer's request context
+# (front/api/context.py); absent: no limit applied (no database work was done).
+ADMISSION_KEY = "modelyard.admission"
 _FLUSH_S = 0.5
 _PRUNE_S = 300.0
 
@@ -211,6 +214,7 @@ class RateLimits:
         except RateLimited as exc:
             await error_response(scope["path"], exc)(scope, receive, send)
             return
+        scope[ADMISSION_KEY] = admission
         extra = ({} if admission.limit is None else
                  rate_limit_headers(admission.limit, admission.remaining, admission.reset_s))
 
