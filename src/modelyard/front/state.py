@@ -107,7 +107,8 @@ PRIORITY_HEADER = "x-modelyard-priority"
 
 def request_priority(request: Request) -> int:
     """`X-Modelyard-Priority: N` of a request, for its caller (`priority_for`)."""
-    return priority_for(request.headers.get(PRIORITY_HEADER), principal_of(request))
+    raw = request.headers.get(PRIORITY_HEADER)
+    return 0 if raw is None else priority_for(raw, principal_of(request))
 
 
 def priority_for(raw: str | None, principal: Principal) -> int:
