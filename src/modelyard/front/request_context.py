@@ -11,9 +11,9 @@ The model and its upstream route are the parsed call's (front/chat/request.py `C
 the client gave, the context variant it is served as); which engine serves it is the
 dispatcher's decision at lease time (front/dispatch/dispatcher.py), when the queues are known.
 
-Cost: one slotted object per request, filled with what the API layer reads anyway (one header
-lookup each for the priority, the session and the archive); a request that names no session and
-asks for no archive carries two Nones.
+Cost: one slotted object per request, filled with what the API layer reads anyway (its three
+headers in one pass over the ASGI list: front/api/context.py); a request that names no session
+and asks for no archive carries two Nones.
 """
 
 from __future__ import annotations
