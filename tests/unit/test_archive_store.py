@@ -408,44 +408,39 @@ async def test_traversal_through_the_route_is_not_found(
 # ---- what the APIs hand to the archive ----------------------------------------------------------
 
 
-def a_request(store: ArchiveStore, principal: Principal, headers: dict[str, str],
-              settings: Settings | None = None) -> Request:
-    front = SimpleNamespace(archive=store,
-                            catalog=SimpleNamespace(settings=settings or Settings()))
-    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions",
-             "query_string": b"", "app": SimpleNamespace(state=SimpleNamespace(front=front)),
-             "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
-             "modelyard.principal": principal}
-    return Request(scope)
+def plan(store: ArchiveStore, principal: Principal, headers: dict[str, str], *,
+         default_on: bool, body_value: object = None) -> archive_capture.Plan | None:
+    """The plan the API layer puts in a request's context (front/api/context.py) for a request
+    with these `headers` and `archive` field `body_value`."""
+    return archive_capture.plan_for(store, principal, headers.get("X-Modelyard-Archive"),
+                                    default_on=default_on, body_value=body_value)
 
 
 def test_chats_are_archived_only_when_asked(store: ArchiveStore) -> None:
-    plan = archive_capture.plan_for
-    assert plan(a_request(store, ALICE, {}), default_on=False) is None
-    assert plan(a_request(store, ALICE, {"X-Modelyard-Archive": "off"}), default_on=False) is None
-    asked = plan(a_request(store, ALICE, {"X-Modelyard-Archive": "1h"}), default_on=False)
+    assert plan(store, ALICE, {}, default_on=False) is None
+    assert plan(store, ALICE, {"X-Modelyard-Archive": "off"}, default_on=False) is None
+    asked = plan(store, ALICE, {"X-Modelyard-Archive": "1h"}, default_on=False)
     assert asked is not None and (asked.owner, asked.retention) == ("alice", "1h")
-    on = plan(a_request(store, ALICE, {"X-Modelyard-Archive": "on"}), default_on=False)
+    on = plan(store, ALICE, {"X-Modelyard-Archive": "on"}, default_on=False)
     assert on is not None and on.retention == "1w"  # the server's default
-    field = plan(a_request(store, ALICE, {}), default_on=False, body_value=True)
+    field = plan(store, ALICE, {}, default_on=False, body_value=True)
     assert field is not None and field.retention == "1w"
-    field = plan(a_request(store, ALICE, {}), default_on=False, body_value="never")
+    field = plan(store, ALICE, {}, default_on=False, body_value="never")
     assert field is not None and field.retention == "never"
     # The header wins over the body field.
-    assert plan(a_request(store, ALICE, {"X-Modelyard-Archive": "off"}), default_on=False,
+    assert plan(store, ALICE, {"X-Modelyard-Archive": "off"}, default_on=False,
                 body_value="1d") is None
     with_default = Principal("bob", False, frozenset(), "token", archive_retention="1y")
-    token = plan(a_request(store, with_default, {"X-Modelyard-Archive": "yes"}), default_on=False)
+    token = plan(store, with_default, {"X-Modelyard-Archive": "yes"}, default_on=False)
     assert token is not None and token.retention == "1y"
-    anon = plan(a_request(store, ANON, {"X-Modelyard-Archive": "1d"}), default_on=False)
+    anon = plan(store, ANON, {"X-Modelyard-Archive": "1d"}, default_on=False)
     assert anon is not None and anon.owner is None
 
 
 def test_service_outputs_are_archived_unless_off(store: ArchiveStore) -> None:
-    plan = archive_capture.plan_for
-    default = plan(a_request(store, ALICE, {}), default_on=True)
+    default = plan(store, ALICE, {}, default_on=True)
     assert default is not None and default.retention == "1w"
-    assert plan(a_request(store, ALICE, {"X-Modelyard-Archive": "off"}), default_on=True) is None
+    assert plan(store, ALICE, {"X-Modelyard-Archive": "off"}, default_on=True) is None
 
 
 @pytest.mark.parametrize(("header", "field", "param"), [
@@ -456,8 +451,7 @@ def test_a_bad_archive_value_is_400_naming_where(
 ) -> None:
     headers = {"X-Modelyard-Archive": header} if header else {}
     with pytest.raises(InvalidRequest) as err:
-        archive_capture.plan_for(a_request(store, ALICE, headers), default_on=False,
-                                 body_value=field)
+        plan(store, ALICE, headers, default_on=False, body_value=field)
     assert err.value.param == param
 
 

@@ -24,15 +24,15 @@ pytestmark = [pytest.mark.unit, pytest.mark.timeout(10)]
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
 
 
-def _openai(data: dict[str, Any], path: str = CHAT_PATH, priority: int = 0) -> ChatCall:
+def _openai(data: dict[str, Any], path: str = CHAT_PATH) -> ChatCall:
     schema = ChatCompletionRequest if path == CHAT_PATH else CompletionRequest
     body = orjson.dumps(data)
-    return openai_call(path, data, body, schema.model_validate(data), priority=priority)
+    return openai_call(path, data, body, schema.model_validate(data))
 
 
-def _ollama(data: dict[str, Any], priority: int = 0) -> ChatCall:
+def _ollama(data: dict[str, Any]) -> ChatCall:
     req = ChatRequest.model_validate(data)
-    return chat_call(req, keep_alive_s=keep_alive_seconds(req.keep_alive), priority=priority)
+    return chat_call(req, keep_alive_s=keep_alive_seconds(req.keep_alive))
 
 
 def _generate(data: dict[str, Any]) -> ChatCall:
@@ -40,8 +40,8 @@ def _generate(data: dict[str, Any]) -> ChatCall:
     return generate_call(req, keep_alive_s=keep_alive_seconds(req.keep_alive))
 
 
-def _native(data: dict[str, Any], priority: int = 0) -> ChatCall:
-    return native_call(NativeChatRequest.model_validate(data), priority=priority)
+def _native(data: dict[str, Any]) -> ChatCall:
+    return native_call(NativeChatRequest.model_validate(data))
 
 
 def _upstream(call: ChatCall) -> dict[str, Any]:
@@ -54,16 +54,15 @@ def _upstream(call: ChatCall) -> dict[str, Any]:
 @pytest.mark.parametrize("stream", [True, False])
 def test_the_same_chat_is_the_same_call_from_every_api(stream: bool) -> None:
     openai = _openai({"model": "m", "messages": MESSAGES, "stream": stream,
-                      "temperature": 0.5, "max_tokens": 7, "session_id": "s1"}, priority=3)
+                      "temperature": 0.5, "max_tokens": 7, "session_id": "s1"})
     ollama = _ollama({"model": "m", "messages": MESSAGES, "stream": stream,
-                      "options": {"temperature": 0.5, "num_predict": 7}, "session_id": "s1"},
-                     priority=3)
+                      "options": {"temperature": 0.5, "num_predict": 7}, "session_id": "s1"})
     native = _native({"model": "m", "messages": MESSAGES, "stream": stream,
-                      "temperature": 0.5, "max_tokens": 7, "session_id": "s1"}, priority=3)
+                      "temperature": 0.5, "max_tokens": 7, "session_id": "s1"})
     for call in (openai, ollama, native):
         assert (call.model, call.path, call.stream, call.chat, call.progress) == (
             "m", CHAT_PATH, stream, True, True)
-        assert call.priority == 3 and call.archive is None and call.keep_alive_s is None
+        assert call.archive is None and call.keep_alive_s is None
         assert call.own_fields["session_id"] == "s1"  # where the pipeline looks for a session
         assert _upstream(call) == {"model": "m", "messages": MESSAGES, "stream": stream,
                                    "temperature": 0.5, "max_tokens": 7}

@@ -8,19 +8,19 @@ import asyncio
 from typing import Any
 
 import pytest
-from starlette.requests import Request
+from starlette.types import Receive
 
 from modelyard.front.dispatch.dispatcher import unless_disconnected
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(10)]
 
 
-def client_still_there() -> Request:
+def client_still_there() -> Receive:
     async def receive() -> dict[str, Any]:
         await asyncio.Event().wait()  # never disconnects
         return {}
 
-    return Request({"type": "http", "method": "POST", "headers": []}, receive)
+    return receive
 
 
 async def test_a_wait_cancelled_as_its_work_finished_discards_the_result() -> None:

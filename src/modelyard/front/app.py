@@ -53,6 +53,7 @@ from modelyard.front.api import responses as responses_api
 from modelyard.front.api import sessions as sessions_api
 from modelyard.front.api import studio as studio_api
 from modelyard.front.api import usage as usage_api
+from modelyard.front.api.edge import Edge
 from modelyard.front.archive.store import ArchiveStore
 from modelyard.front.batches.files import FileStore
 from modelyard.front.batches.runner import BatchRunner
@@ -64,7 +65,6 @@ from modelyard.front.chat.tools.mcp import McpHub
 from modelyard.front.dispatch.dispatcher import Dispatcher
 from modelyard.front.dispatch.drain import Drain
 from modelyard.front.dispatch.relay import new_upstream_session
-from modelyard.front.edge import Edge
 from modelyard.front.engines.catalog_feed import CatalogFeed
 from modelyard.front.engines.client import EngineClient
 from modelyard.front.engines.provider import ChildProcess, InProcessEngines, LocalEngines
@@ -120,7 +120,7 @@ async def _on_unexpected(request: Request, exc: Exception) -> Response:
 
 
 class FrontApp(Starlette):
-    """The front's Starlette app, with its edge (front/edge.py) as its whole middleware stack;
+    """The front's Starlette app, with its edge (front/api/edge.py) as its whole middleware stack;
     `drain` knows the requests in flight, for a graceful shutdown."""
 
     def __init__(self, settings: Settings, **kwargs: Any) -> None:
@@ -195,7 +195,7 @@ def create_app(
             state.ops.requests.add_sink(activity)  # the activity view's ring and live feed
             state.ops.requests.add_sink(usage.record)
             app.state.front = state
-            # Quotas and rate limits (front/identity/limits.py): the RateLimits middleware
+            # Quotas and rate limits (front/identity/limits.py): the edge's limits step
             # finds it here; it counts finished requests' tokens from the request log.
             limiter = app.state.limits = Limiter(identity.db, settings.limits_refresh_s)
             await limiter.start()

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from modelyard.errors import InvalidRequest
 from modelyard.front.catalog import Catalog
 from modelyard.front.dispatch.dispatcher import Dispatcher
-from modelyard.front.identity.principal import principal_of
+from modelyard.front.identity.principal import Principal, principal_of
 from modelyard.front.ops.request_log import RequestLog
 
 if TYPE_CHECKING:
@@ -102,10 +102,19 @@ PRIORITY_MIN = -1000
 PRIORITY_MAX = 1000
 
 
+PRIORITY_HEADER = "x-modelyard-priority"
+
+
 def request_priority(request: Request) -> int:
-    """`X-Modelyard-Priority: N`: higher is admitted first from a model's queue; clamped to
-    [PRIORITY_MIN, 0], or [PRIORITY_MIN, PRIORITY_MAX] for a caller with the admin scope."""
-    raw = request.headers.get("x-modelyard-priority")
+    """`X-Modelyard-Priority: N` of a request, for its caller (`priority_for`)."""
+    raw = request.headers.get(PRIORITY_HEADER)
+    return 0 if raw is None else priority_for(raw, principal_of(request))
+
+
+def priority_for(raw: str | None, principal: Principal) -> int:
+    """`X-Modelyard-Priority: N` (`raw`; None: not sent): higher is admitted first from a
+    model's queue; clamped to [PRIORITY_MIN, 0], or [PRIORITY_MIN, PRIORITY_MAX] for a caller
+    with the admin scope."""
     if raw is None:
         return 0
     try:
@@ -114,7 +123,7 @@ def request_priority(request: Request) -> int:
         raise InvalidRequest(
             f"X-Modelyard-Priority must be an integer, not {raw!r}", param="priority"
         ) from None
-    highest = PRIORITY_MAX if principal_of(request).can("admin") else 0
+    highest = PRIORITY_MAX if principal.can("admin") else 0
     return max(PRIORITY_MIN, min(highest, wished))
 
 

@@ -26,6 +26,7 @@ from starlette.routing import Route
 
 from modelyard.config import LlamaCppModel
 from modelyard.errors import UpstreamError
+from modelyard.front.api.context import chat_context, context_of
 from modelyard.front.archive import capture as archive_capture
 from modelyard.front.chat import pipeline
 from modelyard.front.chat.anthropic_shapes import check_thinking, to_openai
@@ -38,7 +39,6 @@ from modelyard.front.dispatch.relay import ClientWatch, watched
 from modelyard.front.state import (
     FrontState,
     read_json_object,
-    request_priority,
     state_of,
     validate,
 )
@@ -102,9 +102,9 @@ async def messages(request: Request) -> Response:
     call = ChatCall(
         "anthropic", "/v1/messages", req.model, CHAT_PATH, req.stream, payload,
         fields=data,  # `session_id` and `archive` are read from the client's own fields
-        archive=data.get(archive_capture.BODY_FIELD), priority=request_priority(request),
+        archive=data.get(archive_capture.BODY_FIELD),
     )
-    return await pipeline.answer(request, call, AnthropicRender())
+    return await pipeline.answer(chat_context(request, call), call, AnthropicRender())
 
 
 def _on_llama_server(state: FrontState, model: str) -> bool:
@@ -117,9 +117,10 @@ async def count_tokens(request: Request) -> Response:
     data = await read_json_object(request)
     req = validate(CountTokensRequest, data)
     payload = _openai_body(state, data, req, max_tokens=1, stream=False)
-    watch = ClientWatch(request.receive)  # a client that leaves stops the backend
+    ctx = context_of(request)
+    watch = ClientWatch(ctx.receive)  # a client that leaves stops the backend
     relay = await watched(watch, state.dispatch.open_relay(
-        req.model, CHAT_PATH, orjson.dumps(payload), priority=request_priority(request)))
+        req.model, CHAT_PATH, orjson.dumps(payload), priority=ctx.priority))
     body = await relay.read()  # closes the relay (the lease goes back)
     if relay.status != 200:
         return AnthropicRender().upstream_error(

@@ -91,7 +91,7 @@ async def openai_embeddings(request: Request) -> Response:
             body = orjson.dumps({**data, "input": decoded.texts})
     relay = await state.dispatch.open_relay(
         req.model, upstream_path(state, req.model), body, priority=request_priority(request),
-        client=request,
+        client=request.receive,
     )
     answer = await relay.read()  # closes the relay: the lease goes back
     if relay.status != 200:
@@ -143,7 +143,7 @@ async def _ollama(
     relay = await state.dispatch.open_relay(
         req.model, upstream_path(state, req.model), orjson.dumps(openai_body(req)),
         keep_alive_s=keep_alive_seconds(req.keep_alive), priority=request_priority(request),
-        client=request,
+        client=request.receive,
     )
     load_ns = relay.lease.load_duration_ns
     answer = await relay.read()

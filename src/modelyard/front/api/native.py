@@ -19,6 +19,7 @@ from starlette.routing import Route
 
 from modelyard import __version__
 from modelyard.errors import ModelyardError
+from modelyard.front.api.context import chat_context
 from modelyard.front.archive import capture as archive_capture
 from modelyard.front.chat import pipeline, render
 from modelyard.front.chat.request import CHAT_PATH, ChatCall
@@ -33,7 +34,6 @@ from modelyard.front.ops.redact import client_diag, client_models, client_overvi
 from modelyard.front.ops.snapshot import Snapshot
 from modelyard.front.state import (
     read_json_object,
-    request_priority,
     state_of,
     validate,
 )
@@ -64,7 +64,7 @@ def _json(payload: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(payload), status_code=status, media_type="application/json")
 
 
-def native_call(req: NativeChatRequest, *, priority: int = 0) -> ChatCall:
+def native_call(req: NativeChatRequest) -> ChatCall:
     """The chat pipeline's request for a validated /chat body."""
     fields = req.model_dump(exclude_none=True)
     payload = {k: v for k, v in fields.items() if k != archive_capture.BODY_FIELD}
@@ -72,20 +72,20 @@ def native_call(req: NativeChatRequest, *, priority: int = 0) -> ChatCall:
         payload["stream_options"] = {"include_usage": True}
     return ChatCall(
         "native", "/chat", req.model, CHAT_PATH, req.stream, payload, fields=fields,
-        archive=fields.get(archive_capture.BODY_FIELD), priority=priority,
+        archive=fields.get(archive_capture.BODY_FIELD),
     )
 
 
 async def chat(request: Request) -> Response:
     state = state_of(request)
     req = validate(NativeChatRequest, await read_json_object(request))
-    call = native_call(req, priority=request_priority(request))
+    call = native_call(req)
     # A malformed part or tool: 400 naming it, not the backend's 500.
     check_roles(call.own_fields.get("messages"))
     check_openai_chat(call.own_fields, mcp=False)  # no tool loop here: function tools only
     check_tools_for(state, req.model, call.own_fields)
     check_vision_for(state, req.model, call.own_fields)
-    return await pipeline.answer(request, call, render.NATIVE)
+    return await pipeline.answer(chat_context(request, call), call, render.NATIVE)
 
 
 def _is_admin(request: Request) -> bool:

@@ -20,22 +20,21 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from modelyard.errors import InvalidRequest
+from modelyard.front.api.context import chat_context
 from modelyard.front.archive import capture as archive_capture
 from modelyard.front.chat import context, ollama_context, ollama_fit, pipeline, render
 from modelyard.front.chat.go_template import render_prompt
 from modelyard.front.chat.infill import INFILL_PATH, check_insert_for, infill_payload
 from modelyard.front.chat.request import CHAT_PATH, COMPLETION_PATH, ChatCall
-from modelyard.front.chat.sessions.relay import session_id_for
 from modelyard.front.chat.shapes import check_ollama_chat, check_ollama_images
 from modelyard.front.chat.thinking import check_think, check_thinking_for, thinking_fields
 from modelyard.front.chat.tools.support import check_tools_for
 from modelyard.front.chat.translate import now_rfc3339, ollama_messages_to_openai
 from modelyard.front.chat.vision import check_vision_for
-from modelyard.front.identity.principal import principal_of
+from modelyard.front.request_context import RequestContext
 from modelyard.front.state import (
     FrontState,
     read_json_object,
-    request_priority,
     state_of,
     validate,
 )
@@ -160,18 +159,18 @@ def generate_payload(req: GenerateRequest) -> tuple[str, dict[str, Any]]:
     return CHAT_PATH, params
 
 
-def chat_call(req: ChatRequest, *, keep_alive_s: float | None, priority: int = 0,
+def chat_call(req: ChatRequest, *, keep_alive_s: float | None,
               endpoint: str = "/api/chat") -> ChatCall:
     """The chat pipeline's request for a validated /api/chat body (with messages)."""
     fields = req.model_extra or {}
     return ChatCall(
         "ollama", endpoint, req.model, CHAT_PATH, req.stream, chat_payload(req), fields=fields,
         archive=fields.get(archive_capture.BODY_FIELD), keep_alive_s=keep_alive_s,
-        priority=priority, fit=ollama_fit.drop_turns,  # a long chat loses its oldest turns
+        fit=ollama_fit.drop_turns,  # a long chat loses its oldest turns
     )
 
 
-def generate_call(req: GenerateRequest, *, keep_alive_s: float | None, priority: int = 0,
+def generate_call(req: GenerateRequest, *, keep_alive_s: float | None,
                   endpoint: str = "/api/generate") -> ChatCall:
     """The chat pipeline's request for a validated /api/generate body (with a prompt): no
     session (`chat` False), swap progress as `thinking`."""
@@ -179,8 +178,7 @@ def generate_call(req: GenerateRequest, *, keep_alive_s: float | None, priority:
     path, params = generate_payload(req)
     return ChatCall(
         "ollama", endpoint, req.model, path, req.stream, params, fields=fields,
-        archive=fields.get(archive_capture.BODY_FIELD), keep_alive_s=keep_alive_s,
-        priority=priority, chat=False,
+        archive=fields.get(archive_capture.BODY_FIELD), keep_alive_s=keep_alive_s, chat=False,
         fit=None if req.suffix else ollama_fit.keep_end,  # a long prompt keeps its end
     )
 
@@ -241,23 +239,24 @@ async def chat(request: Request) -> Response:
     if not req.messages:
         empty = {"message": {"role": "assistant", "content": ""}}
         return await _load_or_unload(state, req, keep_alive_s, empty)
-    call = chat_call(req, keep_alive_s=keep_alive_s, priority=request_priority(request),
-                     endpoint=request.url.path)
+    call = chat_call(req, keep_alive_s=keep_alive_s, endpoint=request.url.path)
+    ctx = chat_context(request, call)
     check_tools_for(state, req.model, call.payload)
     check_vision_for(state, req.model, call.payload)
     check_thinking_for(state, req.model, req.think)
-    call.serve_as = await _serve_as(request, req.model, req.options.get("num_ctx"))
-    return await pipeline.answer(request, call, render.OLLAMA_CHAT)
+    call.serve_as = await _serve_as(request, ctx, req.model, req.options.get("num_ctx"))
+    return await pipeline.answer(ctx, call, render.OLLAMA_CHAT)
 
 
-async def _serve_as(request: Request, model: str, num_ctx: Any) -> str | None:
+async def _serve_as(request: Request, ctx: RequestContext, model: str,
+                    num_ctx: Any) -> str | None:  # fmt: skip
     """The context variant `num_ctx` asks for (front/chat/context.py), within the caller's
-    `max_num_ctx` limit; admins have none."""
-    principal = principal_of(request)
-    limiter = getattr(request.app.state, "limits", None)
+    `max_num_ctx` limit (looked up only when it asks); admins have none."""
+    principal = ctx.principal
+    limiter = None if num_ctx is None else getattr(request.app.state, "limits", None)
     allowed = None if principal.can("admin") or limiter is None else (
         limiter.max_num_ctx(principal))
-    return await context.serve_as(state_of(request), model, num_ctx, allowed=allowed)
+    return await context.serve_as(ctx.state, model, num_ctx, allowed=allowed)
 
 
 async def generate(request: Request) -> Response:
@@ -268,27 +267,25 @@ async def generate(request: Request) -> Response:
     keep_alive_s = keep_alive_seconds(req.keep_alive)
     if not req.prompt and not req.images:
         return await _load_or_unload(state, req, keep_alive_s, {"response": ""})
-    session_id_for(request, req.model_extra or {}, chat=False)  # sessions are for /api/chat
-    call = generate_call(req, keep_alive_s=keep_alive_s, priority=request_priority(request),
-                         endpoint=request.url.path)
+    call = generate_call(req, keep_alive_s=keep_alive_s, endpoint=request.url.path)
+    ctx = chat_context(request, call)  # a `session_id` is a 400 here: sessions are for /api/chat
     check_vision_for(state, req.model, call.payload)
     if not req.verbatim:
         check_thinking_for(state, req.model, req.think)
     if req.suffix:
         check_insert_for(state, req.model)
-    call.serve_as = await _serve_as(request, req.model, req.options.get("num_ctx"))
-    await _with_context(state, request, req, call)
-    return await pipeline.answer(request, call, render.OLLAMA_GENERATE)
+    call.serve_as = await _serve_as(request, ctx, req.model, req.options.get("num_ctx"))
+    await _with_context(ctx, req, call)
+    return await pipeline.answer(ctx, call, render.OLLAMA_GENERATE)
 
 
-async def _with_context(state: FrontState, request: Request, req: GenerateRequest,
-                        call: ChatCall) -> None:  # fmt: skip
+async def _with_context(ctx: RequestContext, req: GenerateRequest, call: ChatCall) -> None:
     """Ollama's `context` (front/chat/ollama_context.py): returned, and followed when sent,
     where the model and the request allow; a `context` sent where they do not is a 400."""
     sent = ollama_context.check_context(req.context)
     if req.raw:  # as Ollama: a raw prompt has no context, and one sent is ignored
         return
-    why = ollama_context.why_not(state, req.model, raw=req.raw, suffix=bool(req.suffix),
+    why = ollama_context.why_not(ctx.state, req.model, raw=req.raw, suffix=bool(req.suffix),
                                  images=bool(req.images))
     if why is not None:
         if sent:
@@ -296,7 +293,7 @@ async def _with_context(state: FrontState, request: Request, req: GenerateReques
                                  model=req.model)
         return
     prompt_text = call.payload["prompt"] if req.template else None
-    await ollama_context.prepare(state, request, call, context=sent, prompt_text=prompt_text)
+    await ollama_context.prepare(ctx, call, context=sent, prompt_text=prompt_text)
 
 
 routes = [

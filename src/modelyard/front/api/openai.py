@@ -19,6 +19,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from modelyard.errors import InvalidRequest
+from modelyard.front.api.context import chat_context
 from modelyard.front.archive import capture as archive_capture
 from modelyard.front.chat import choices, legacy_functions, openai_compat, pipeline, render, scoring
 from modelyard.front.chat.request import CHAT_PATH, COMPLETION_PATH, ChatCall
@@ -62,7 +63,7 @@ class CompletionRequest(_Request):
 
 
 def openai_call(path: str, data: dict[str, Any], body: bytes, req: _Request, *,
-                priority: int = 0, prepared: openai_compat.Prepared | None = None) -> ChatCall:
+                prepared: openai_compat.Prepared | None = None) -> ChatCall:
     """The pipeline's request for a validated OpenAI body: the client's bytes go upstream
     unchanged unless modelyard's `archive` field must come out first, or a feature llama-server
     serves differently (`prepared`: front/chat/openai_compat.py) rewrote them."""
@@ -78,8 +79,7 @@ def openai_call(path: str, data: dict[str, Any], body: bytes, req: _Request, *,
     return ChatCall(
         "openai", path, req.model, upstream, req.stream, data,
         body=body if fields is None else None, fields=fields,
-        archive=None if fields is None else fields[archive_capture.BODY_FIELD],
-        priority=priority, chat=chat,
+        archive=None if fields is None else fields[archive_capture.BODY_FIELD], chat=chat,
         progress=chat,  # text completions have no place for reasoning: progress is for chats
         reshape=None if prepared is None else prepared.reshape,
     )
@@ -115,9 +115,8 @@ async def _relay(
         # Parsed further only when it asks for what llama-server serves differently (§3.13).
         prepared = openai_compat.prepare(path, data, chat=path == CHAT_PATH, n=n,
                                           legacy=legacy)
-    call = openai_call(path, data, body, req, priority=request_priority(request),
-                       prepared=prepared)
-    return await pipeline.answer(request, call, render.OPENAI)
+    call = openai_call(path, data, body, req, prepared=prepared)
+    return await pipeline.answer(chat_context(request, call), call, render.OPENAI)
 
 
 def _choices(state: FrontState, req: _Request, data: dict[str, Any]) -> int:

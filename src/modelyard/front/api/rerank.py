@@ -40,7 +40,7 @@ async def rerank(request: Request) -> Response:
     await require_kind(state, req.model, "rerank")
     relay = await state.dispatch.open_relay(
         req.model, PATH, orjson.dumps(backend_body(req)), priority=request_priority(request),
-        client=request,
+        client=request.receive,
     )
     answer = await relay.read()  # closes the relay: the lease goes back
     if relay.status != 200:

@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from modelyard.front.api.context import chat_context, context_of
 from modelyard.front.chat import pipeline
 from modelyard.front.chat.render_responses import ResponsesRender
 from modelyard.front.chat.request import CHAT_PATH, ChatCall
@@ -31,13 +32,12 @@ from modelyard.front.chat.responses_shapes import (
     response_head,
 )
 from modelyard.front.chat.sessions import responses as stored
-from modelyard.front.chat.sessions.relay import store_of
 from modelyard.front.chat.sessions.store import BODY_FIELD, owner_of
 from modelyard.front.chat.shapes import check_openai_chat
 from modelyard.front.chat.tools.support import check_tools_for
 from modelyard.front.chat.vision import check_vision_for
 from modelyard.front.identity.principal import principal_of
-from modelyard.front.state import read_json_object, request_priority, state_of, validate
+from modelyard.front.state import read_json_object, state_of, validate
 
 
 class ResponsesRequest(BaseModel):
@@ -83,12 +83,14 @@ async def create(request: Request) -> Response:
     data = await read_json_object(request)
     req = validate(ResponsesRequest, data)
     resp_id = new_id("resp")
-    principal = principal_of(request)
+    ctx = context_of(request)
+    principal = ctx.principal
+    sessions = state.chat.sessions
     entry = state.catalog.registry.get(req.model)
     canonical = entry.name if entry is not None else req.model
     if req.previous_response_id is not None:
         cont = stored.continuation(
-            store_of(request), principal, req.previous_response_id, model=canonical,
+            sessions, principal, req.previous_response_id, model=canonical,
             instructions=bool(req.instructions), store_new=req.store, new_id=resp_id)
     else:
         cont = stored.Continuation(resp_id if req.store else None, [])
@@ -100,28 +102,27 @@ async def create(request: Request) -> Response:
     sid = cont.session_id
     on_final = None
     if sid is not None:
-        owner, store, has_instructions = owner_of(principal), store_of(request), bool(
-            req.instructions)
+        owner, has_instructions = owner_of(principal), bool(req.instructions)
 
         def on_final(final: dict[str, Any]) -> None:
-            stored.record(store, owner, sid, final, instructions=has_instructions)
+            stored.record(sessions, owner, sid, final, instructions=has_instructions)
 
     head = response_head(resp_id, req.model, data, store=req.store)
     call = ChatCall("openai", "/v1/responses", req.model, CHAT_PATH, req.stream, payload,
-                    fields={} if sid is None else {BODY_FIELD: sid},
-                    priority=request_priority(request), progress=False)
-    return await pipeline.answer(request, call, ResponsesRender(head, on_final))
+                    fields={} if sid is None else {BODY_FIELD: sid}, progress=False)
+    return await pipeline.answer(chat_context(request, call, ctx), call,
+                                 ResponsesRender(head, on_final))
 
 
 async def retrieve(request: Request) -> Response:
-    _, record = stored.find(store_of(request), principal_of(request),
+    _, record = stored.find(state_of(request).chat.sessions, principal_of(request),
                             request.path_params["response_id"])
     return Response(orjson.dumps(record["response"]), media_type="application/json")
 
 
 async def delete(request: Request) -> Response:
     resp_id = request.path_params["response_id"]
-    stored.delete(store_of(request), principal_of(request), resp_id)
+    stored.delete(state_of(request).chat.sessions, principal_of(request), resp_id)
     return Response(orjson.dumps({"id": resp_id, "object": "response", "deleted": True}),
                     media_type="application/json")
 

@@ -24,9 +24,10 @@ from starlette.routing import Route
 
 from modelyard.config import ServiceKind, ServiceModel
 from modelyard.errors import InvalidRequest, NoServiceFor, WrongModelKind
+from modelyard.front.api.context import context_of
 from modelyard.front.archive import capture as archive_capture
 from modelyard.front.dispatch.relay import RELAY_ERRORS, LeasedStream, Relay, stream_broke
-from modelyard.front.state import FrontState, read_json_object, request_priority, state_of
+from modelyard.front.state import FrontState, read_json_object, state_of
 from modelyard.store.registry import Entry
 
 log = logging.getLogger("modelyard.front.services")
@@ -131,15 +132,21 @@ async def _forward(request: Request, kind: ServiceKind, model: str | None) -> Re
     entry = find_service(state, kind, model, request.url.path)
     assert isinstance(entry.spec, ServiceModel)
     body = await request.body()
-    # Outputs are archived unless the request says `X-Modelyard-Archive: off`.
-    capture = archive_capture.service_capture(request, kind=kind, model=entry.id, body=body)
+    ctx = context_of(request)
+    # Outputs are archived unless the request says `X-Modelyard-Archive: off` (or the config).
+    content_type = request.headers.get("content-type")
+    ctx.archive = plan = archive_capture.plan_for(
+        state.archive, ctx.principal, request.headers.get(archive_capture.HEADER),
+        default_on=state.catalog.settings.archive_service_outputs)
+    capture = None if plan is None else archive_capture.ServiceCapture(
+        plan, kind=kind, model=entry.id, request_body=body, request_type=content_type or "")
     relay = await state.dispatch.open_relay(
         entry.id,
         entry.spec.paths[kind],
         body,
-        priority=request_priority(request),
-        content_type=request.headers.get("content-type", "application/json"),
-        client=request,  # a client that leaves while it waits (queue, load) leaves the queue
+        priority=ctx.priority,
+        content_type="application/json" if content_type is None else content_type,
+        client=ctx.receive,  # a client that leaves while it waits (queue, load) leaves the queue
     )
     content = _passthrough(relay)
     if capture is not None and relay.status == 200:

@@ -13,13 +13,17 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from modelyard.front.chat.sessions.relay import refresh_session, store_of
-from modelyard.front.chat.sessions.store import valid_session_id
+from modelyard.front.chat.sessions.store import SessionStore, owner_of, valid_session_id
 from modelyard.front.identity.principal import principal_of
+from modelyard.front.state import state_of
 
 
 def _json(payload: Any) -> Response:
     return Response(orjson.dumps(payload), media_type="application/json")
+
+
+def store_of(request: Request) -> SessionStore:
+    return state_of(request).chat.sessions
 
 
 def _owner(request: Request) -> str | None:
@@ -34,8 +38,9 @@ async def list_sessions(request: Request) -> Response:
 
 async def get_session(request: Request) -> Response:
     sid = valid_session_id(request.path_params["session_id"])
-    await refresh_session(request, sid)  # several fronts: as the database has it
-    session = store_of(request).find(principal_of(request), sid, _owner(request))
+    store, principal = store_of(request), principal_of(request)
+    await store.refresh(owner_of(principal), sid)  # several fronts: as the database has it
+    session = store.find(principal, sid, _owner(request))
     return _json(session.view(with_messages=True))
 
 

@@ -27,7 +27,6 @@ from typing import Any
 
 import orjson
 from starlette.background import BackgroundTask
-from starlette.requests import Request
 from starlette.responses import Response
 
 from modelyard.errors import InvalidRequest
@@ -40,9 +39,8 @@ from modelyard.front.archive.store import (
     parse_retention,
 )
 from modelyard.front.chat.translate import Generation, rfc3339
-from modelyard.front.identity.principal import principal_of
+from modelyard.front.identity.principal import Principal
 from modelyard.front.sse import DONE, readable_events
-from modelyard.front.state import state_of
 
 HEADER = "x-modelyard-archive"
 ID_HEADER = "X-Modelyard-Archive-Id"  # the id a chat transcript will be saved under
@@ -84,9 +82,11 @@ class Plan:
                               self.item_id if announced else None)
 
 
-def plan_for(request: Request, *, default_on: bool, body_value: object = None) -> Plan | None:
-    """The plan when this request's answer is to be archived, else None."""
-    header = request.headers.get(HEADER)
+def plan_for(store: ArchiveStore, principal: Principal, header: str | None, *,
+             default_on: bool, body_value: object = None) -> Plan | None:
+    """The plan when a request's answer is to be archived, else None: `header` is its
+    X-Modelyard-Archive (None: not sent), `body_value` its `archive` field's; the API layer
+    decides it once (front/request_context.py)."""
     if header is not None:
         said: str | bool | None = _said(header, "X-Modelyard-Archive")
     elif body_value is not None:
@@ -95,8 +95,6 @@ def plan_for(request: Request, *, default_on: bool, body_value: object = None) -
         said = None
     if said is False or (said is None and not default_on):
         return None
-    store = state_of(request).archive
-    principal = principal_of(request)
     retention = said if isinstance(said, str) else effective_retention(
         None, principal, store.default_retention)
     return Plan(store, principal.user, retention)
@@ -293,11 +291,10 @@ def _title(request: dict[str, Any]) -> str:
     return title if len(title) <= 80 else title[:79] + "…"
 
 
-def chat_capture(request: Request, data: dict[str, Any], *, asked: object, api: str,
-                 endpoint: str, model: str, stream: bool) -> ChatCapture | None:
-    """The capture for a chat request that asks to be archived (by its header, or its body
-    field's value `asked`), else None. `data`: the request in the OpenAI shape."""
-    plan = plan_for(request, default_on=False, body_value=asked)
+def chat_capture(plan: Plan | None, data: dict[str, Any], *, api: str, endpoint: str,
+                 model: str, stream: bool) -> ChatCapture | None:
+    """The capture of a chat request whose context has an archive `plan` (None: not asked, no
+    capture). `data`: the request in the OpenAI shape."""
     if plan is None:
         return None
     return ChatCapture(plan, api=api, endpoint=endpoint, model=model, request=data,
@@ -403,14 +400,3 @@ def _decoded_images(body: bytes) -> list[tuple[bytes, str | None]]:
         revised = entry.get("revised_prompt")
         out.append((image, revised if isinstance(revised, str) else None))
     return out
-
-
-def service_capture(request: Request, *, kind: str, model: str, body: bytes
-                    ) -> ServiceCapture | None:
-    """The capture of a service's output, unless the request (or the config) says off."""
-    default_on = state_of(request).catalog.settings.archive_service_outputs
-    plan = plan_for(request, default_on=default_on)
-    if plan is None:
-        return None
-    return ServiceCapture(plan, kind=kind, model=model, request_body=body,
-                          request_type=request.headers.get("content-type", ""))

@@ -20,7 +20,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import orjson
-from starlette.requests import Request
 
 from modelyard.config import LlamaCppModel
 from modelyard.errors import InvalidRequest, ModelyardError
@@ -29,6 +28,7 @@ from modelyard.front.state import FrontState, upstream_message
 
 if TYPE_CHECKING:
     from modelyard.front.chat.request import ChatCall
+    from modelyard.front.request_context import RequestContext
 
 CONTEXT_COMPLETION_PATH = "/completion"
 # OpenAI request field → llama-server's native one, where they differ.
@@ -68,11 +68,11 @@ def why_not(state: FrontState, model: str, *, raw: bool, suffix: bool,
     return None
 
 
-async def _ask(state: FrontState, request: Request, call: ChatCall, path: str,
+async def _ask(ctx: RequestContext, call: ChatCall, path: str,
                body: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
-    relay = await state.dispatch.open_relay(
+    relay = await ctx.state.dispatch.open_relay(
         call.serve_as or call.model, path, orjson.dumps(body), keep_alive_s=call.keep_alive_s,
-        priority=call.priority, client=request,
+        priority=ctx.priority, client=ctx.receive,
     )
     answer = await relay.read()  # closes the relay: the lease goes back
     if relay.status != 200:  # the backend's refusal of the request (a 4xx) stays a 4xx
@@ -84,7 +84,7 @@ async def _ask(state: FrontState, request: Request, call: ChatCall, path: str,
     return data
 
 
-async def prepare(state: FrontState, request: Request, call: ChatCall, *, context: list[int],
+async def prepare(ctx: RequestContext, call: ChatCall, *, context: list[int],
                   prompt_text: str | None) -> None:  # fmt: skip
     """Turn `call` (a templated generate on the chat route) into a native `/completion` from
     token ids that returns the answer's ids; `prompt_text`: the prompt already templated (the
@@ -94,9 +94,9 @@ async def prepare(state: FrontState, request: Request, call: ChatCall, *, contex
         templ = {"messages": params["messages"]}
         if "chat_template_kwargs" in params:
             templ["chat_template_kwargs"] = params["chat_template_kwargs"]
-        prompt_text = str((await _ask(state, request, call, "/apply-template", templ))["prompt"])
+        prompt_text = str((await _ask(ctx, call, "/apply-template", templ))["prompt"])
     # The special tokens of the template are tokens; BOS only at the start of an exchange.
-    tokenized = await _ask(state, request, call, "/tokenize", {
+    tokenized = await _ask(ctx, call, "/tokenize", {
         "content": prompt_text, "add_special": not context, "parse_special": True})
     ids = tokenized.get("tokens")
     if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):

@@ -1,10 +1,13 @@
-"""The one chat pipeline: every chat and completion route (OpenAI, Ollama, native) runs its
-parsed request (front/chat/request.py) through here, and only frames the answer its own way
-(front/chat/render.py).
+"""The one chat pipeline: every chat and completion route (OpenAI, Ollama, native, Anthropic,
+Responses) runs its parsed request (front/chat/request.py) through here with the request's
+context (front/request_context.py: the caller, priority, session, archive plan and the client's
+receive channel, decided once by the API layer; no web framework request below it), and only
+frames the answer its own way (front/chat/render.py).
 
 In order: the MCP tool loop (when the chat opts in: front/chat/tools/http.py), the server-side
 session (its history spliced in, the turn committed as the answer passes:
-front/chat/sessions/relay.py), the archive capture (when asked: front/archive/capture.py), the lease
+front/chat/sessions/relay.py), the archive capture (when its context plans one:
+front/archive/capture.py), the lease
 and the relay (state.dispatch.open_relay; swap progress while a model loads:
 front/dispatch/swap_progress.py), then the answer, streamed or whole.
 
@@ -21,7 +24,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import orjson
-from starlette.requests import Request
 from starlette.responses import Response
 
 from modelyard.config import LlamaCppModel
@@ -34,7 +36,6 @@ from modelyard.front.chat.sessions.relay import (
     begin_turn,
     commit_body,
     refresh_session,
-    session_id_for,
     tagged,
     tap_sse,
     tap_translated,
@@ -50,36 +51,36 @@ from modelyard.front.dispatch.relay import (
     watched,
 )
 from modelyard.front.dispatch.swap_progress import open_for_stream
-from modelyard.front.state import state_of
+from modelyard.front.request_context import RequestContext
+from modelyard.front.state import FrontState
 from modelyard.wire.speculative import SPECULATIVE_HEADER
 
 
-async def answer(request: Request, call: ChatCall, render: Render) -> Response:
-    """Run `call` upstream and answer it in `render`'s shapes."""
-    state = state_of(request)
-    fields = call.own_fields
+async def answer(ctx: RequestContext, call: ChatCall, render: Render) -> Response:
+    """Run `call` upstream for the caller of `ctx` and answer it in `render`'s shapes."""
+    state = ctx.state
     # The server-side tool loop over MCP servers (front/chat/tools/loop.py), when the chat opts in.
     if call.chat and render.tool_loop is not None and (loop := tool_loop_http.tool_loop_for(
-            request, call.payload, call.model, api=call.api, stream=call.stream,
-            fields=fields)) is not None:  # fmt: skip
-        answered = await render.tool_loop(request, loop, call.model, call.stream)
+            ctx, call.payload, call.model, api=call.api, endpoint=call.endpoint,
+            stream=call.stream)) is not None:  # fmt: skip
+        answered = await render.tool_loop(ctx, loop, call.model, call.stream)
         return tool_loop_http.finished(loop, answered)
     # A server-side session (`session_id` field or X-Session-Id): its history is spliced in.
-    sid = session_id_for(request, fields, chat=call.chat)
+    sid = ctx.session_id
     if sid is not None:
-        await refresh_session(request, sid)  # several fronts: continued from another one
-    turn = None if sid is None else begin_turn(request, sid, call.model, call.payload)
+        await refresh_session(ctx, sid)  # several fronts: continued from another one
+    turn = None if sid is None else begin_turn(ctx, sid, call.model, call.payload)
     payload = call.payload if turn is None else turn.body
     # Archived only when asked (header or `archive` field); the backend never sees the field.
     capture = archive_capture.chat_capture(
-        request, payload, asked=call.archive, api=call.api, endpoint=call.endpoint,
-        model=call.model, stream=call.stream)
+        ctx.archive, payload, api=call.api, endpoint=call.endpoint, model=call.model,
+        stream=call.stream)
     body = call.body if call.body is not None and turn is None else orjson.dumps(payload)
     gen = None if render.passthrough else Generation.start()
     reshape = call.reshape
     # A forced tool call on llama-server, enforced as a JSON schema (front/chat/forced_call.py).
     force = None
-    if call.chat and (forcing := _forced_on_llama_server(request, call, payload)) is not None:
+    if call.chat and (forcing := _forced_on_llama_server(state, call, payload)) is not None:
         forced_payload, force = forcing
         body = orjson.dumps(forced_payload)
         if gen is None:
@@ -87,12 +88,12 @@ async def answer(request: Request, call: ChatCall, render: Render) -> Response:
             reshape.forced = force
 
     # A non-streamed answer is awaited watching the client: one that leaves stops it.
-    watch = None if call.stream else ClientWatch(request.receive)
+    watch = None if call.stream else ClientWatch(ctx.receive)
 
     def send(sent: bytes, say: Callable[[str], None] | None) -> Awaitable[Relay]:
         return state.dispatch.open_relay(
             call.serve_as or call.model, call.path, sent, keep_alive_s=call.keep_alive_s,
-            priority=call.priority, client=None if watch else request, on_progress=say,
+            priority=ctx.priority, client=None if watch else ctx.receive, on_progress=say,
             session_kv=None if turn is None else turn.kv, affinity=sid,
         )
 
@@ -176,13 +177,13 @@ async def answer(request: Request, call: ChatCall, render: Render) -> Response:
     return tagged(response if capture is None else capture.attach(response), turn)
 
 
-def _forced_on_llama_server(request: Request, call: ChatCall, payload: dict[str, Any]
+def _forced_on_llama_server(state: FrontState, call: ChatCall, payload: dict[str, Any]
                             ) -> tuple[dict[str, Any], forced_call.ForcedCall] | None:
     """The rewritten request and its answer's conversion when `payload` forces a tool call and
     llama-server serves the model (the transformers engine enforces it itself)."""
     if payload.get("tool_choice") in (None, "auto", "none"):
         return None
-    entry = state_of(request).catalog.registry.get(call.serve_as or call.model)
+    entry = state.catalog.registry.get(call.serve_as or call.model)
     if entry is None or not isinstance(entry.spec, LlamaCppModel):
         return None
     return forced_call.plan(payload)

@@ -15,7 +15,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
-from starlette.requests import Request
 from starlette.responses import Response
 
 from modelyard.errors import ModelyardError
@@ -24,10 +23,11 @@ from modelyard.front.chat.request import ChatCall
 from modelyard.front.chat.tools import http as tool_loop_http
 from modelyard.front.chat.tools.loop import ToolLoop
 from modelyard.front.chat.translate import Generation, now_rfc3339
+from modelyard.front.request_context import RequestContext
 from modelyard.front.sse import sse_event
 from modelyard.front.state import upstream_message
 
-ToolLoopAnswer = Callable[[Request, ToolLoop, str, bool], Awaitable[Response]]
+ToolLoopAnswer = Callable[[RequestContext, ToolLoop, str, bool], Awaitable[Response]]
 
 
 class Render:

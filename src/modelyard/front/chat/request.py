@@ -2,8 +2,9 @@
 
 Each chat API (OpenAI, Ollama, native) parses its body into a ChatCall: what to send upstream
 in the OpenAI shape llama-server serves, and what the pipeline needs to know around it (stream,
-keep-alive, session, archive, priority). From there on the three APIs share one path; only the
-rendering of the answer (front/chat/render.py) is the API's own.
+keep-alive, the body's own fields). Who asks, at what priority, in which session, archived or
+not, is the request's context (front/request_context.py), decided with it. From there on the APIs
+share one path; only the rendering of the answer (front/chat/render.py) is the API's own.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ class ChatCall:
     fields: dict[str, Any] | None = None
     archive: object = None  # the `archive` field's value (front/archive/capture.py)
     keep_alive_s: float | None = None  # None: the configured default
-    priority: int = 0  # X-Modelyard-Priority
     # A conversation: it may run in a server-side session and use the MCP tool loop. False
     # (text completions, Ollama's /api/generate): a `session_id` field is refused.
     chat: bool = True

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any, NamedTuple, TypeVar
 
 import aiohttp
-from starlette.requests import Request
+from starlette.types import Receive
 
 from modelyard import metrics
 from modelyard.config import EngineSpec, ServiceModel, Settings
@@ -300,15 +300,16 @@ class Dispatcher:
         keep_alive_s: float | None = None,
         priority: int = 0,
         content_type: str = "application/json",
-        client: Request | None = None,
+        client: Receive | None = None,
         on_progress: Callable[[str], None] | None = None,
         session_kv: SlotKv | None = None,
         affinity: str | None = None,
     ) -> Relay:
         """Queue for `model`, lease it on an engine and send it the request (`payload`, of
         `content_type`); the caller owns `relay.close()`, which gives back the lease and the
-        queue slot. With `client`, a client that disconnects while the request waits (in the
-        queue, for a load) takes it out of the queue at once; `on_progress` hears what a load
+        queue slot. With `client` (the client's ASGI receive channel), a client that
+        disconnects while the request waits (in the queue, for a load) takes it out of the
+        queue at once; `on_progress` hears what a load
         it waits for does (swap progress); `session_kv`: the slot a session turn restores
         before it is sent and saves after (front/chat/sessions/kv.py); `affinity`: a chat
         session, kept on the copy of a replicated model it used (front/dispatch/replicas.py)."""
@@ -337,7 +338,7 @@ class Dispatcher:
             relay.on_close = _then(relay.on_close, over)
             return relay
 
-    async def _open(self, entry: Entry, call: Call, client: Request | None) -> Relay:
+    async def _open(self, entry: Entry, call: Call, client: Receive | None) -> Relay:
         engine = await self.route(entry)
         limits = self.limits(entry, engine)
         # Waiting (a full queue, a cold model) watches the client, so one that leaves stops
@@ -576,21 +577,22 @@ def _drop(early: asyncio.Future[aiohttp.ClientResponse]) -> None:
     discard_when_done(early, aiohttp.ClientResponse.close)
 
 
-async def _disconnect(request: Request) -> None:
+async def _disconnect(receive: Receive) -> None:
     """Returns when the client has gone (the body must have been read already)."""
-    while (await request.receive())["type"] != "http.disconnect":
+    while (await receive())["type"] != "http.disconnect":
         pass
 
 
 async def unless_disconnected(
-    request: Request, work: Coroutine[Any, Any, T], discard: Callable[[T], None]
+    receive: Receive, work: Coroutine[Any, Any, T], discard: Callable[[T], None]
 ) -> T:
-    """`await work`, unless the client disconnects first: then `work` is cancelled (leaving its
-    queue, dropping its wait for a grant) and ClientClosedRequest is raised. A result that
-    arrives anyway is given to `discard`, also when this wait is itself cancelled (a shutdown,
-    an enclosing wait whose client left) as `work` ends."""
+    """`await work`, unless the client (its ASGI `receive` channel) disconnects first: then
+    `work` is cancelled (leaving its queue, dropping its wait for a grant) and
+    ClientClosedRequest is raised. A result that arrives anyway is given to `discard`, also
+    when this wait is itself cancelled (a shutdown, an enclosing wait whose client left) as
+    `work` ends."""
     task = asyncio.ensure_future(work)
-    gone = asyncio.ensure_future(_disconnect(request))
+    gone = asyncio.ensure_future(_disconnect(receive))
     try:
         await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
     except BaseException:

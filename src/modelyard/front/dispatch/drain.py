@@ -108,7 +108,7 @@ def _nothing() -> None:
 
 class Drain:
     """The HTTP requests in flight; `begin(grace_s)` when the server starts shutting down. The
-    front's edge (front/edge.py) enters each request and watches its response start."""
+    front's edge (front/api/edge.py) enters each request and watches its response start."""
 
     def __init__(self) -> None:
         self.in_flight: set[InFlight] = set()

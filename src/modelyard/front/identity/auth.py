@@ -327,7 +327,7 @@ def decide(settings: Settings, cls: RouteClass, method: str, path: str,
 
 
 class AuthGate:
-    """The edge's identity step (front/edge.py): Host check, body limit, identity, policy."""
+    """The edge's identity step (front/api/edge.py): Host check, body limit, identity, policy."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings

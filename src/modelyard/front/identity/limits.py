@@ -40,6 +40,9 @@ log = logging.getLogger(__name__)
 # The routes limits apply to: every generating route (POST).
 LIMITED_PATHS = frozenset({*API_OF_PATH, "/v1/responses"})
 ANONYMOUS = "anonymous"
+# Where the edge's limits step leaves a limited request's admission for the API layer's request
+# context (front/api/context.py); absent: no limit applied (no database work was done).
+ADMISSION_KEY = "modelyard.admission"
 _FLUSH_S = 0.5
 _PRUNE_S = 300.0
 
@@ -189,17 +192,18 @@ def _first(own: Limit | None, default: Limit | None, name: str) -> Any:
 
 
 async def admit(scope: Scope) -> tuple[Limiter, Admission, dict[str, str]] | None:
-    """The edge's limits step (front/edge.py), after the auth gate: None when no limit applies
+    """The edge's limits step (front/api/edge.py), after the auth gate: None when no limit applies
     to this request (the common case, no database work at all); else its admission, to be
-    released when the request ends, and the X-RateLimit-* headers for its answer. A request
-    over a limit raises RateLimited (429 rate_limited)."""
+    released when the request ends (also left in the scope, under ADMISSION_KEY, for the
+    request's context: front/api/context.py), and the X-RateLimit-* headers for its answer. A
+    request over a limit raises RateLimited (429 rate_limited)."""
     if scope["method"] != "POST" or scope["path"] not in LIMITED_PATHS:
         return None
     limiter: Limiter | None = getattr(scope["app"].state, "limits", None)
     rules = limiter.rules_for(scope.get("modelyard.principal")) if limiter else []
     if limiter is None or not rules:
         return None
-    admission = await limiter.admit(rules)
+    admission = scope[ADMISSION_KEY] = await limiter.admit(rules)
     extra = ({} if admission.limit is None else
              rate_limit_headers(admission.limit, admission.remaining, admission.reset_s))
     return limiter, admission, extra

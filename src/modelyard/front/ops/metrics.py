@@ -1,6 +1,6 @@
 """`GET /metrics` (Prometheus text format) and what feeds it in the front (docs/metrics.md).
 
-- `Metered` (run by the front's edge, front/edge.py) records each inference request once its
+- `Metered` (run by the front's edge, front/api/edge.py) records each inference request once its
   response is over: the count by model/API/status, time to first token, latency and tokens
   (read from the answer's last two chunks, kept by reference: nothing of the stream is
   copied). Handlers deeper down tell it what only they know through `modelyard.metrics.current`
@@ -58,7 +58,7 @@ API_OF_PATH = {
 
 class Metered:
     """One inference request being counted and timed (the edge's part of the metrics, in
-    front/edge.py): `start` when it arrives, `on_send` for each message of its answer,
+    front/api/edge.py): `start` when it arrives, `on_send` for each message of its answer,
     `finish` when its response is over."""
 
     __slots__ = ("activity", "capture", "front", "request", "scope", "token")

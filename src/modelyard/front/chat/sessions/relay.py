@@ -13,10 +13,9 @@ this one stored.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
-from starlette.requests import Request
 from starlette.responses import Response
 
 from modelyard.errors import InvalidRequest
@@ -24,22 +23,22 @@ from modelyard.front.chat.sessions.answer import Answer, SseAnswer
 from modelyard.front.chat.sessions.kv import session_key
 from modelyard.front.chat.sessions.store import (
     BODY_FIELD,
-    HEADER,
     RESPONSE_HEADER,
-    SessionStore,
     Turn,
     owner_of,
     requested_session_id,
 )
-from modelyard.front.identity.principal import principal_of
-from modelyard.front.state import state_of
+
+if TYPE_CHECKING:
+    from modelyard.front.request_context import RequestContext
 
 
-def session_id_for(request: Request, data: dict[str, Any], *, chat: bool = True) -> str | None:
-    """The session the request names, validated; None (the common case) when it names none.
-    Not a chat (`chat` false): the `session_id` field is a 400 (it would go upstream), the
-    header is ignored (a client may send it on every call)."""
-    header = request.headers.get(HEADER)
+def session_id_for(header: str | None, data: dict[str, Any], *, chat: bool = True
+                   ) -> str | None:
+    """The session a request names (`header`: its X-Session-Id, None: not sent; `data`: its
+    own fields), validated; None (the common case) when it names none. Not a chat (`chat`
+    false): the `session_id` field is a 400 (it would go upstream), the header is ignored (a
+    client may send it on every call). The API layer asks once (front/request_context.py)."""
     if header is None and BODY_FIELD not in data:
         return None
     if not chat:
@@ -50,26 +49,22 @@ def session_id_for(request: Request, data: dict[str, Any], *, chat: bool = True)
     return requested_session_id(header, data)
 
 
-def store_of(request: Request) -> SessionStore:
-    return state_of(request).chat.sessions
-
-
-async def refresh_session(request: Request, session_id: str) -> None:
+async def refresh_session(ctx: RequestContext, session_id: str) -> None:
     """Before a turn: the caller's session as the database has it when another front
     answered since (several fronts on one database; nothing to do otherwise)."""
-    await store_of(request).refresh(owner_of(principal_of(request)), session_id)
+    await ctx.state.chat.sessions.refresh(owner_of(ctx.principal), session_id)
 
 
-def begin_turn(request: Request, session_id: str, model: str, body: dict[str, Any], *,
+def begin_turn(ctx: RequestContext, session_id: str, model: str, body: dict[str, Any], *,
                kv_hints: bool = True) -> Turn:
     """The turn `body` (an OpenAI chat request) starts in the caller's session `session_id`;
     `kv_hints` False: a body for several upstream requests (a tool loop's rounds), which the
     per-turn slot restore and save do not fit."""
-    state = state_of(request)
+    state = ctx.state
     entry = state.catalog.registry.get(model)
     canonical = entry.name if entry is not None else model  # aliases name one model
-    owner = owner_of(principal_of(request))
-    turn = store_of(request).begin(owner, session_id, canonical, body)
+    owner = owner_of(ctx.principal)
+    turn = state.chat.sessions.begin(owner, session_id, canonical, body)
     if kv_hints and entry is not None:
         turn.body, turn.kv = state.chat.session_kv.plan(
             entry.spec, session_key(owner, session_id), turn.body)

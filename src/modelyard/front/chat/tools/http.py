@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
-from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from modelyard.errors import InvalidRequest, ModelyardError
 from modelyard.front.archive import capture as archive_capture
-from modelyard.front.chat.sessions.relay import begin_turn, commit_body, session_id_for, tagged
+from modelyard.front.chat.sessions.relay import begin_turn, commit_body, tagged
 from modelyard.front.chat.tools.loop import (
     Final,
     RoundEvent,
@@ -31,20 +30,21 @@ from modelyard.front.chat.translate import now_rfc3339
 from modelyard.front.dispatch.dispatcher import unless_disconnected
 from modelyard.front.dispatch.relay import Relay
 from modelyard.front.sse import sse_event
-from modelyard.front.state import FrontState, request_priority, state_of
 from modelyard.metrics import stream_failed
+
+if TYPE_CHECKING:
+    from modelyard.front.request_context import RequestContext
 
 TRACE_FIELD = "x_modelyard_tool_rounds"
 ROUND_FIELD = "x_modelyard_tool_round"
 
 
-def tool_loop_for(request: Request, data: dict[str, Any], model: str, *, api: str,
-                  stream: bool, fields: dict[str, Any] | None = None) -> ToolLoop | None:
+def tool_loop_for(ctx: RequestContext, data: dict[str, Any], model: str, *, api: str,
+                  endpoint: str, stream: bool) -> ToolLoop | None:
     """The loop a chat request opts into, or None; unknown servers are refused. In a chat
-    session (named in `fields`, the request's own fields, else in `data`), the loop runs on the
-    stored history and stores the turn when it answers; archived when asked (header or
-    `fields`' `archive`), its transcript is the whole exchange."""
-    settings = state_of(request).catalog.settings
+    session (the context's), the loop runs on the stored history and stores the turn when it
+    answers; archived when asked (the context's plan), its transcript is the whole exchange."""
+    settings = ctx.state.catalog.settings
     servers = mcp_servers_of(data, settings)
     if servers is None:
         return None
@@ -54,19 +54,17 @@ def tool_loop_for(request: Request, data: dict[str, Any], model: str, *, api: st
             f"tools: unknown MCP server(s) {unknown}; declared in mcp_servers: {known}",
             param="tools",
         )
-    fields = data if fields is None else fields
     data = {k: v for k, v in data.items() if k != archive_capture.BODY_FIELD}
-    loop = ToolLoop(state_of(request).chat.mcp, settings, data, servers)
-    sid = session_id_for(request, fields)
+    loop = ToolLoop(ctx.state.chat.mcp, settings, data, servers)
+    sid = ctx.session_id
     if sid is not None:
-        turn = begin_turn(request, sid, model, data, kv_hints=False)
+        turn = begin_turn(ctx, sid, model, data, kv_hints=False)
         loop.data = turn.body
         loop.turn = turn
         loop.on_answer.append(
             lambda messages, answer: commit_body(turn.with_messages(messages), answer))
     capture = archive_capture.chat_capture(
-        request, loop.data, asked=fields.get(archive_capture.BODY_FIELD), api=api,
-        endpoint=request.url.path, model=model, stream=stream)
+        ctx.archive, loop.data, api=api, endpoint=endpoint, model=model, stream=stream)
     if capture is not None:
         loop.capture = capture
         loop.on_answer.append(capture.save_exchange)
@@ -89,22 +87,19 @@ def _archived(loop: ToolLoop, chunks: AsyncIterator[bytes]) -> AsyncIterator[byt
     return loop.capture.tap_exchange(chunks, lambda: loop.messages)
 
 
-def _opener(request: Request, state: FrontState, model: str, path: str) -> Callable[
-    [bytes], Awaitable[Relay]
-]:
+def _opener(ctx: RequestContext, model: str, path: str) -> Callable[[bytes], Awaitable[Relay]]:
     def open_round(payload: bytes) -> Awaitable[Relay]:
-        return state.dispatch.open_relay(
-            model, path, payload, priority=request_priority(request), client=request
+        return ctx.state.dispatch.open_relay(
+            model, path, payload, priority=ctx.priority, client=ctx.receive
         )
 
     return open_round
 
 
-async def openai_chat(request: Request, loop: ToolLoop, model: str, stream: bool) -> Response:
-    state = state_of(request)
-    open_round = _opener(request, state, model, "/v1/chat/completions")
+async def openai_chat(ctx: RequestContext, loop: ToolLoop, model: str, stream: bool) -> Response:
+    open_round = _opener(ctx, model, "/v1/chat/completions")
     if stream:  # the first round runs before the headers: its errors get a real status
-        items = await _primed(request, loop, open_round)
+        items = await _primed(ctx, loop, open_round)
         if isinstance(items, Final):
             assert isinstance(items.body, bytes)
             return Response(items.body, status_code=items.status, media_type="application/json")
@@ -113,7 +108,7 @@ async def openai_chat(request: Request, loop: ToolLoop, model: str, stream: bool
             headers={"Cache-Control": "no-cache"},
         )
 
-    final = await unless_disconnected(request, _whole(loop, open_round), lambda _: None)
+    final = await unless_disconnected(ctx.receive, _whole(loop, open_round), lambda _: None)
     if isinstance(final.body, bytes):
         return Response(final.body, status_code=final.status, media_type="application/json")
     return Response(
@@ -121,7 +116,7 @@ async def openai_chat(request: Request, loop: ToolLoop, model: str, stream: bool
     )
 
 
-async def _primed(request: Request, loop: ToolLoop,
+async def _primed(ctx: RequestContext, loop: ToolLoop,
                   open_round: Callable[[bytes], Awaitable[Relay]]) -> Final | AsyncIterator[
                       RoundEvent | Final]:  # fmt: skip
     """The loop's items once the first is there (the upstream error, alone, if it is one)."""
@@ -130,7 +125,7 @@ async def _primed(request: Request, loop: ToolLoop,
     async def head() -> RoundEvent | Final:
         return await anext(items)
 
-    first = await unless_disconnected(request, head(), lambda _: None)
+    first = await unless_disconnected(ctx.receive, head(), lambda _: None)
     if isinstance(first, Final) and isinstance(first.body, bytes):
         return first
 
@@ -199,19 +194,18 @@ def _error_body(final: Final) -> Any:
 # --- Ollama /api/chat ---------------------------------------------------------------------------
 
 
-async def ollama_chat(request: Request, loop: ToolLoop, model: str, stream: bool) -> Response:
+async def ollama_chat(ctx: RequestContext, loop: ToolLoop, model: str, stream: bool) -> Response:
     """The same loop answered in Ollama's shapes: NDJSON chunks whose `message.thinking` shows
     each round (plus `x_modelyard_tool_round`), then the answer; or one JSON object."""
-    state = state_of(request)
-    open_round = _opener(request, state, model, "/v1/chat/completions")
+    open_round = _opener(ctx, model, "/v1/chat/completions")
     if stream:  # the first round runs before the headers: its errors get a real status
-        items = await _primed(request, loop, open_round)
+        items = await _primed(ctx, loop, open_round)
         if isinstance(items, Final):
             return Response(orjson.dumps({"error": _error_text(items)}), status_code=items.status,
                             media_type="application/json")  # fmt: skip
         return StreamingResponse(_archived(loop, _ndjson_rounds(items, model)),
                                  media_type="application/x-ndjson")  # fmt: skip
-    final = await unless_disconnected(request, _whole(loop, open_round), lambda _: None)
+    final = await unless_disconnected(ctx.receive, _whole(loop, open_round), lambda _: None)
     if isinstance(final.body, bytes):
         return Response(orjson.dumps({"error": _error_text(final)}), status_code=final.status,
                         media_type="application/json")  # fmt: skip
