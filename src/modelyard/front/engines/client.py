@@ -231,7 +231,7 @@ class HttpEngineClient:
     def release(self, lease: Lease) -> None:
         # An engine that restarted has forgotten the lease already; nothing to do then.
         if self._leases is not None:
-            self._leases.release(lease.id)
+            self._leases.give_back(lease)
 
     async def status(self) -> EngineStatus:
         return EngineStatus.from_json(

@@ -19,6 +19,7 @@ import logging
 from collections.abc import Callable
 
 from modelyard.errors import EngineProtocolMismatch, EngineUnavailable, from_native_body
+from modelyard.front.engines.idle_leases import IdleLeases
 from modelyard.request_ids import REQUEST_ID
 from modelyard.types import Lease
 from modelyard.wire.lease import (
@@ -69,6 +70,8 @@ class LeaseClient:
         self._name = name
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[Granted | Refused]] = {}
+        # Leases given back a moment ago, for the next request for their model (idle_leases.py).
+        self._idle = IdleLeases(self.release)
         self._progress: dict[int, Callable[[str], None]] = {}
         self._closed = False
         self.silent = False  # no line from the engine for heartbeat_timeout_s
@@ -137,6 +140,8 @@ class LeaseClient:
     ) -> Lease:
         if self.silent:
             raise self._silence()
+        if (kept := self._idle.take(model, keep_alive_s)) is not None:
+            return kept
         request_id = next(self._ids)
         future: asyncio.Future[Granted | Refused] = asyncio.get_running_loop().create_future()
         self._waiting[request_id] = future
@@ -154,6 +159,7 @@ class LeaseClient:
             self._progress.pop(request_id, None)
         if isinstance(reply, Refused):
             raise from_native_body(dict(reply.error))
+        self._idle.granted(reply.lease, keep_alive_s)
         return reply.lease
 
     def _give_up(self, request_id: int, future: asyncio.Future[Granted | Refused]) -> None:
@@ -170,6 +176,12 @@ class LeaseClient:
             reply = future.result()
             if isinstance(reply, Granted):
                 self.release(reply.lease.id)
+
+    def give_back(self, lease: Lease) -> None:
+        """The request that held `lease` ended: kept a moment for the next one (idle_leases.py),
+        or released."""
+        if not self._closed:
+            self._idle.give_back(lease)
 
     def release(self, lease_id: str) -> None:
         # A closed channel has released everything on the engine's side already.
@@ -191,6 +203,7 @@ class LeaseClient:
                     continue
                 if isinstance(reply, State):
                     self._state = reply
+                    self._idle.flush()  # its models changed: no lease reused for what went
                     continue
                 if not isinstance(reply, Granted | Refused):
                     continue  # pong: the heartbeat's answer, nothing more to do
@@ -221,6 +234,7 @@ class LeaseClient:
 
     def _fall_silent(self, timeout_s: float) -> None:
         self.silent = True
+        self._idle.flush()
         log.error("%s sent nothing on its lease channel for %.1f s: down until it answers",
                   self._name, timeout_s)
         waiting, self._waiting = self._waiting, {}
@@ -235,6 +249,7 @@ class LeaseClient:
 
     def _fail_all(self) -> None:
         self._closed = True
+        self._idle.clear()
         if self._beating is not None:
             self._beating.cancel()
         waiting, self._waiting = self._waiting, {}
