@@ -53,6 +53,11 @@ class EngineClient(Protocol):
         on_progress: Callable[[str], None] | None = None,
     ) -> Lease: ...
 
+    def lease_now(self, model: str, keep_alive_s: float | None = None) -> Lease | None:
+        """A lease at once, without awaiting, when one can be had so (a model loaded in this
+        process's engine; a lease this front gave back a moment ago): None says "acquire"."""
+        ...
+
     def release(self, lease: Lease) -> None: ...
 
     def watch(self, relay: Abortable) -> Callable[[], None]:

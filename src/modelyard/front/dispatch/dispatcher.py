@@ -465,9 +465,14 @@ class Dispatcher:
         kv = call.kv
         # A session's KV is restored into its slot before the request may go.
         guess = self.upstreams.get(key) if send_early and kv is None else None
-        if guess is None:
+        response = None
+        # The hot path: a lease at once (a model ready in this process's engine, a lease this
+        # front gave back a moment ago), then the request; no task, no round trip.
+        now = engine.lease_now(model_id, call.keep_alive_s) if send_early else None
+        if now is not None:
+            lease = now
+        elif guess is None:
             lease = await engine.acquire(model_id, call.keep_alive_s, call.on_progress)
-            response = None
         else:
             lease, response = await self._lease_while_sending(
                 engine, model_id, guess, self.upstream_keys.get(key), call)

@@ -228,6 +228,12 @@ class HttpEngineClient:
     async def reload(self, settings: BaseModel) -> dict[str, Any]:
         return dict(await self._call("POST", "/reload", settings.model_dump(mode="json")))
 
+    def lease_now(self, model: str, keep_alive_s: float | None = None) -> Lease | None:
+        leases = self._leases
+        if leases is None or not self.up:
+            return None
+        return leases.kept_lease(model, keep_alive_s)
+
     def release(self, lease: Lease) -> None:
         # An engine that restarted has forgotten the lease already; nothing to do then.
         if self._leases is not None:

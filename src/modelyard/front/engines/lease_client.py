@@ -177,6 +177,10 @@ class LeaseClient:
             if isinstance(reply, Granted):
                 self.release(reply.lease.id)
 
+    def kept_lease(self, model: str, keep_alive_s: float | None) -> Lease | None:
+        """A lease this front gave back a moment ago for `model`, if one is kept."""
+        return None if self.silent or self._closed else self._idle.take(model, keep_alive_s)
+
     def give_back(self, lease: Lease) -> None:
         """The request that held `lease` ended: kept a moment for the next one (idle_leases.py),
         or released."""

@@ -121,6 +121,9 @@ class LocalEngineClient:
             return lease
         return await self.engine.acquire(model, keep_alive_s=keep_alive_s, progress=on_progress)
 
+    def lease_now(self, model: str, keep_alive_s: float | None = None) -> Lease | None:
+        return self.engine.lease_ready(model, keep_alive_s)
+
     async def load(self, model: str, keep_alive_s: float | None = None) -> dict[str, Any]:
         lease = await self.engine.acquire(model, keep_alive_s=keep_alive_s)
         self.engine.release(lease.id)
