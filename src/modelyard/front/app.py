@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import os
 import sys
@@ -23,6 +24,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
+from starlette.routing import Route
 from starlette.types import ASGIApp
 
 from modelyard import db, metrics
@@ -53,7 +55,7 @@ from modelyard.front.api import responses as responses_api
 from modelyard.front.api import sessions as sessions_api
 from modelyard.front.api import studio as studio_api
 from modelyard.front.api import usage as usage_api
-from modelyard.front.api.edge import Edge
+from modelyard.front.api.edge import Edge, endpoint_app
 from modelyard.front.archive.store import ArchiveStore
 from modelyard.front.batches.files import FileStore
 from modelyard.front.batches.runner import BatchRunner
@@ -127,6 +129,9 @@ class FrontApp(Starlette):
         self.edge_settings = settings
         self.drain = Drain()
         super().__init__(**kwargs)
+        for route in self.router.routes:
+            if isinstance(route, Route) and inspect.isfunction(route.endpoint):
+                route.app = endpoint_app(route.endpoint)
 
     def build_middleware_stack(self) -> ASGIApp:
         return Edge(self.router, self.edge_settings, self.drain, dict(self.exception_handlers))

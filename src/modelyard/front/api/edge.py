@@ -8,7 +8,9 @@ Every request passes the same steps, in this order (each module keeps its own lo
 4. CORS, only for a request that carries an Origin (front/identity/cors.py);
 5. the caller (front/identity/auth.py `AuthGate`): Host, body limit, identity, policy;
 6. its limits, when any apply (front/identity/limits.py `admit`);
-7. the route, with the exception handlers: a ModelyardError is answered in its API's shape.
+7. the route, with the exception handlers: a ModelyardError is answered in its API's shape
+   (the routes' endpoints run without Starlette's own per-route exception layer:
+   `endpoint_app`).
 
 Why one layer rather than a middleware per step: each ASGI middleware is another coroutine per
 request and another `send` wrapper per message, so six of them (and Starlette's two exception
@@ -19,12 +21,14 @@ through eight wrappers. Here a request's answer passes one wrapper (two for a li
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.datastructures import MutableHeaders
 from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import Router
-from starlette.types import ExceptionHandler, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, ExceptionHandler, Message, Receive, Scope, Send
 
 from modelyard.config import Settings
 from modelyard.errors import ModelyardError
@@ -150,6 +154,18 @@ class Edge:
                 await response(scope, receive, send)
             if not isinstance(exc, self._handled):
                 raise
+
+
+def endpoint_app(endpoint: Callable[[Request], Awaitable[Response]]) -> ASGIApp:
+    """A route's endpoint as an ASGI app, without Starlette's per-route exception layer (its
+    own `send` wrapper and try): the edge answers what an endpoint raises, with the same
+    handlers."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        response = await endpoint(Request(scope, receive, send))
+        await response(scope, receive, send)
+
+    return app
 
 
 def _handler_for(handlers: dict[Any, ExceptionHandler], exc: Exception) -> Any:
