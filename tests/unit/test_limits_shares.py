@@ -182,3 +182,26 @@ async def test_a_raised_limit_applies_at_once_after_a_refusal(url: str) -> None:
         await limiter.admit([Rule("user:u", requests_per_minute=0)])
     assert (await limiter.admit([Rule("user:u", requests_per_minute=3)])).remaining == 2
     await limiter.stop()
+
+
+async def test_a_lowered_concurrency_limit_holds_across_fronts_holding_slots(url: str) -> None:
+    """Two busy fronts hold 2 slots each under max_concurrent 4; the limit goes down to 2. Each
+    front must not go on admitting from the slots it holds (4 running together): it asks the
+    database, which counts what both hold, and gives back what its ended requests free."""
+    a, b = front(url), front(url)
+    four, two = Rule("token:t", max_concurrent=4), Rule("token:t", max_concurrent=2)
+    held = {a: [await a.admit([four]) for _ in range(2)],
+            b: [await b.admit([four]) for _ in range(2)]}
+    await a.release(held[a].pop())
+    await b.release(held[b].pop())  # each runs 1 and holds 2
+    for limiter in (a, b):
+        with pytest.raises(RateLimited):  # 4 held, limit 2
+            await limiter.admit([two])
+    for limiter in (a, b):
+        await limiter._give_back()  # keeps only the slot in use
+    with pytest.raises(RateLimited):  # still 2 running: the new limit
+        await a.admit([two])
+    await a.release(held[a].pop())
+    await a._give_back()
+    assert len(await admit_all(a, two, 3)) == 1  # 2 running in all, no more
+    await asyncio.gather(a.stop(), b.stop())

@@ -94,6 +94,8 @@ class _Share:
     flushing: int = 0  # being added
     # concurrency
     slots: list[str] = field(default_factory=list)  # held in the database
+    slots_limit: int | None = None  # the max_concurrent they were taken under
+    max_concurrent: int | None = None  # the one requests were last held to
     running: int = 0
     peak: int = 0  # the most running since the last give-back
     used_at: float = 0.0  # monotonic
@@ -232,9 +234,12 @@ class Limiter:
                     raise store.refused_tokens(who, share.day_used, tpd,
                                                store.until_next(now, w.day_s))
             if (most := rule.max_concurrent) is not None:
+                share.max_concurrent = most
                 if share.running >= most:
                     raise store.refused_slots(who, share.running, most)
-                if share.running >= len(share.slots):
+                # Slots taken under another limit: the database checks what all fronts hold
+                # against this one before this front admits from its own again.
+                if share.running >= len(share.slots) or share.slots_limit != most:
                     slot_limit = most
             if requests or slot_limit is not None or day_limit is not None:
                 asks.append(Ask(who, requests, rpm or 0, 1 if requests else 0, slot_limit,
@@ -276,6 +281,7 @@ class Limiter:
             share.reserved_at = mono
         if grant.slot is not None:
             share.slots.append(grant.slot)
+            share.slots_limit = ask.slot_limit
         if ask.day_limit is not None:
             share.day, share.day_tokens = store.window_start(now, w.day_s), grant.day_tokens
             share.day_read_at = mono
@@ -361,13 +367,16 @@ class Limiter:
             raise
         day = store.window_start(now, self.windows.day_s)
         for subject, tokens in found.items():
-            share = self._shares[subject]
-            share.day, share.day_tokens, share.day_read_at, share.flushing = day, tokens, mono, 0
+            if (read_back := self._shares.get(subject)) is not None:
+                read_back.day, read_back.day_tokens = day, tokens
+                read_back.day_read_at, read_back.flushing = mono, 0
 
     async def _give_back(self) -> None:
-        """Gives back the slots no request used since the last time."""
+        """Gives back the slots no request used since the last time (all those not in use when
+        their limit changed since they were taken)."""
         for share in self._shares.values():
-            keep = max(share.running, share.peak)
+            changed = share.slots_limit != share.max_concurrent
+            keep = share.running if changed else max(share.running, share.peak)
             share.peak = share.running
             while len(share.slots) > keep:
                 self._unreleased.append(share.slots.pop())
