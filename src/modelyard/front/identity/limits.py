@@ -220,6 +220,7 @@ class Limiter:
         asks = []
         for rule, share in zip(rules, shares, strict=True):
             who, requests, slot_limit, day_limit = rule.subject, 0, None, None
+            share.used_at = mono  # in use: not forgotten while it waits for the database
             if (rpm := rule.requests_per_minute) is not None:
                 share.roll(store.window_start(now, w.minute_s))
                 if share.allowance <= 0:
@@ -288,11 +289,10 @@ class Limiter:
 
     def _take(self, rules: list[Rule], shares: list[_Share]) -> Admission:
         """Counts the request against its shares (all covered: `_asks` found nothing to ask)."""
-        now, mono, w = self.clock(), time.monotonic(), self.windows
+        now, w = self.clock(), self.windows
         left: list[tuple[int, int, float]] = []  # (limit, remaining, reset) of each counted
         slots = []
         for rule, share in zip(rules, shares, strict=True):
-            share.used_at = mono
             if (rpm := rule.requests_per_minute) is not None:
                 share.allowance -= 1
                 left.append((rpm, max(0, rpm - share.counted + share.allowance),
