@@ -1,6 +1,6 @@
 """Quotas and rate limits (front/identity/limits_store.py, limits.py): the window math, the
-counters on a real SQLite file (two engines on one file stand for two fronts), and which limits
-a caller is held to."""
+counters on a real SQLite file (two limiters, each with its engine, on one file stand for two
+fronts), and which limits a caller is held to."""
 
 from __future__ import annotations
 
@@ -32,9 +32,14 @@ def engine(url: str) -> sa.Engine:
     return db.connect(url)
 
 
-def admit(engine: sa.Engine, *rules: Rule, now: float = T0, front: str = "f1",
-          slot: str = "s") -> store.Admission:
-    return store.admit(engine, list(rules), now=now, front_id=front, slot_id=slot)
+def front(url: str) -> Limiter:
+    """One front's limiter, on its own engine."""
+    return Limiter(db.connect(url), 2.0)
+
+
+async def admit(limiter: Limiter, *rules: Rule, now: float = T0) -> store.Admission:
+    limiter.clock = lambda: now
+    return await limiter.admit(list(rules))
 
 
 def test_window_math() -> None:
@@ -48,69 +53,74 @@ def test_window_math() -> None:
     assert store.until_next(T0, 86400) == pytest.approx(day + 86400 - T0)
 
 
-def test_requests_per_minute_refuse_then_recover_in_the_next_window(engine: sa.Engine) -> None:
-    rule = Rule("token:abc", requests_per_minute=2)
-    first = admit(engine, rule, now=T0 + 10)
+async def test_requests_per_minute_refuse_then_recover_in_the_next_window(url: str) -> None:
+    limiter, rule = front(url), Rule("token:abc", requests_per_minute=2)
+    first = await admit(limiter, rule, now=T0 + 10)
     assert (first.limit, first.remaining) == (2, 1)
-    assert admit(engine, rule, now=T0 + 20).remaining == 0
+    assert (await admit(limiter, rule, now=T0 + 20)).remaining == 0
     with pytest.raises(RateLimited) as refused:
-        admit(engine, rule, now=T0 + 45)
+        await admit(limiter, rule, now=T0 + 45)
     err = refused.value
     assert err.status == 429 and err.code == "rate_limited"
     assert err.headers() == {"Retry-After": "15", "X-RateLimit-Limit": "2",
                              "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "15"}
-    assert admit(engine, rule, now=T0 + 60).remaining == 1  # the next minute
+    assert (await admit(limiter, rule, now=T0 + 60)).remaining == 1  # the next minute
 
 
-def test_a_refusal_counts_nothing_against_the_other_limits(engine: sa.Engine) -> None:
+async def test_a_refusal_counts_nothing_against_the_other_limits(
+        url: str, engine: sa.Engine) -> None:  # fmt: skip
+    limiter = front(url)
     wide = Rule("group:g", requests_per_minute=10)
     narrow = Rule("user:u", requests_per_minute=1)
-    admit(engine, wide, narrow)
+    await admit(limiter, wide, narrow)
     for _ in range(3):
         with pytest.raises(RateLimited):
-            admit(engine, wide, narrow)
+            await admit(limiter, wide, narrow)
     usage = store.usage(engine, ["group:g", "user:u"], T0)
     assert usage["group:g"]["requests_this_minute"] == 1  # the refused ones rolled back
     assert usage["user:u"]["requests_this_minute"] == 1
 
 
-def test_tokens_per_day_refuse_once_the_quota_is_used(engine: sa.Engine) -> None:
-    rule = Rule("user:u", tokens_per_day=100)
-    assert admit(engine, rule).remaining == 100
+async def test_tokens_per_day_refuse_once_the_quota_is_used(url: str, engine: sa.Engine) -> None:
+    limiter, rule = front(url), Rule("user:u", tokens_per_day=100)
+    assert (await admit(limiter, rule)).remaining == 100
+    # Another front adds tokens; this one reads the day's count back with its next flush.
     store.add_tokens(engine, {"user:u": 60}, T0)
-    assert admit(engine, rule).remaining == 40
+    await limiter.flush()
+    assert (await admit(limiter, rule)).remaining == 40
     store.add_tokens(engine, {"user:u": 45}, T0)  # the request that crosses it finished
+    await limiter.flush()
     with pytest.raises(RateLimited) as refused:
-        admit(engine, rule)
+        await admit(limiter, rule)
     assert refused.value.limit == 100 and refused.value.remaining == 0
     assert refused.value.retry_after_s == pytest.approx(store.until_next(T0, 86400))
-    admit(engine, rule, now=store.window_start(T0, 86400) + 86400)  # a new day
+    await admit(limiter, rule, now=store.window_start(T0, 86400) + 86400)  # a new day
 
 
-def test_concurrency_slots_are_shared_released_and_expire(url: str) -> None:
-    front_a, front_b = db.connect(url), db.connect(url)  # two fronts, one database
+async def test_concurrency_slots_are_shared_released_and_expire(url: str) -> None:
+    front_a, front_b = front(url), front(url)  # two fronts, one database
     rule = Rule("token:t", max_concurrent=2)
-    one = admit(front_a, rule, front="a", slot="1")
-    admit(front_b, rule, front="b", slot="2")
+    one = await admit(front_a, rule)
+    await admit(front_b, rule)
     with pytest.raises(RateLimited):
-        admit(front_a, rule, front="a", slot="3")
-    store.release(front_a, one.slots)
-    admit(front_a, rule, front="a", slot="4")
+        await admit(front_a, rule)
+    await front_a.release(one)
+    await admit(front_a, rule)
     with pytest.raises(RateLimited):
-        admit(front_b, rule, front="b", slot="5")
+        await admit(front_b, rule)
     # Front b dies: its slot is not kept alive, and frees after the slot TTL.
-    store.keep_slots(front_a, "a", T0 + 500)
-    admit(front_b, rule, now=T0 + Windows().slot_ttl_s + 1, front="c", slot="6")
+    store.keep_slots(front_a.db, front_a.front_id, T0 + 500)
+    await admit(front(url), rule, now=T0 + Windows().slot_ttl_s + 1)
 
 
-def test_requests_per_minute_hold_across_two_fronts(url: str) -> None:
-    fronts = [db.connect(url), db.connect(url)]
+async def test_requests_per_minute_hold_across_two_fronts(url: str) -> None:
+    fronts = [front(url), front(url)]
     rule = Rule("user:u", requests_per_minute=3)
     for i in range(3):
-        admit(fronts[i % 2], rule, slot=str(i))
-    for front in fronts:
+        await admit(fronts[i % 2], rule)
+    for limiter in fronts:
         with pytest.raises(RateLimited):
-            admit(front, rule)
+            await admit(limiter, rule)
 
 
 def test_limits_table_validation_and_edits(engine: sa.Engine) -> None:
@@ -132,10 +142,10 @@ def test_limits_table_validation_and_edits(engine: sa.Engine) -> None:
         store.remove_limit(engine, "user:x")
 
 
-def test_prune_drops_old_windows_only(engine: sa.Engine) -> None:
-    rule = Rule("user:u", requests_per_minute=5)
-    admit(engine, rule, now=T0)
-    admit(engine, rule, now=T0 + 120)
+async def test_prune_drops_old_windows_only(url: str, engine: sa.Engine) -> None:
+    limiter, rule = front(url), Rule("user:u", requests_per_minute=5)
+    await admit(limiter, rule, now=T0)
+    await admit(limiter, rule, now=T0 + 120)
     store.prune(engine, T0 + 130)
     with engine.connect() as conn:
         starts = [r.window_start for r in conn.execute(sa.select(db.rate_counters))]

@@ -1,11 +1,18 @@
 """Quotas and rate limits in the database: the `limits` table and the counters every front shares.
 
-Everything that must hold for all fronts sharing one database is decided by the database in one
-transaction per request (`admit`): a conditional `UPDATE … SET count = count + 1 WHERE count <
-limit` for requests per minute, a read of the day's token counter, and concurrency slots taken
-under a per-subject lock row (an UPDATE of it holds SQLite's write lock or PostgreSQL's row
-lock until commit, so two fronts cannot both take the last slot). A refusal rolls the whole
-transaction back: a request refused by one limit spends nothing of another.
+The database is the one place every front sharing it agrees on; a front goes there ahead of
+need, not once per request (front/identity/limits.py keeps each subject's share in memory):
+- requests per minute: a front reserves a chunk of the minute's requests in one transaction
+  (`reserve`: the counter read under a lock, then raised by what is left, up to the chunk), so
+  the counter never passes the limit, whatever the number of fronts;
+- concurrency: a front takes slots (a row each, `concurrency_slots`) under a per-subject lock row
+  (an UPDATE of it holds SQLite's write lock or PostgreSQL's row lock until commit, so two fronts
+  cannot both take the last slot), holds them while its requests run, and gives back the ones
+  it no longer uses (`release`);
+- tokens per day: finished requests' tokens are added in batches (`add_tokens`), which reads
+  the day's counters back for the fronts' checks.
+A refusal rolls the whole transaction back: a request refused by one limit takes nothing of
+another.
 
 Calls are blocking; the front runs them with `asyncio.to_thread`, the CLI directly.
 """
@@ -13,6 +20,7 @@ Calls are blocking; the front runs them with `asyncio.to_thread`, the CLI direct
 from __future__ import annotations
 
 import re
+import secrets
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -97,8 +105,9 @@ def until_next(now: float, length_s: float) -> float:
 
 @dataclass(frozen=True)
 class Admission:
-    """A request let through: its slots (released when it ends) and the tightest limit it has
-    left, for the X-RateLimit-* headers of its answer (None: only a concurrency limit)."""
+    """A request let through: the subjects whose concurrency slot it holds on this front
+    (released when it ends: `Limiter.release`) and the tightest limit it has left, for the
+    X-RateLimit-* headers of its answer (None: only a concurrency limit)."""
 
     slots: tuple[str, ...]
     limit: int | None = None
@@ -203,81 +212,116 @@ def _count(conn: sa.Connection, subject: str, window: str, start: int) -> int:
     return int(value or 0)
 
 
-class _Refused(Exception):
-    def __init__(self, error: RateLimited) -> None:
-        self.error = error
+class Refused(Exception):
+    """A request over one subject's limit (`kind`: MINUTE, DAY or SLOTS); the transaction took
+    nothing. `error` is the 429 to answer."""
+
+    def __init__(self, error: RateLimited, subject: str, kind: str) -> None:
+        self.error, self.subject, self.kind = error, subject, kind
 
 
-def admit(engine: sa.Engine, rules: list[Rule], *, now: float, front_id: str, slot_id: str,
-          windows: Windows = Windows()) -> Admission:
-    """Counts the request against every rule, or raises RateLimited and counts nothing."""
-    try:
-        with engine.begin() as conn:
-            return _admit(conn, sorted(rules, key=lambda r: r.subject), now, front_id, slot_id,
-                          windows)
-    except _Refused as refused:  # the transaction rolled back
-        raise refused.error from None
+@dataclass(frozen=True)
+class Ask:
+    """What a front asks the shared counters for one subject, in one transaction."""
+
+    subject: str
+    requests: int = 0  # requests of this minute to reserve, as many as the limit leaves…
+    requests_limit: int = 0  # …under this limit
+    at_least: int = 0  # fewer left than this: refused (0: an ahead-of-need reservation)
+    slot_limit: int | None = None  # take one concurrency slot under this limit
+    day_limit: int | None = None  # read the day's tokens; refused when they reach this…
+    day_pending: int = 0  # …with the front's tokens not added yet
 
 
-def _admit(conn: sa.Connection, rules: list[Rule], now: float, front_id: str, slot_id: str,
-           w: Windows) -> Admission:
-    # (limit, remaining, reset) of each limit counted, to report the tightest.
-    left: list[tuple[int, int, float]] = []
-    slots: list[str] = []
-    day = window_start(now, w.day_s)
+@dataclass(frozen=True)
+class Grant:
+    """What the transaction gave one subject."""
+
+    requests: int = 0  # reserved for this front
+    counted: int = 0  # the minute's counter after it (every front's reservations)
+    slot: str | None = None
+    day_tokens: int = 0  # the day's counter, when asked
+
+
+def refused_requests(who: str, limit: int, reset: float) -> RateLimited:
+    return RateLimited(f"{who} sent its {limit} requests of this minute; try again in "
+                       f"{max(1, round(reset))} s", retry_after_s=reset, limit=limit,
+                       remaining=0, reset_s=reset)
+
+
+def refused_tokens(who: str, used: int, limit: int, reset: float) -> RateLimited:
+    return RateLimited(f"{who} used {used} of its {limit} tokens per day; it gets more in "
+                       f"{round(reset)} s", retry_after_s=reset, limit=limit, remaining=0,
+                       reset_s=reset)
+
+
+def refused_slots(who: str, running: int, limit: int) -> RateLimited:
+    return RateLimited(f"{who} has {running} requests running, its limit of concurrent "
+                       "requests; try again when one ends", retry_after_s=1.0, limit=limit,
+                       remaining=0, reset_s=1.0)
+
+
+def reserve(engine: sa.Engine, asks: list[Ask], *, now: float, front_id: str,
+            windows: Windows = Windows()) -> dict[str, Grant]:
+    """Reserves requests, takes slots and reads day counters for a front, all in one
+    transaction; raises Refused and takes nothing when an ask's `at_least`, slot or day cannot
+    be had (a request refused by one limit spends nothing of another)."""
+    with engine.begin() as conn:  # Refused rolls it back
+        return _reserve(conn, sorted(asks, key=lambda a: a.subject), now, front_id, windows)
+
+
+def _reserve(conn: sa.Connection, asks: list[Ask], now: float, front_id: str,
+             w: Windows) -> dict[str, Grant]:
     minute = window_start(now, w.minute_s)
-    for rule in rules:
-        who = rule.subject
-        if rule.tokens_per_day is not None:
-            # A write first: SQLite then holds its write lock from the transaction's first
-            # statement, and never fails upgrading a read lock while another front writes.
-            _insert_missing(conn, who, DAY, day)
-            used = _count(conn, who, DAY, day)
-            reset = until_next(now, w.day_s)
-            if used >= rule.tokens_per_day:
-                raise _Refused(RateLimited(
-                    f"{who} used {used} of its {rule.tokens_per_day} tokens per day; it gets "
-                    f"more in {round(reset)} s", retry_after_s=reset,
-                    limit=rule.tokens_per_day, remaining=0, reset_s=reset))
-            left.append((rule.tokens_per_day, rule.tokens_per_day - used, reset))
-        if rule.requests_per_minute is not None:
-            _insert_missing(conn, who, MINUTE, minute)
-            c = db.rate_counters.c
-            taken = conn.execute(db.rate_counters.update()
-                                 .where(_where(who, MINUTE, minute),
-                                        c.count < rule.requests_per_minute)
-                                 .values(count=c.count + 1)).rowcount
-            reset = until_next(now, w.minute_s)
-            if not taken:
-                raise _Refused(RateLimited(
-                    f"{who} sent its {rule.requests_per_minute} requests of this minute; try "
-                    f"again in {max(1, round(reset))} s", retry_after_s=reset,
-                    limit=rule.requests_per_minute, remaining=0, reset_s=reset))
-            used = _count(conn, who, MINUTE, minute)
-            left.append((rule.requests_per_minute, rule.requests_per_minute - used, reset))
-        if rule.max_concurrent is not None:
-            slots.append(_take_slot(conn, rule, now, front_id, f"{slot_id}-{len(slots)}", w))
-    if not left:
-        return Admission(tuple(slots))
-    limit, remaining, reset = min(left, key=lambda item: (item[1], item[2]))
-    return Admission(tuple(slots), limit, remaining, reset)
+    # The writes' rows first: SQLite then holds its write lock from the transaction's first
+    # statement, and never fails upgrading a read lock while another front writes.
+    for ask in asks:
+        if ask.requests:
+            _insert_missing(conn, ask.subject, MINUTE, minute)
+        if ask.slot_limit is not None:
+            _insert_missing(conn, ask.subject, SLOTS, 0)
+    c = db.rate_counters.c
+    grants = {}
+    for ask in asks:
+        who = ask.subject
+        taken = counted = 0
+        if ask.requests:
+            # Read under the lock (PostgreSQL: FOR UPDATE; SQLite: the write lock held), then
+            # take what is left: two fronts cannot both take the last requests.
+            counted = int(conn.execute(sa.select(c.count).where(_where(who, MINUTE, minute))
+                                       .with_for_update()).scalar() or 0)
+            taken = max(0, min(ask.requests, ask.requests_limit - counted))
+            if taken < ask.at_least:
+                raise Refused(refused_requests(who, ask.requests_limit,
+                                               until_next(now, w.minute_s)), who, MINUTE)
+            if taken:
+                counted += taken
+                conn.execute(db.rate_counters.update().where(_where(who, MINUTE, minute))
+                             .values(count=c.count + taken))
+        slot = None
+        if ask.slot_limit is not None:
+            slot = _take_slot(conn, who, ask.slot_limit, now, front_id, w)
+        day = 0
+        if ask.day_limit is not None:
+            day = _count(conn, who, DAY, window_start(now, w.day_s))
+            if day + ask.day_pending >= ask.day_limit:
+                raise Refused(refused_tokens(who, day + ask.day_pending, ask.day_limit,
+                                             until_next(now, w.day_s)), who, DAY)
+        grants[who] = Grant(taken, counted, slot, day)
+    return grants
 
 
-def _take_slot(conn: sa.Connection, rule: Rule, now: float, front_id: str, slot_id: str,
+def _take_slot(conn: sa.Connection, who: str, limit: int, now: float, front_id: str,
                w: Windows) -> str:
-    assert rule.max_concurrent is not None
-    who, s = rule.subject, db.concurrency_slots.c
-    _insert_missing(conn, who, SLOTS, 0)
-    c = db.rate_counters.c  # lock the subject's slots until commit (SQLite: the write lock)
+    s, c = db.concurrency_slots.c, db.rate_counters.c
+    # Lock the subject's slots until commit (SQLite: the write lock; PostgreSQL: the row's).
     conn.execute(db.rate_counters.update().where(_where(who, SLOTS, 0)).values(count=c.count))
     conn.execute(db.concurrency_slots.delete().where(s.subject == who, s.expires_at <= now))
-    running = conn.execute(sa.select(sa.func.count()).select_from(db.concurrency_slots)
-                           .where(s.subject == who)).scalar() or 0
-    if running >= rule.max_concurrent:
-        raise _Refused(RateLimited(
-            f"{who} has {running} requests running, its limit of concurrent requests; try again "
-            "when one ends", retry_after_s=1.0, limit=rule.max_concurrent, remaining=0,
-            reset_s=1.0))
+    held = conn.execute(sa.select(sa.func.count()).select_from(db.concurrency_slots)
+                        .where(s.subject == who)).scalar() or 0
+    if held >= limit:
+        raise Refused(refused_slots(who, held, limit), who, SLOTS)
+    slot_id = secrets.token_hex(8)
     conn.execute(db.concurrency_slots.insert().values(
         id=slot_id, subject=who, front_id=front_id, expires_at=now + w.slot_ttl_s))
     return slot_id
@@ -299,9 +343,10 @@ def keep_slots(engine: sa.Engine, front_id: str, expires_at: float) -> None:
 
 
 def add_tokens(engine: sa.Engine, counts: dict[str, int], now: float,
-               windows: Windows = Windows()) -> None:
+               windows: Windows = Windows(), *, read: Iterable[str] = ()) -> dict[str, int]:
     """Adds each subject's finished requests' tokens to today's counter (atomic increments, so
-    fronts adding at once lose nothing)."""
+    fronts adding at once lose nothing), and reads back today's counters of those subjects and
+    of `read`'s, every front's tokens included."""
     day = window_start(now, windows.day_s)
     c = db.rate_counters.c
     with engine.begin() as conn:
@@ -309,6 +354,11 @@ def add_tokens(engine: sa.Engine, counts: dict[str, int], now: float,
             _insert_missing(conn, subject, DAY, day)
             conn.execute(db.rate_counters.update().where(_where(subject, DAY, day))
                          .values(count=c.count + n))
+        wanted = sorted({*counts, *read})
+        found = {} if not wanted else dict(conn.execute(
+            sa.select(c.subject, c.count).where(c.subject.in_(wanted), c.kind == DAY,
+                                                c.window_start == day)).all())
+    return {subject: int(found.get(subject, 0)) for subject in wanted}
 
 
 def prune(engine: sa.Engine, now: float, windows: Windows = Windows()) -> None:
