@@ -69,7 +69,8 @@ class FinalUsage:
             at = chunk.find(mark)
             if at >= 0:
                 start = chunk.rfind(b"\n", 0, at) + 1
-                self._held = [chunk[start:]]
+                self._held = [chunk[start:], self._partial]
+                self._partial = b""
                 return chunk[:start]
         return chunk
 
