@@ -1,6 +1,7 @@
 """Usage accounting without a server: the hourly aggregation, the incrementing upsert on a real
 SQLite file (two recorders = two fronts on one database), answers that add what is not flushed
-yet without counting it twice, the bounded owner label, and the prompt tokens of a backend's usage."""
+yet without counting it twice, the bounded owner label, and the prompt tokens of a backend's
+usage."""
 
 from __future__ import annotations
 
