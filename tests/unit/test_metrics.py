@@ -1,6 +1,6 @@
 """Metrics: the usage read from a whole answer, the usage event, the request middleware's
-labels, the gauges computed from a canned engine /status, and the Grafana dashboard against the metric
-definitions."""
+labels, the gauges computed from a canned engine /status, and the Grafana dashboard against the
+metric definitions."""
 
 from __future__ import annotations
 
