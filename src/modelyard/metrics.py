@@ -23,15 +23,15 @@ from __future__ import annotations
 
 import atexit
 import contextvars
+import json
 import os
-import re
 import shutil
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 E = TypeVar("E")
@@ -375,9 +375,61 @@ def pull_finished(status: str) -> None:
     _child("modelyard_pull_jobs_total", status).inc()
 
 
+class Observer:
+    """A feature that follows requests through their events (`Request.observers`): each method
+    is a no-op here; a subscriber overrides the ones it needs. Events are plain method calls on
+    the event loop, a few per request: they must not await, do I/O or raise."""
+
+    __slots__ = ()
+
+    def admitted(self, request: Request) -> None:
+        """The caller passed auth and its limits; the route runs next."""
+
+    def leased(self, request: Request) -> None:
+        """A backend's answer has begun under a lease (`request.model` is set)."""
+
+    def first_byte(self, request: Request) -> None:
+        """The first byte of a successful answer went to the client."""
+
+    def usage(self, request: Request) -> None:
+        """The backend reported the answer's tokens (`tokens_in`, `tokens_out`,
+        `cached_tokens`); a later report replaces an earlier one."""
+
+    def ended(self, request: Request) -> None:
+        """The response is over: `status_label` says how (200, an error, the client left)."""
+
+
+class _Prometheus(Observer):
+    """The metrics' own subscriber: counts and times each request once it ended."""
+
+    __slots__ = ()
+
+    def ended(self, request: Request) -> None:
+        model, api, status = request.model, request.api, request.status_label
+        _child("modelyard_requests_total", model, api, status).inc()
+        if request.first_at is not None:
+            _child("modelyard_time_to_first_token_seconds", model, api).observe(
+                request.first_at - request.started)
+        if status != "200":
+            return
+        _child("modelyard_request_duration_seconds", model, api).observe(
+            request.ended - request.started)
+        if request.tokens_in:
+            _child("modelyard_tokens_total", model, "in").inc(request.tokens_in)
+        if request.tokens_out:
+            _child("modelyard_tokens_total", model, "out").inc(request.tokens_out)
+
+
+PROMETHEUS = _Prometheus()
+
+
 class Request:
-    """One inference request as the front's middleware sees it (front/ops/metrics.py); handlers
-    deeper down add what only they know through the hooks below (`current`)."""
+    """One inference request's record, made by the front's edge (front/ops/metrics.py) and
+    filled by its events: the relay and the handlers deeper down reach it through `current`
+    (`note_*`, `Relay`), and every feature that follows requests subscribes to its
+    `observers` (the metrics here, the request log's sinks — usage, activity, limits — through
+    front/ops/metrics.py). Nothing reads the answer's bytes for it: its tokens are the
+    backend's own usage, reported by the relay (`on_usage`)."""
 
     __slots__ = (
         "answered_at",
@@ -387,10 +439,9 @@ class Request:
         "ended",
         "error",
         "first_at",
-        "last",
         "model",
+        "observers",
         "opened",
-        "prev",
         "queue_wait_s",
         "started",
         "status",
@@ -409,12 +460,11 @@ class Request:
         self.first_at: float | None = None
         self.error: str | None = None  # in-band error code of a stream that broke
         self.complete = False
-        self.prev: bytes = b""  # the last two body chunks, by reference: the tail with usage
-        self.last: bytes = b""
-        # What `finish` found, for the request's record (front/ops/request_log.py).
+        self.observers: list[Observer] = [PROMETHEUS]
+        # What the events brought, for the request's record (front/ops/request_log.py).
         self.queue_wait_s = 0.0  # time spent in the model's queue
         self.swapped = False  # the request waited for its model to be loaded
-        self.tokens_in = 0
+        self.tokens_in = 0  # every prompt token, the cached ones included
         self.tokens_out = 0
         self.cached_tokens = 0  # of tokens_in, those reused from the KV cache
         self.status_label = ""
@@ -423,38 +473,41 @@ class Request:
         # latency; `first_at`, for the metric, counts streams only).
         self.answered_at: float | None = None
 
+    # ---- events ---------------------------------------------------------------------------
+
+    def on_admitted(self) -> None:
+        for observer in self.observers:
+            observer.admitted(self)
+
+    def on_leased(self) -> None:
+        self.opened = True  # the next chunk the client gets is the first token
+        for observer in self.observers:
+            observer.leased(self)
+
     def on_body(self, body: bytes, more: bool) -> None:
-        if body:
-            if self.answered_at is None and self.opened and self.status < 400:
-                self.answered_at = time.perf_counter()
-                if more:
-                    self.first_at = self.answered_at
-            self.prev, self.last = self.last, body
+        if body and self.answered_at is None and self.opened and self.status < 400:
+            self.answered_at = time.perf_counter()
+            if more:
+                self.first_at = self.answered_at
+            for observer in self.observers:
+                observer.first_byte(self)
         if not more:
             self.complete = True
 
+    def on_usage(self, usage: Usage) -> None:
+        self.tokens_in, self.tokens_out, self.cached_tokens = usage
+        for observer in self.observers:
+            observer.usage(self)
+
     def finish(self, exc: BaseException | None = None) -> None:
-        """Record the request once its response is over (or raised `exc`)."""
-        status = self.status_label = self._status_label(exc)
+        """The response is over (or raised `exc`): its status, then the `ended` event."""
+        self.status_label = self._status_label(exc)
         self.ended = time.perf_counter()
-        model, api = self.model, self.api
-        _child("modelyard_requests_total", model, api, status).inc()
-        if self.first_at is not None:
-            _child("modelyard_time_to_first_token_seconds", model, api).observe(
-                self.first_at - self.started)
-        if status != "200":
-            return
-        _child("modelyard_request_duration_seconds", model, api).observe(
-            time.perf_counter() - self.started)
-        if api != "service":
-            tail = tail_of(self.prev, self.last)
-            tokens_in, tokens_out = usage_from_tail(tail)
-            self.tokens_in, self.tokens_out = tokens_in, tokens_out
-            self.cached_tokens = cached_from_tail(tail) if tokens_in else 0
-            if tokens_in:
-                _child("modelyard_tokens_total", model, "in").inc(tokens_in)
-            if tokens_out:
-                _child("modelyard_tokens_total", model, "out").inc(tokens_out)
+        if self.status_label != "200" or self.api == "service":
+            # Only an answer that ended well counts its tokens (a broken one's are unknown).
+            self.tokens_in = self.tokens_out = self.cached_tokens = 0
+        for observer in self.observers:
+            observer.ended(self)
 
     def _status_label(self, exc: BaseException | None) -> str:
         if self.error is not None:
@@ -500,10 +553,19 @@ def note_swap() -> None:
 
 
 def note_opened() -> None:
-    """The backend's answer has begun: the next chunk sent is the first token."""
+    """The backend's answer has begun under a lease (the `leased` event): the next chunk sent
+    is the first token."""
     request = current.get()
     if request is not None:
-        request.opened = True
+        request.on_leased()
+
+
+def note_usage(usage: Usage | None) -> None:
+    """The backend reported the answer's tokens (the `usage` event); None: it did not."""
+    if usage is not None:
+        request = current.get()
+        if request is not None:
+            request.on_usage(usage)
 
 
 def stream_failed(exc: E) -> E:
@@ -523,55 +585,64 @@ def counting_errors(render: Callable[[E], T]) -> Callable[[E], T]:
     return rendered
 
 
-# ---- token counts from the tail of an answer ------------------------------------------------
-
-TAIL_BYTES = 4096
-_COUNTS = re.compile(
-    rb'"(prompt_tokens|completion_tokens|prompt_eval_count|eval_count|prompt_n|predicted_n|'
-    rb'cache_n|input_tokens|output_tokens|cache_read_input_tokens)"\s*:\s*(\d+)')
-# Where a figure is reported more than one way, the first name wins. input/output_tokens:
-# Anthropic's Messages and OpenAI's Responses shapes (modelyard renders both).
-_IN = (b"prompt_tokens", b"prompt_eval_count", b"input_tokens", b"prompt_n")
-_OUT = (b"completion_tokens", b"eval_count", b"output_tokens", b"predicted_n")
-# The cached prompt tokens a shape leaves out of its prompt count, by that count's name.
-_CACHED_APART = {b"input_tokens": b"cache_read_input_tokens", b"prompt_n": b"cache_n"}
+# ---- the backend's usage ------------------------------------------------------------------
 
 
-def tail_of(prev: bytes, last: bytes, limit: int = TAIL_BYTES) -> bytes:
-    """The last `limit` bytes of an answer whose last two chunks are `prev` and `last`."""
-    if len(last) >= limit:
-        return last[-limit:]
-    return prev[-(limit - len(last)):] + last if prev else last
+class Usage(NamedTuple):
+    """An answer's tokens as its backend reported them: every prompt token (the cached ones
+    included), the generated ones, and of the prompt's those reused from the KV cache."""
+
+    prompt: int
+    completion: int
+    cached: int
 
 
-_CACHED = re.compile(rb'"(cached_tokens|cache_n|cache_read_input_tokens)"\s*:\s*(\d+)')
+def usage_of(event: dict[str, Any]) -> Usage | None:
+    """The usage a backend's answer (or final stream event) reports, or None: OpenAI's
+    `usage` (with `prompt_tokens_details.cached_tokens`), else llama-server's `timings`
+    (`prompt_n` counts only the prompt tokens evaluated now, `cache_n` those reused), else its
+    native completion's `tokens_evaluated`/`tokens_predicted`."""
+    usage = event.get("usage")
+    timings = event.get("timings")
+    if not isinstance(timings, dict):
+        timings = None
+    if isinstance(usage, dict):
+        details = usage.get("prompt_tokens_details")
+        cached = _count(details.get("cached_tokens")) if isinstance(details, dict) else 0
+        if not cached and timings is not None:
+            cached = _count(timings.get("cache_n"))
+        return Usage(_count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")),
+                     cached)
+    if timings is not None:
+        cached = _count(timings.get("cache_n"))
+        return Usage(_count(timings.get("prompt_n")) + cached,
+                     _count(timings.get("predicted_n")), cached)
+    if "tokens_predicted" in event:
+        return Usage(_count(event.get("tokens_evaluated")), _count(event.get("tokens_predicted")),
+                     0)
+    return None
 
 
-def cached_from_tail(tail: bytes) -> int:
-    """Prompt tokens reused from the KV cache, from an answer's tail (OpenAI
-    `prompt_tokens_details.cached_tokens`, llama-server `timings.cache_n`, Anthropic
-    `cache_read_input_tokens`); the last figure wins, 0 when absent."""
-    found = 0
-    for match in _CACHED.finditer(tail):
-        found = int(match.group(2))
-    return found
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
-def usage_from_tail(tail: bytes) -> tuple[int, int]:
-    """(tokens in, tokens out) of an answer, from its tail: the last OpenAI `usage`, Ollama
-    `prompt_eval_count`/`eval_count`, Anthropic/Responses `input_tokens`/`output_tokens` or
-    llama-server `timings` figures in it, the prompt's cached tokens included; 0 when absent."""
-    found: dict[bytes, int] = {}
-    for match in _COUNTS.finditer(tail):
-        found[match.group(1)] = int(match.group(2))
-    if not found:
-        return 0, 0
-    name = next((k for k in _IN if k in found), None)
-    tokens_in = 0 if name is None else found[name]
-    if name in _CACHED_APART:
-        # llama-server's `timings.prompt_n` counts the prompt tokens it evaluated now, not those
-        # reused from its cache (`cache_n`); Anthropic's `input_tokens` leaves out
-        # `cache_read_input_tokens`. The prompt is both.
-        tokens_in += found.get(_CACHED_APART[name], 0)
-    tokens_out = next((found[k] for k in _OUT if k in found), 0)
-    return tokens_in, tokens_out
+_DECODER = json.JSONDecoder()
+
+
+def usage_in_body(body: bytes) -> Usage | None:
+    """The usage of a whole JSON answer, read once: only its `usage` and `timings` objects
+    are decoded (found from the end, where backends put them), not the answer around them (an
+    embedding's vectors)."""
+    found: dict[str, Any] = {}
+    for key in (b'"usage":', b'"timings":'):
+        at = body.rfind(key)
+        if at < 0:
+            continue
+        try:
+            text = body[at + len(key):].decode()
+            value, _ = _DECODER.raw_decode(text, len(text) - len(text.lstrip()))
+        except (UnicodeDecodeError, ValueError):
+            continue
+        found[key[1:-2].decode()] = value
+    return usage_of(found) if found else None

@@ -16,7 +16,9 @@ no answer), --ignore-sigterm, --start-log FILE (appends `start <pid>`), --claim-
 bytes of the simulated GPUs named by $MODELYARD_SIMULATED_GPU_DIR while the process lives; with
 several dirs, split as $MODELYARD_SIMULATED_CLAIM_SPLIT says, else evenly).
 The generated text is deterministic: see `generated_text`. GET /requests returns the last 64
-completion request bodies it was sent (what a front relayed).
+completion request bodies it was sent (what a front relayed); GET /usages the usage of the last
+64 answers it finished (chat, completion, embeddings, rerank: `prompt_tokens`,
+`completion_tokens`, `cached_tokens`), what a front's accounting must match.
 
 Client mistakes llama-server answers with a 500 (see `chat_fault`): a chat `tools` that is not an
 array, or holds a tool whose type is not `function`; an image part without a projector
@@ -318,12 +320,17 @@ class Fake:
         self.stats = Stats()
         self.started_at = time.monotonic()
         self.received: list[Any] = []  # the last 64 completion bodies, for GET /requests
+        self.usages: list[dict[str, int]] = []  # the last 64 answers' usage, for GET /usages
         n_slots = max(1, opts.parallel or 1)
         self.slots: list[list[str]] = [[] for _ in range(n_slots)]  # each slot's cached tokens
         self.slot_used: list[float] = [0.0] * n_slots
 
     def remember(self, body: Any) -> None:
         self.received = [*self.received[-63:], body]
+
+    def answered(self, prompt: int, completion: int = 0, cached: int = 0) -> None:
+        self.usages = [*self.usages[-63:], {"prompt_tokens": prompt, "completion_tokens":
+                                             completion, "cached_tokens": cached}]
 
     def use_slot(self, body: dict[str, Any], plan: Plan) -> None:
         """Serve `plan` from a slot: count the cached prefix, then cache prompt + answer."""
@@ -582,6 +589,7 @@ class Generation(Response):
             if not (plan.stream and plan.n_tokens):
                 await send(start)
             await send(body_message(self.final(timings), more=False))
+            fake.answered(plan.prompt_tokens, plan.n_tokens, plan.cached)
             stats.requests_completed += 1
         except (ClientGone, OSError):  # uvicorn's ClientDisconnected is an OSError
             stats.requests_cancelled += 1
@@ -727,6 +735,9 @@ def build_app(fake: Fake) -> Any:
     async def received(request: Request) -> Response:  # what the backend was sent
         return JSONResponse(fake.received)
 
+    async def usages(request: Request) -> Response:  # what the backend reported
+        return JSONResponse(fake.usages)
+
     async def complete(request: Request) -> Response:
         if rid := request.headers.get("x-request-id"):
             log(f"fake: request {rid} on {request.url.path}")  # like a server's access log
@@ -780,6 +791,7 @@ def build_app(fake: Fake) -> Any:
         results = [{"index": i, "relevance_score": float(len(words & set(d.lower().split())) - 1)}
                    for i, d in enumerate(docs)]
         tokens = sum(len(d.split()) + len(words) for d in docs)
+        fake.answered(tokens)
         return JSONResponse({"model": fake.opts.alias, "object": "list",
                              "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
                              "results": results[::-1]})
@@ -799,6 +811,7 @@ def build_app(fake: Fake) -> Any:
                 vector = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
             data.append({"object": "embedding", "index": i, "embedding": vector})
         tokens = sum(count_words(item) for item in inputs)
+        fake.answered(tokens)
         return JSONResponse({"model": fake.opts.alias, "object": "list", "data": data,
                              "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
@@ -810,7 +823,8 @@ def build_app(fake: Fake) -> Any:
 
     routes = [Route(p, health) for p in ("/health", "/v1/health")]
     routes += [Route(p, models) for p in ("/models", "/v1/models")]
-    routes += [Route("/slots", slots), Route("/stats", stats), Route("/requests", received)]
+    routes += [Route("/slots", slots), Route("/stats", stats), Route("/requests", received),
+               Route("/usages", usages)]
     routes += [Route("/slots/{slot:int}", slot_action, methods=["POST"])]
     paths = ("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions",
              "/infill", "/completion")
@@ -828,10 +842,11 @@ def build_app(fake: Fake) -> Any:
 
     # `--api-key-file FILE`: llama-server's key check (middleware_validate_api_key): every
     # route but its public ones needs `Authorization: Bearer KEY` (or `X-Api-Key: KEY`), else
-    # 401. The fake's own /stats and /requests stay open: tests read them.
+    # 401. The fake's own /stats, /requests and /usages stay open: tests read them.
     keys = _read_keys(fake.opts.api_key_file) if fake.opts.api_key_file else None
     unauthorized = error(401, "Invalid API Key", "authentication_error")
-    public = {"/health", "/v1/health", "/models", "/v1/models", "/stats", "/requests"}
+    public = {"/health", "/v1/health", "/models", "/v1/models", "/stats", "/requests",
+              "/usages"}
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if extra:

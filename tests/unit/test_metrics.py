@@ -1,6 +1,6 @@
-"""Metrics: the token counts read from an answer's tail, the request middleware's labels, the
-gauges computed from a canned engine /status, and the Grafana dashboard against the metric
-definitions."""
+"""Metrics: the usage read from a whole answer, the usage event, the request middleware's
+labels, the gauges computed from a canned engine /status, and the Grafana dashboard against the
+metric definitions."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
-# ---- token counts from the tail ---------------------------------------------------------------
+# ---- the usage of a whole answer ---------------------------------------------------------------
 
 OPENAI_JSON = (
     b'{"choices":[{"finish_reason":"stop","index":0,"message":{"role":"assistant","content":'
@@ -43,45 +43,31 @@ SSE_TIMINGS_ONLY = (
     b'"chat.completion.chunk","id":"x","timings":{"cache_n":0,"prompt_n":4,"prompt_ms":0.2,'
     b'"predicted_n":16,"predicted_ms":61.3}}\n\ndata: [DONE]\n\n'
 )
-SSE_USAGE = (
-    b'data: {"choices":[],"object":"chat.completion.chunk","usage":{"completion_tokens":7,'
-    b'"prompt_tokens":11,"total_tokens":18}}\n\n'
-)
-OLLAMA_FINAL = (
-    b'{"model":"m","created_at":"2026-01-01T00:00:00Z","message":{"role":"assistant","content":'
-    b'""},"done":true,"done_reason":"stop","total_duration":7911217,"load_duration":92316,'
-    b'"prompt_eval_count":2,"prompt_eval_duration":100000,"eval_count":16,"eval_duration":7}\n'
-)
 
 
 @pytest.mark.parametrize(
-    ("tail", "expected"),
+    ("body", "expected"),
     [
-        (OPENAI_JSON, (4, 16)),  # usage wins over timings
-        (SSE_TIMINGS_ONLY, (4, 16)),  # llama-server's stream without include_usage
-        (SSE_USAGE + b"data: [DONE]\n\n", (11, 7)),
-        (OLLAMA_FINAL, (2, 16)),  # eval_count is not read out of prompt_eval_count
-        (b"data: " + OLLAMA_FINAL.strip() + b"\n\n", (2, 16)),  # native's closing SSE event
-        (b'{"object":"list","data":[],"usage":{"prompt_tokens":9,"total_tokens":9}}', (9, 0)),
-        (b'{"model":"m","embeddings":[[0.1]],"prompt_eval_count":5}', (5, 0)),
-        (b'{"model":"m","done":true,"done_reason":"load"}', (0, 0)),
-        (b"", (0, 0)),
+        (OPENAI_JSON, (4, 16, 0)),  # usage wins over timings
+        (b'{"object":"list","data":[],"usage":{"prompt_tokens":9,"total_tokens":9}}', (9, 0, 0)),
+        # llama-server's timings alone: prompt_n leaves out the cached tokens (cache_n)
+        (b'{"content":"x","timings":{"cache_n":6,"prompt_n":3,"predicted_n":2}}', (9, 2, 6)),
+        # usage without details: the cached ones from timings
+        (b'{"usage":{"prompt_tokens":9,"completion_tokens":2},"timings":{"cache_n":6}}',
+         (9, 2, 6)),
+        # a huge answer: only its usage is decoded
+        (b'{"content":"' + b"x" * 100_000 + b'","usage":{"prompt_tokens":1,'
+         b'"completion_tokens":2}}', (1, 2, 0)),
     ],
 )
-def test_usage_from_tail(tail: bytes, expected: tuple[int, int]) -> None:
-    assert metrics.usage_from_tail(tail) == expected
+def test_usage_in_a_whole_body(body: bytes, expected: tuple[int, int, int]) -> None:
+    assert metrics.usage_in_body(body) == expected
 
 
-def test_the_tail_spans_the_last_two_chunks_and_no_more() -> None:
-    head, usage = SSE_USAGE[:30], SSE_USAGE[30:]
-    assert metrics.usage_from_tail(metrics.tail_of(head, usage + b"data: [DONE]\n\n")) == (11, 7)
-    assert metrics.tail_of(b"abc", b"defg", limit=5) == b"cdefg"
-    assert metrics.tail_of(b"abc", b"defghij", limit=5) == b"fghij"
-    assert metrics.tail_of(b"", b"xy") == b"xy"
-    # A huge answer is read only in its last TAIL_BYTES.
-    big = b'{"content":"' + b"x" * 100_000 + b'","usage":{"prompt_tokens":1,"completion_tokens":2}}'
-    tail = metrics.tail_of(b"", big)
-    assert len(tail) == metrics.TAIL_BYTES and metrics.usage_from_tail(tail) == (1, 2)
+@pytest.mark.parametrize("body", [b"", b'{"model":"m","done":true}', b'{"usage":null}',
+                                  b'{"usage":{"prompt_tokens":'])
+def test_no_usage_in_a_body(body: bytes) -> None:
+    assert metrics.usage_in_body(body) in (None, (0, 0, 0))
 
 
 # ---- the request middleware -------------------------------------------------------------------
@@ -110,8 +96,10 @@ async def _handler(request: Request) -> Response:
         return StreamingResponse(events(b"data: loading\n\n", b"data: " + failed.code.encode()))
     metrics.note_opened()
     if case == "json":
+        metrics.note_usage(metrics.usage_in_body(OPENAI_JSON))  # what Relay.read reports
         return Response(OPENAI_JSON, media_type="application/json")
     if case == "stream":
+        metrics.note_usage(metrics.Usage(4, 16, 0))  # the relay's usage event
         return StreamingResponse(events(b"data: first\n\n", SSE_TIMINGS_ONLY))
 
     async def broken() -> AsyncIterator[bytes]:
@@ -148,7 +136,7 @@ def counts(case: str, status: str) -> tuple[float, ...]:
     ("case", "status", "delta"),
     [
         ("json", "200", (1, 0, 1, 4, 16)),  # a whole answer: no first token, its usage
-        ("stream", "200", (1, 1, 1, 4, 16)),  # the tail's timings
+        ("stream", "200", (1, 1, 1, 4, 16)),  # the usage event's
         ("queue_full", "429", (1, 0, 0, 0, 0)),
         ("broken", "upstream_error", (1, 1, 0, 0, 0)),  # a first token, then an in-band error
         ("progress_then_load_failed", "model_load_failed", (1, 0, 0, 0, 0)),

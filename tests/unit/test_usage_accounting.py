@@ -1,6 +1,7 @@
 """Usage accounting without a server: the hourly aggregation, the incrementing upsert on a real
 SQLite file (two recorders = two fronts on one database), answers that add what is not flushed
-yet without counting it twice, the bounded owner label, and the tail's prompt tokens."""
+yet without counting it twice, the bounded owner label, and the prompt tokens of a backend's
+usage."""
 
 from __future__ import annotations
 
@@ -62,29 +63,23 @@ def test_owner_label_is_bounded() -> None:
 
 
 @pytest.mark.parametrize(
-    ("tail", "expected"),
+    ("event", "expected"),
     [
-        # llama-server's stream without include_usage: only timings, 6 prompt tokens reused
-        (b'data: {"choices":[],"timings":{"cache_n":6,"prompt_n":3,"predicted_n":16}}\n\n',
-         (9, 16)),
+        # llama-server's final event without usage: only timings, 6 prompt tokens reused
+        ({"choices": [], "timings": {"cache_n": 6, "prompt_n": 3, "predicted_n": 16}},
+         (9, 16, 6)),
         # usage present: it already counts every prompt token; cache_n is not added again
-        (b'{"usage":{"completion_tokens":2,"prompt_tokens":9,"prompt_tokens_details":'
-         b'{"cached_tokens":6}},"timings":{"cache_n":6,"prompt_n":3,"predicted_n":2}}', (9, 2)),
-        # Ollama's figures (modelyard's renderer already counts the cached ones in)
-        (b'{"done":true,"prompt_eval_count":9,"eval_count":2}', (9, 2)),
-        # Anthropic's stream: message_start's input_tokens, then message_delta's (cache apart)
-        (b'event: message_start\ndata: {"usage":{"input_tokens":9,"output_tokens":0}}\n\n'
-         b'event: message_delta\ndata: {"usage":{"input_tokens":3,"cache_read_input_tokens":6,'
-         b'"cache_creation_input_tokens":0,"output_tokens":2}}\n\n', (9, 2)),
-        # OpenAI Responses: input_tokens counts the cached ones already
-        (b'{"usage":{"input_tokens":9,"input_tokens_details":{"cached_tokens":6},'
-         b'"output_tokens":2,"total_tokens":11}}', (9, 2)),
+        ({"usage": {"completion_tokens": 2, "prompt_tokens": 9,
+                    "prompt_tokens_details": {"cached_tokens": 6}},
+          "timings": {"cache_n": 6, "prompt_n": 3, "predicted_n": 2}}, (9, 2, 6)),
+        # llama-server's native completion (/infill)
+        ({"stop": True, "tokens_evaluated": 9, "tokens_predicted": 2}, (9, 2, 0)),
+        ({"choices": []}, None),
     ],
 )
-def test_prompt_tokens_from_a_tail_include_the_cached(tail: bytes,
-                                                      expected: tuple[int, int]) -> None:
-    assert metrics.usage_from_tail(tail) == expected
-    assert metrics.cached_from_tail(tail) in (0, 6)
+def test_prompt_tokens_of_a_backends_usage_include_the_cached(
+        event: dict[str, object], expected: tuple[int, int, int] | None) -> None:
+    assert metrics.usage_of(event) == expected
 
 
 def test_parse_time_and_group_by() -> None:

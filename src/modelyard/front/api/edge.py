@@ -39,6 +39,7 @@ from modelyard.front.identity.cors import OllamaCors
 from modelyard.front.identity.principal import CURRENT_PRINCIPAL
 from modelyard.front.ops.metrics import Metered
 from modelyard.front.render import error_response
+from modelyard.metrics import current
 from modelyard.request_ids import HEADER, REQUEST_ID, accept
 
 _REQUEST_ID = b"x-request-id"
@@ -124,6 +125,8 @@ class Edge:
             await error_response(scope["path"], exc)(scope, receive, send)
             return
         owner = CURRENT_PRINCIPAL.set(scope["modelyard.principal"])
+        if (record := current.get()) is not None:
+            record.on_admitted()  # the request's `admitted` event
         try:
             if admitted is None:  # the common case: no limit applies
                 await self._routed(scope, receive, send)

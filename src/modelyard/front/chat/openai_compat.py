@@ -38,6 +38,7 @@ from modelyard.errors import InvalidRequest
 from modelyard.front.chat import choices, legacy_functions
 from modelyard.front.chat.forced_call import ForcedCall
 from modelyard.front.sse import sse_event
+from modelyard.metrics import note_usage, usage_of
 
 INFILL_PATH = "/infill"
 
@@ -241,6 +242,8 @@ class Reshape:
 
     def _flush(self) -> bytes:
         held, self._held = self._held, None
+        if self._usage.seen:  # the request's usage event: every choice's, summed
+            note_usage(usage_of({"usage": self._usage.usage()}))
         events = []
         if held is not None:
             if not self.include_usage and self._usage.seen:

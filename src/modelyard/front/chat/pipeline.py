@@ -42,6 +42,7 @@ from modelyard.front.chat.sessions.relay import (
 )
 from modelyard.front.chat.tools import http as tool_loop_http
 from modelyard.front.chat.translate import Generation
+from modelyard.front.dispatch.final_usage import ask_upstream
 from modelyard.front.dispatch.relay import (
     ClientWatch,
     LeasedStream,
@@ -53,6 +54,7 @@ from modelyard.front.dispatch.relay import (
 from modelyard.front.dispatch.swap_progress import open_for_stream
 from modelyard.front.request_context import RequestContext
 from modelyard.front.state import FrontState
+from modelyard.metrics import usage_in_body
 from modelyard.wire.speculative import SPECULATIVE_HEADER
 
 
@@ -87,6 +89,15 @@ async def answer(ctx: RequestContext, call: ChatCall, render: Render) -> Respons
             reshape = reshape if reshape is not None else Reshape(model=call.model)
             reshape.forced = force
 
+    # The backend's final usage, for the request's `usage` event: an OpenAI chat streamed as
+    # bytes asks for it even when the client did not, and loses it again on the way back
+    # (front/dispatch/final_usage.py). (n > 1 is asked for it already, and summed: Reshape.)
+    strip = False
+    if gen is None and call.stream and call.chat and \
+            (asked := ask_upstream(payload, body)) is not None:  # fmt: skip
+        body, strip = asked
+    several = reshape is not None and reshape.n > 1
+
     # A non-streamed answer is awaited watching the client: one that leaves stops it.
     watch = None if call.stream else ClientWatch(ctx.receive)
 
@@ -105,7 +116,8 @@ async def answer(ctx: RequestContext, call: ChatCall, render: Render) -> Respons
 
     def stream_body(relay: Relay) -> AsyncIterator[bytes]:
         if gen is None:  # the backend's SSE, unchanged
-            chunks = relay_raw(relay, render.error_event)
+            chunks = relay_raw(relay, render.error_event,
+                               None if several else relay.final_usage(strip=strip))
             if reshape is not None:
                 chunks = reshape.stream(chunks)
             if turn is not None:
@@ -154,6 +166,8 @@ async def answer(ctx: RequestContext, call: ChatCall, render: Render) -> Respons
         raw = await relay.read()
         if reshape is not None:
             raw = reshape.whole(raw)
+            if several:  # the choices' usages, summed
+                relay.report_usage(usage_in_body(raw))
         if turn is not None:
             commit_body(turn, raw)
         if capture is not None:

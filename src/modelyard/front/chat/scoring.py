@@ -46,6 +46,7 @@ from modelyard.front.chat.request import COMPLETION_PATH
 from modelyard.front.dispatch.relay import ClientWatch, Relay
 from modelyard.front.sse import sse_event
 from modelyard.front.state import FrontState
+from modelyard.metrics import note_usage, usage_of
 
 # A bias no logit comes near: the token it is given is the one sampled, whatever the samplers.
 FORCE_BIAS = 1e9
@@ -137,6 +138,7 @@ def _nothing(model: str, prompts: list[str | list[int]], *, echo: bool) -> dict[
 
 
 def _respond(answer: dict[str, Any], data: dict[str, Any]) -> Response:
+    note_usage(usage_of(answer))  # the request's usage event: the steps' usage, as answered
     if data.get("stream") is not True:
         return Response(orjson.dumps(answer), media_type="application/json")
     # A stream of one chunk: everything is known before the first byte.

@@ -28,9 +28,10 @@ from modelyard.errors import (
     UpstreamError,
 )
 from modelyard.front.dispatch.drain import track_relay
+from modelyard.front.dispatch.final_usage import FinalUsage
 from modelyard.front.engines.client import EngineClient
 from modelyard.front.sse import DONE, read_event
-from modelyard.metrics import note_opened, stream_failed
+from modelyard.metrics import Request, Usage, current, stream_failed, usage_in_body, usage_of
 from modelyard.request_ids import outgoing_headers
 from modelyard.types import Lease
 
@@ -123,11 +124,23 @@ class Relay:
         self._body: bytes | None = None  # the body, once read()
         self._untrack = track_relay(self)  # a shutdown past its grace aborts it
         self._unwatch = engine.watch(self)  # so does its engine falling silent
-        note_opened()  # for /metrics: the next chunk the client gets is the first token
+        # The request's record: the relay's events (leased, usage) go to its observers.
+        self.record: Request | None = current.get()
+        if self.record is not None:
+            self.record.on_leased()
 
     @property
     def status(self) -> int:
         return self.response.status
+
+    def report_usage(self, usage: Usage | None) -> None:
+        """The backend's usage for this answer (the request's `usage` event)."""
+        if usage is not None and self.record is not None:
+            self.record.on_usage(usage)
+
+    def final_usage(self, *, strip: bool) -> FinalUsage:
+        """What reads the usage at the end of this relay's raw stream (`relay_raw`)."""
+        return FinalUsage(self.report_usage, strip=strip)
 
     @property
     def content_type(self) -> str:
@@ -150,6 +163,8 @@ class Relay:
                 self._body = await self.response.read()
             else:
                 self._body = await self.watch.wait(self.response.read())
+            if self.record is not None and self.response.status == 200:
+                self.report_usage(usage_in_body(self._body))  # read whole: its usage, once
             return self._body
         except RELAY_ERRORS as exc:
             raise await stream_broke(self, exc) from exc
@@ -298,17 +313,31 @@ def passthrough_error(relay: Relay, body: bytes) -> Response:
 
 
 async def relay_raw(
-    relay: Relay, on_error: Callable[[ModelyardError], bytes]
+    relay: Relay, on_error: Callable[[ModelyardError], bytes],
+    usage: FinalUsage | None = None,
 ) -> AsyncIterator[bytes]:
-    """Upstream bytes unchanged; a broken upstream becomes one in-band error event."""
+    """Upstream bytes unchanged; a broken upstream becomes one in-band error event. With
+    `usage`, the stream's end is read for the backend's usage (front/dispatch/final_usage.py)."""
     try:
-        async for chunk in relay.iter_chunks():
-            yield chunk
+        if usage is None:
+            async for chunk in relay.iter_chunks():
+                yield chunk
+        else:
+            async for chunk in relay.iter_chunks():
+                if out := usage.feed(chunk):
+                    yield out
+            if out := usage.end():
+                yield out
     except RELAY_ERRORS as exc:
-        if left := unread_bytes(relay.response.content):
+        left = unread_bytes(relay.response.content)
+        if usage is not None:
+            left = usage.broken(left)
+        if left:
             yield left  # what the backend sent before it broke is the client's too
         yield on_error(stream_failed(await stream_broke(relay, exc)))
     except ModelyardError as exc:  # aborted (shutdown)
+        if usage is not None and (left := usage.broken(b"")):
+            yield left
         yield on_error(stream_failed(exc))
     finally:
         relay.close()
@@ -352,6 +381,8 @@ async def iter_sse_json(relay: Relay) -> AsyncIterator[dict[str, Any]]:
             if event == DONE:
                 return
             if event is not None:
+                if "usage" in event or "timings" in event:  # the backend's final usage
+                    relay.report_usage(usage_of(event))
                 yield event
     except RELAY_ERRORS as exc:
         # The whole lines the backend sent before it broke are read first.

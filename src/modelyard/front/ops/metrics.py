@@ -1,10 +1,11 @@
 """`GET /metrics` (Prometheus text format) and what feeds it in the front (docs/metrics.md).
 
-- `Metered` (run by the front's edge, front/api/edge.py) records each inference request once its
-  response is over: the count by model/API/status, time to first token, latency and tokens
-  (read from the answer's last two chunks, kept by reference: nothing of the stream is
-  copied). Handlers deeper down tell it what only they know through `modelyard.metrics.current`
-  (the model routed to, when the backend's answer began, an in-band error).
+- `Metered` (run by the front's edge, front/api/edge.py) makes each inference request's record
+  (`modelyard.metrics.Request`), which its events fill: the relay and handlers deeper down
+  reach it through `modelyard.metrics.current` (the model routed to, the lease, the backend's
+  usage, an in-band error); nothing of the answer's bytes is read for it. When the response is
+  over, the metrics count it (model/API/status, time to first token, latency, tokens) and the
+  request log gets its record.
 - `readings` turns each engine's /status (as `GET /status` shows it), the front's queues and
   its pull jobs into gauges at scrape time, so nothing stale outlives an engine.
 - `metrics` answers the scrape: in multiprocess mode the sum of every process's files (front
@@ -56,10 +57,12 @@ API_OF_PATH = {
 }
 
 
-class Metered:
+class Metered(m.Observer):
     """One inference request being counted and timed (the edge's part of the metrics, in
     front/api/edge.py): `start` when it arrives, `on_send` for each message of its answer,
-    `finish` when its response is over."""
+    `finish` when its response is over. Its record (`modelyard.metrics.Request`) is filled by
+    the request's events; this subscribes to its end, to hand the record to the request log
+    (usage, activity, limits), and the activity view subscribes while it is in flight."""
 
     __slots__ = ("activity", "capture", "front", "request", "scope", "token")
 
@@ -67,6 +70,7 @@ class Metered:
         self.scope = scope
         self.request = m.Request(api)
         self.token = m.current.set(self.request)
+        self.request.observers.append(self)
         # The activity view (front/ops/activity.py): what is in flight, and opt-in capture of
         # the bodies, taken here where they pass anyway; off, it costs an attribute read.
         self.front = _front_of(scope)
@@ -96,11 +100,13 @@ class Metered:
         elif kind == "http.response.start":
             self.request.status = message["status"]
 
+    def ended(self, request: m.Request) -> None:
+        _record(self.front, self.scope, request, self.capture)
+
     def finish(self, exc: BaseException | None = None) -> None:
-        """Count it and hand it to the request log; `exc`: what ended it, if it raised."""
+        """The request's end (its `ended` event); `exc`: what ended it, if it raised."""
         try:
             self.request.finish(exc)
-            _record(self.front, self.scope, self.request, self.capture)
         finally:
             m.current.reset(self.token)
             if self.activity is not None:

@@ -1,7 +1,8 @@
 """What each inference request leaves behind once it is over: one `RequestRecord`.
 
-The metrics middleware (front/ops/metrics.py) builds the record when a response ends and hands it
-to every sink the front registered (`RequestLog.add_sink`): usage accounting
+The request's record (`modelyard.metrics.Request`) is filled by its events (leased, usage — the
+backend's own —, first byte, end); when it ended, front/ops/metrics.py builds this record from it
+and hands it to every sink the front registered (`RequestLog.add_sink`): usage accounting
 (front/ops/usage.py) and the activity view (front/ops/activity.py). Sinks run on the event loop,
 on the request path: they must not await, must not do I/O (buffer, and flush elsewhere) and must
 not raise (a sink that raises is logged and the others still run).
