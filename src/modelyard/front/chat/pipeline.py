@@ -36,6 +36,8 @@ from modelyard.front.chat.sessions.relay import (
     begin_turn,
     commit_body,
     refresh_session,
+    settle,
+    settled,
     tagged,
     tap_sse,
     tap_translated,
@@ -104,6 +106,12 @@ async def answer(ctx: RequestContext, call: ChatCall, render: Render) -> Respons
         return ollama_fit.fitted(lambda sent: send(sent, say), body, call, call.fit)
 
     def stream_body(relay: Relay) -> AsyncIterator[bytes]:
+        chunks = framed_body(relay)
+        if turn is not None and turn.store.shared:  # its end waits for the turn's write
+            chunks = settled(turn, chunks)
+        return chunks
+
+    def framed_body(relay: Relay) -> AsyncIterator[bytes]:
         if gen is None:  # the backend's SSE, unchanged
             chunks = relay_raw(relay, render.error_event)
             if reshape is not None:
@@ -169,6 +177,8 @@ async def answer(ctx: RequestContext, call: ChatCall, render: Render) -> Respons
         if capture is not None:
             capture.save_generation(gen)
         response = render.whole(call, gen)
+    if turn is not None and not call.stream:
+        await settle(turn)  # several workers: the next turn may go to another one
     # The engine's word on speculative decoding for this answer (a transformers model says why
     # its draft is not used): one header lookup, passed on.
     note = relay.header(SPECULATIVE_HEADER)
