@@ -51,6 +51,7 @@ from modelyard.wire.lease import (
     Refused,
     Release,
     State,
+    Ticket,
     decode_front_frame,
 )
 
@@ -92,14 +93,16 @@ class _Connection:
             self.out.write(frame.encode())
 
     async def _grant(
-        self, request_id: int, model: str, keep_alive_s: float | None, progress: bool
+        self, request_id: int, model: str, keep_alive_s: float | None, progress: bool,
+        queue: Ticket | None = None,
     ) -> None:
         def say(text: str) -> None:
             self._send(Progress(request_id, text))
 
         try:
             lease = await self.engine.acquire(
-                model, keep_alive_s=keep_alive_s, progress=say if progress else None
+                model, keep_alive_s=keep_alive_s, progress=say if progress else None,
+                ticket=queue,
             )
         except ModelyardError as exc:
             self._send(Refused(request_id, exc.native_body()))
@@ -125,7 +128,8 @@ class _Connection:
             context = contextvars.copy_context()  # the grant's logs name the front's request
             context.run(REQUEST_ID.set, frame.request_id)
             task = asyncio.create_task(
-                self._grant(frame.id, frame.model, frame.keep_alive_s, frame.progress),
+                self._grant(frame.id, frame.model, frame.keep_alive_s, frame.progress,
+                            frame.queue),
                 context=context,
             )
             self.pending[frame.id] = task

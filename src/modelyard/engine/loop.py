@@ -46,6 +46,7 @@ from modelyard.errors import (
     ModelNotFound,
     ModelyardError,
     QueueFull,
+    QueueTimeout,
 )
 from modelyard.hw.thermal import DEFAULT_THRESHOLDS, ThermalSensors, engine_paused
 from modelyard.placement import policy as scheduler
@@ -55,6 +56,7 @@ from modelyard.store.estimate import estimate_model
 from modelyard.store.registry import Entry
 from modelyard.types import Lease
 from modelyard.wire.catalog import CatalogSnapshot
+from modelyard.wire.lease import Ticket
 
 log = logging.getLogger("modelyard.engine")
 
@@ -80,15 +82,17 @@ class Engine(ConfigReload):
         *,
         keep_alive_s: float | None = None,
         progress: Callable[[str], None] | None = None,
+        ticket: Ticket | None = None,
     ) -> Lease:
         """A lease on a ready copy of `name`, loading it first (and evicting) if needed;
-        `progress` hears what a load does meanwhile (unloading X, loading Y, ready)."""
+        `progress` hears what a load does meanwhile (unloading X, loading Y, ready); `ticket`:
+        how it waits for a slot (a worker of `serve --workers N`: `_wait_slot`)."""
         rt = self._runtime(await self._resolve(name))
         if progress is None or rt.state is ModelState.READY:
-            return await self._acquire(rt, keep_alive_s)
+            return await self._acquire(rt, keep_alive_s, ticket)
         rt.listeners.add(progress)
         try:
-            return await self._acquire(rt, keep_alive_s)
+            return await self._acquire(rt, keep_alive_s, ticket)
         finally:
             rt.listeners.discard(progress)
 
@@ -121,13 +125,14 @@ class Engine(ConfigReload):
         for rt in self._models.values():
             rt.cooldown_until = 0.0
 
-    async def _acquire(self, rt: Runtime, keep_alive_s: float | None) -> Lease:
+    async def _acquire(self, rt: Runtime, keep_alive_s: float | None,
+                       ticket: Ticket | None = None) -> Lease:
         # While it waits it counts among the model's waiters: the model is not idle (no
         # keep-alive expiry, no eviction) and its load is wanted. One that leaves without a
         # lease wakes the placer and the reaper, which may then drop the load or expire it.
         rt.waiters += 1
         try:
-            lease = await self._lease(rt, keep_alive_s)
+            lease = await self._lease(rt, keep_alive_s, ticket)
         except BaseException:
             rt.waiters -= 1
             self._notify()
@@ -135,7 +140,8 @@ class Engine(ConfigReload):
         rt.waiters -= 1
         return lease
 
-    async def _lease(self, rt: Runtime, keep_alive_s: float | None) -> Lease:
+    async def _lease(self, rt: Runtime, keep_alive_s: float | None,
+                     ticket: Ticket | None = None) -> Lease:
         started = self.clock()
         rt.keep_alive_s = keep_alive_s
         self._ensure_reaper()
@@ -155,10 +161,10 @@ class Engine(ConfigReload):
                 rt.load = self._spawn(self._load(rt), f"load:{rt.entry.id}")
             await asyncio.shield(rt.load)
         if not self._slot_free(rt):
-            await self._wait_slot(rt)  # granted below with no await between: the turn holds
+            await self._wait_slot(rt, ticket)  # granted below with no await between
             if rt.state is not ModelState.READY or rt.retiring is not None:
                 self._hand_slot(rt)  # it went away meanwhile: the next one looks too
-                return await self._lease(rt, keep_alive_s)
+                return await self._lease(rt, keep_alive_s, ticket)
         return self._grant(rt, int((self.clock() - started) * 1e9))
 
     def _max_concurrency(self, rt: Runtime) -> int:
@@ -171,21 +177,42 @@ class Engine(ConfigReload):
     def _slot_free(self, rt: Runtime) -> bool:
         return rt.slots.free(len(rt.leases), self._max_concurrency(rt))
 
-    async def _wait_slot(self, rt: Runtime) -> None:
+    async def _wait_slot(self, rt: Runtime, ticket: Ticket | None = None) -> None:
         """Wait in `rt`'s slot queue until a release hands this request a turn.
 
         Under `serve --workers N` this queue is the model's queue for every worker (each
         worker's own admits `max_concurrency + max_queue`, dispatcher.limits): the engine
-        sees every lease, so `max_queue` is held here, once for all of them."""
+        sees every lease, so `max_queue` is held here, once for all of them, and the request's
+        `ticket` orders it (priority, its owner's fair share) and bounds its wait
+        (`queue_timeout_s`), as the front's queue does (front/dispatch/queueing.py)."""
         if self.settings.worker_count > 1:
             limit = rt.spec.max_queue
             limit = self.settings.max_queue if limit is None else limit
-            if len(rt.slots.waiting) >= limit:
+            if rt.slots.waiting >= limit:
                 raise QueueFull(
                     f"model '{rt.entry.id}' is busy: {len(rt.leases)} running, "
-                    f"{len(rt.slots.waiting)} waiting (max_queue {limit})",
-                    model=rt.entry.id, retry_after_s=1.0)
-        await rt.slots.wait(lambda: self._hand_slot(rt))
+                    f"{rt.slots.waiting} waiting (max_queue {limit}); retry in about "
+                    f"{self._retry_after_s(rt):.0f}s",
+                    model=rt.entry.id, retry_after_s=self._retry_after_s(rt))
+        timeout_s = None if ticket is None else ticket.timeout_s
+        if timeout_s is None:
+            await rt.slots.wait(lambda: self._hand_slot(rt), ticket)
+            return
+        try:
+            async with asyncio.timeout(timeout_s):
+                await rt.slots.wait(lambda: self._hand_slot(rt), ticket)
+        except TimeoutError:
+            raise QueueTimeout(
+                f"model '{rt.entry.id}' stayed busy for the queue timeout of {timeout_s:g}s "
+                f"({len(rt.leases)} running, {rt.slots.waiting} waiting); retry in about "
+                f"{self._retry_after_s(rt):.0f}s",
+                model=rt.entry.id, retry_after_s=self._retry_after_s(rt)) from None
+
+    def _retry_after_s(self, rt: Runtime) -> float:
+        """When a retry would likely find a slot: the waiters ahead and it, spread over the
+        slots, at a second each (the engine does not time its leases; the front's estimate,
+        front/dispatch/queueing.py, starts from the same second)."""
+        return max(1.0, (rt.slots.waiting + 1) / self._max_concurrency(rt))
 
     def _hand_slot(self, rt: Runtime) -> None:
         """Hand free slots of `rt` to the waiters at the head of its queue."""

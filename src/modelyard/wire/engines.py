@@ -26,6 +26,7 @@ from modelyard.types import Lease
 from modelyard.wire.catalog import CatalogSnapshot
 from modelyard.wire.cluster import NodeReport
 from modelyard.wire.doctor import EngineDoctor
+from modelyard.wire.lease import Ticket
 from modelyard.wire.logs import LogLine
 from modelyard.wire.status import EngineStatus
 
@@ -51,6 +52,7 @@ class EngineClient(Protocol):
         model: str,
         keep_alive_s: float | None = None,
         on_progress: Callable[[str], None] | None = None,
+        queue: Ticket | None = None,  # how it waits for a slot there (serve --workers N)
     ) -> Lease: ...
 
     def lease_now(self, model: str, keep_alive_s: float | None = None) -> Lease | None:

@@ -14,13 +14,20 @@ A malformed frame is a `FrameError` (a ValueError).
                     change of its models, coalesced: see engine/lease_channel.py)
     front → engine  Ping {"op": "ping"}      engine → front  Pong {"op": "pong"}
     front → engine  Acquire {"op": "acquire", "id": 7, "model": "m", "keep_alive_s": 300,
-                             "progress": true, "request_id": "…"}   (the last three optional)
+                             "progress": true, "request_id": "…",
+                             "queue": {"owner": "ann", "weight": 1.0, "priority": 0,
+                                       "timeout_s": 600}}   (the last four optional)
     engine → front  Progress {"id": 7, "progress": "loading m"}   (only if asked)
     engine → front  Granted {"id": 7, "lease": {...}}   or   Refused {"id": 7, "error": {...}}
     front → engine  Release {"op": "release", "lease": "…"}
     front → engine  Cancel {"op": "cancel", "id": 7}   (the front stopped waiting for that grant)
 
-State frames are asked for in the hello, so PROTOCOL stays 1: an older engine ignores the
+`queue` (a `Ticket`) is sent by the workers of `serve --workers N` only, whose model queue is
+the engine's slot queue: it waits there in its owner's fair share, by priority, at most
+`timeout_s`. Without it (one front, or an older one) the engine's slot queue is first come first
+served and unbounded in time, as before; an older engine ignores the field. So PROTOCOL stays 1.
+
+State frames are asked for in the hello, so PROTOCOL stays 1 too: an older engine ignores the
 unknown hello field (the front then reads /status as before), and an older front never asks, so
 it never meets a frame it does not know (its decoder would close the channel).
 
@@ -108,6 +115,31 @@ class Ping:
         return b'{"op":"ping"}\n'
 
 
+@dataclass(frozen=True, slots=True)
+class Ticket:
+    """How a request waits in the engine's slot queue of its model: whose it is and with what
+    fair-share weight, its priority, and how long it may wait there (None: no bound)."""
+
+    owner: str = ""
+    weight: float = 1.0
+    priority: int = 0
+    timeout_s: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"owner": self.owner, "weight": self.weight, "priority": self.priority,
+                "timeout_s": self.timeout_s}
+
+    @classmethod
+    def from_json(cls, m: object) -> Ticket:
+        if not isinstance(m, Mapping):
+            raise FrameError("queue: not an object")
+        weight, timeout = float(m.get("weight", 1.0)), m.get("timeout_s")
+        if not weight > 0:
+            raise FrameError("queue: the weight must be > 0")
+        return cls(str(m.get("owner", "")), weight, int(m.get("priority", 0)),
+                   float(timeout) if timeout is not None else None)
+
+
 @dataclass(slots=True)
 class Acquire:
     id: int
@@ -115,6 +147,7 @@ class Acquire:
     keep_alive_s: float | None = None
     progress: bool = False  # send Progress frames while a load runs
     request_id: str | None = None  # the engine's logs of this grant carry it
+    queue: Ticket | None = None  # how it waits for a slot (serve --workers N)
 
     def encode(self) -> bytes:
         message: dict[str, Any] = {"op": "acquire", "id": self.id, "model": self.model}
@@ -124,6 +157,8 @@ class Acquire:
             message["keep_alive_s"] = self.keep_alive_s
         if self.progress:
             message["progress"] = True
+        if self.queue is not None:
+            message["queue"] = self.queue.to_json()
         return _line(message)
 
 
@@ -153,10 +188,11 @@ def decode_front_frame(line: bytes) -> FrontFrame:
         op = m["op"]
         if op == "acquire":
             keep_alive = m.get("keep_alive_s")
-            rid = m.get("request_id")
+            rid, queue = m.get("request_id"), m.get("queue")
             return Acquire(int(m["id"]), str(m["model"]),
                            float(keep_alive) if keep_alive is not None else None,
-                           bool(m.get("progress")), str(rid) if rid is not None else None)
+                           bool(m.get("progress")), str(rid) if rid is not None else None,
+                           Ticket.from_json(queue) if queue is not None else None)
         if op == "release":
             return Release(str(m["lease"]))
         if op == "ping":

@@ -89,6 +89,7 @@ async def create(request: Request) -> Response:
     entry = state.catalog.registry.get(req.model)
     canonical = entry.name if entry is not None else req.model
     if req.previous_response_id is not None:
+        await sessions.refresh_all(principal)  # several fronts or workers: stored elsewhere
         cont = stored.continuation(
             sessions, principal, req.previous_response_id, model=canonical,
             instructions=bool(req.instructions), store_new=req.store, new_id=resp_id)
@@ -115,14 +116,19 @@ async def create(request: Request) -> Response:
 
 
 async def retrieve(request: Request) -> Response:
-    _, record = stored.find(state_of(request).chat.sessions, principal_of(request),
-                            request.path_params["response_id"])
+    sessions, principal = state_of(request).chat.sessions, principal_of(request)
+    await sessions.refresh_all(principal)  # several fronts or workers: stored elsewhere
+    _, record = stored.find(sessions, principal, request.path_params["response_id"])
     return Response(orjson.dumps(record["response"]), media_type="application/json")
 
 
 async def delete(request: Request) -> Response:
     resp_id = request.path_params["response_id"]
-    stored.delete(state_of(request).chat.sessions, principal_of(request), resp_id)
+    sessions, principal = state_of(request).chat.sessions, principal_of(request)
+    await sessions.refresh_all(principal)
+    stored.delete(sessions, principal, resp_id)
+    if sessions.shared:
+        await sessions.flush()  # forgotten for the others before the answer says so
     return Response(orjson.dumps({"id": resp_id, "object": "response", "deleted": True}),
                     media_type="application/json")
 

@@ -14,7 +14,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from modelyard.front.chat.sessions.store import SessionStore, owner_of, valid_session_id
-from modelyard.front.identity.principal import principal_of
+from modelyard.front.identity.principal import Principal, principal_of
 from modelyard.front.state import state_of
 
 
@@ -30,28 +30,43 @@ def _owner(request: Request) -> str | None:
     return request.query_params.get("owner")
 
 
+def _named_owner(request: Request, principal: Principal) -> str:
+    """The owner of the session a request names: `?owner=` (admins), else the caller."""
+    named = _owner(request) if principal.is_admin else None
+    return named or owner_of(principal)
+
+
 async def list_sessions(request: Request) -> Response:
-    store = store_of(request)
-    found = store.list_for(principal_of(request))
+    store, principal = store_of(request), principal_of(request)
+    await store.refresh_all(principal)  # several fronts or workers: as the database has them
+    found = store.list_for(principal)
     return _json({"object": "list", "data": [s.view() for s in found]})
 
 
 async def get_session(request: Request) -> Response:
     sid = valid_session_id(request.path_params["session_id"])
     store, principal = store_of(request), principal_of(request)
-    await store.refresh(owner_of(principal), sid)  # several fronts: as the database has it
+    await store.refresh(_named_owner(request, principal), sid)  # as the database has it
     session = store.find(principal, sid, _owner(request))
     return _json(session.view(with_messages=True))
 
 
 async def delete_session(request: Request) -> Response:
     sid = valid_session_id(request.path_params["session_id"])
-    store_of(request).delete(principal_of(request), sid, _owner(request))
+    store, principal = store_of(request), principal_of(request)
+    await store.refresh(_named_owner(request, principal), sid)  # it may be another worker's
+    store.delete(principal, sid, _owner(request))
+    if store.shared:
+        await store.flush()  # gone for the others before the answer says so
     return _json({"id": sid, "object": "chat.session.deleted", "deleted": True})
 
 
 async def delete_sessions(request: Request) -> Response:
-    count = store_of(request).delete_all(principal_of(request))
+    store, principal = store_of(request), principal_of(request)
+    await store.refresh_all(principal)
+    count = store.delete_all(principal)
+    if store.shared:
+        await store.flush()
     return _json({"object": "chat.session.deleted", "deleted": count})
 
 

@@ -36,6 +36,8 @@ from modelyard.front.chat.sessions.relay import (
     begin_turn,
     commit_body,
     refresh_session,
+    settle,
+    settled,
     tagged,
     tap_sse,
     tap_translated,
@@ -61,16 +63,18 @@ from modelyard.wire.speculative import SPECULATIVE_HEADER
 async def answer(ctx: RequestContext, call: ChatCall, render: Render) -> Response:
     """Run `call` upstream for the caller of `ctx` and answer it in `render`'s shapes."""
     state = ctx.state
+    # A server-side session (`session_id` field or X-Session-Id): its history is spliced in.
+    sid = ctx.session_id
+    if sid is not None:
+        await refresh_session(ctx, sid)  # several fronts or workers: continued from another
     # The server-side tool loop over MCP servers (front/chat/tools/loop.py), when the chat opts in.
     if call.chat and render.tool_loop is not None and (loop := tool_loop_http.tool_loop_for(
             ctx, call.payload, call.model, api=call.api, endpoint=call.endpoint,
             stream=call.stream)) is not None:  # fmt: skip
         answered = await render.tool_loop(ctx, loop, call.model, call.stream)
+        if loop.turn is not None and not call.stream:
+            await settle(loop.turn)  # a whole answer: its turn is written before it is sent
         return tool_loop_http.finished(loop, answered)
-    # A server-side session (`session_id` field or X-Session-Id): its history is spliced in.
-    sid = ctx.session_id
-    if sid is not None:
-        await refresh_session(ctx, sid)  # several fronts: continued from another one
     turn = None if sid is None else begin_turn(ctx, sid, call.model, call.payload)
     payload = call.payload if turn is None else turn.body
     # Archived only when asked (header or `archive` field); the backend never sees the field.
@@ -115,6 +119,12 @@ async def answer(ctx: RequestContext, call: ChatCall, render: Render) -> Respons
         return ollama_fit.fitted(lambda sent: send(sent, say), body, call, call.fit)
 
     def stream_body(relay: Relay) -> AsyncIterator[bytes]:
+        chunks = framed_body(relay)
+        if turn is not None and turn.store.shared:  # its end waits for the turn's write
+            chunks = settled(turn, chunks)
+        return chunks
+
+    def framed_body(relay: Relay) -> AsyncIterator[bytes]:
         if gen is None:  # the backend's SSE, unchanged
             chunks = relay_raw(relay, render.error_event,
                                None if several else relay.final_usage(strip=strip))
@@ -183,6 +193,8 @@ async def answer(ctx: RequestContext, call: ChatCall, render: Render) -> Respons
         if capture is not None:
             capture.save_generation(gen)
         response = render.whole(call, gen)
+    if turn is not None and not call.stream:
+        await settle(turn)  # several workers: the next turn may go to another one
     # The engine's word on speculative decoding for this answer (a transformers model says why
     # its draft is not used): one header lookup, passed on.
     note = relay.header(SPECULATIVE_HEADER)

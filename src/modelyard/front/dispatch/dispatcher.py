@@ -45,6 +45,7 @@ from modelyard.store.estimate import MemoryEstimate, estimate_model, serving_byt
 from modelyard.store.registry import Entry
 from modelyard.types import Lease
 from modelyard.wire.engines import EngineProvider
+from modelyard.wire.lease import Ticket
 from modelyard.wire.status import EngineReport, ModelStatus
 
 T = TypeVar("T")
@@ -388,9 +389,10 @@ class Dispatcher:
                 timeout_s = await self._swap_gate(entry, engine, owner, timeout_s)
             finally:  # a wait like the queue's, for the request's record (usage, activity)
                 metrics.note_queue_wait(self.clock() - held_from)
+        weight = weight_of(fair, principal)
         acquiring = self.queues.acquire(
             entry.id, limits, priority=call.priority, timeout_s=timeout_s, owner=owner,
-            weight=weight_of(fair, principal),
+            weight=weight,
         )
         if self.queues.running(entry.id) < limits.max_concurrency and (
                 self.queues.queued(entry.id) == 0):
@@ -399,6 +401,10 @@ class Dispatcher:
             with self.replicas.waiting(entry.id) as moved:  # a long wait adds a copy
                 slot = await (acquiring if moved is None else unless_moved(acquiring, moved))
         self.inflight[engine.name] = self.inflight.get(engine.name, 0) + 1
+        if self.catalog.settings.worker_count > 1:
+            # The model's queue is the engine's (this worker's own never waits: limits), which
+            # orders the wait there and bounds it by the queue timeout (left after a swap gate).
+            call = replace(call, queue=Ticket(owner, weight, call.priority, timeout_s))
 
         def done() -> None:
             slot.release()
@@ -472,7 +478,7 @@ class Dispatcher:
         if now is not None:
             lease = now
         elif guess is None:
-            lease = await engine.acquire(model_id, call.keep_alive_s, call.on_progress)
+            lease = await engine.acquire(model_id, call.keep_alive_s, call.on_progress, call.queue)
         else:
             lease, response = await self._lease_while_sending(
                 engine, model_id, guess, self.upstream_keys.get(key), call)
@@ -523,7 +529,7 @@ class Dispatcher:
             )
         )
         try:
-            lease = await engine.acquire(model_id, call.keep_alive_s, call.on_progress)
+            lease = await engine.acquire(model_id, call.keep_alive_s, call.on_progress, call.queue)
         except BaseException:
             _drop(early)
             raise
@@ -564,6 +570,7 @@ class Call:
     priority: int
     on_progress: Callable[[str], None] | None
     kv: SlotKv | None = None
+    queue: Ticket | None = None  # how it waits at the engine (serve --workers N: _open_relay)
 
 
 def _then(first: Callable[[], None] | None, then: Callable[[], None]) -> Callable[[], None]:

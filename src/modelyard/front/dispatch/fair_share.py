@@ -1,76 +1,14 @@
-"""Fair share inside a model's queue: start-time fair queuing (SFQ) across owners.
-
-Every request gets a *start tag* when it arrives, per priority level:
-
-    start  = max(virtual_time, owner's last finish tag)
-    finish = start + COST / weight          (the owner's new last finish tag)
-
-and a model's waiters are served by (priority, start tag, arrival). The virtual time is the
-start tag of the latest request admitted at that priority. So:
-
-- an owner who floods gets tags far ahead of the virtual time (its n-th queued request starts at
-  about v + n / weight), and another owner's request, tagged at v, is served before them;
-- two backlogged owners are served in the ratio of their weights (tags advance by 1/weight);
-- an owner who was idle joins at the virtual time: no credit saved up while away (a late joiner
-  gets no burst), and a debt (a tag ahead of v) is kept until v catches up.
-
-Cost is 1 per request, not tokens: the queue's resource is a slot (`max_concurrency`), the
-prompt's size is known but the answer's is not (`max_tokens` is an upper bound clients set
-freely, often absent), and a slot-per-request share is what the owner sees as "my requests
-get served". Weights come from the `fair_share` settings (`weight_of`).
-
-Pure: no awaits, no clock; `ModelQueues` (queueing.py) owns one `FairTags` per model.
-"""
+"""The fair share's weights: whose request weighs how much in a model's queue. The tags that
+order the queue (start-time fair queuing, shared with the engine's slot queue) are in
+placement/fair_tags.py."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from modelyard.config import FairShareSettings
 from modelyard.front.identity.principal import Principal
+from modelyard.placement.fair_tags import COST, FairTags, Tag
 
-COST = 1.0
-_PRUNE_OVER = 256  # owners remembered per model before idle ones (tag ≤ v) are forgotten
-
-
-@dataclass(frozen=True)
-class Tag:
-    start: float
-    finish: float
-
-
-@dataclass
-class FairTags:
-    """Virtual time per priority and each owner's last finish tag (per priority)."""
-
-    virtual: dict[int, float] = field(default_factory=dict)
-    last: dict[tuple[int, str], float] = field(default_factory=dict)
-
-    def arrive(self, priority: int, owner: str, weight: float) -> Tag:
-        """The tag of a request of `owner` arriving now (it counts against the owner)."""
-        v = self.virtual.get(priority, 0.0)
-        start = max(v, self.last.get((priority, owner), v))
-        tag = Tag(start, start + COST / weight)
-        self.last[(priority, owner)] = tag.finish
-        if len(self.last) > _PRUNE_OVER:
-            self._prune()
-        return tag
-
-    def admitted(self, priority: int, tag: Tag) -> None:
-        """A request with `tag` got its slot: the virtual time moves up to its start."""
-        if tag.start > self.virtual.get(priority, 0.0):
-            self.virtual[priority] = tag.start
-
-    def withdrawn(self, priority: int, owner: str, tag: Tag) -> None:
-        """A waiter left unserved (cancelled, timed out): if it was the owner's latest request,
-        its cost is given back, so a client that gives up is not charged for it."""
-        if self.last.get((priority, owner)) == tag.finish:
-            self.last[(priority, owner)] = tag.start
-
-    def _prune(self) -> None:
-        """An owner whose last tag is not ahead of the virtual time is tagged as a newcomer
-        would be: forgetting it changes nothing."""
-        self.last = {k: f for k, f in self.last.items() if f > self.virtual.get(k[0], 0.0)}
+__all__ = ["COST", "FairTags", "Tag", "weight_of"]
 
 
 def weight_of(settings: FairShareSettings, principal: Principal | None) -> float:

@@ -36,6 +36,7 @@ from modelyard.types import Lease
 from modelyard.wire.catalog import CatalogSnapshot
 from modelyard.wire.doctor import EngineDoctor
 from modelyard.wire.engines import EngineClient, SlotAction
+from modelyard.wire.lease import Ticket
 from modelyard.wire.logs import LogLine, LogSource
 
 __all__ = ["ENGINE_RETRY_AFTER_S", "EngineClient", "HttpEngineClient"]
@@ -209,10 +210,11 @@ class HttpEngineClient:
         model: str,
         keep_alive_s: float | None = None,
         on_progress: Callable[[str], None] | None = None,
+        queue: Ticket | None = None,
     ) -> Lease:
         self._check_up()
         assert self._leases is not None
-        return await self._leases.acquire(model, keep_alive_s, on_progress)
+        return await self._leases.acquire(model, keep_alive_s, on_progress, queue)
 
     async def load(self, model: str, keep_alive_s: float | None = None) -> dict[str, Any]:
         query = {"keep_alive_s": str(keep_alive_s)} if keep_alive_s is not None else None

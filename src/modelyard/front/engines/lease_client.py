@@ -38,6 +38,7 @@ from modelyard.wire.lease import (
     Refused,
     Release,
     State,
+    Ticket,
     decode_engine_frame,
 )
 from modelyard.wire.status import EngineStatus
@@ -137,6 +138,7 @@ class LeaseClient:
         model: str,
         keep_alive_s: float | None = None,
         on_progress: Callable[[str], None] | None = None,
+        queue: Ticket | None = None,
     ) -> Lease:
         if self.silent:
             raise self._silence()
@@ -150,7 +152,7 @@ class LeaseClient:
                 self._progress[request_id] = on_progress
             # The request id: the engine's logs of this grant carry it.
             self._send(Acquire(request_id, model, keep_alive_s, on_progress is not None,
-                               REQUEST_ID.get()))
+                               REQUEST_ID.get(), queue))
             reply = await future
         except BaseException:
             self._give_up(request_id, future)

@@ -42,6 +42,7 @@ from modelyard.types import Lease
 from modelyard.wire.catalog import CatalogSnapshot
 from modelyard.wire.doctor import EngineDoctor
 from modelyard.wire.engines import EngineSet, SlotAction
+from modelyard.wire.lease import Ticket
 from modelyard.wire.logs import LogLine
 from modelyard.wire.status import EngineStatus
 
@@ -115,11 +116,13 @@ class LocalEngineClient:
         model: str,
         keep_alive_s: float | None = None,
         on_progress: Callable[[str], None] | None = None,
+        queue: Ticket | None = None,
     ) -> Lease:
         lease = self.engine.lease_ready(model, keep_alive_s)  # the hot path: loaded already
         if lease is not None:
             return lease
-        return await self.engine.acquire(model, keep_alive_s=keep_alive_s, progress=on_progress)
+        return await self.engine.acquire(model, keep_alive_s=keep_alive_s, progress=on_progress,
+                                         ticket=queue)
 
     def lease_now(self, model: str, keep_alive_s: float | None = None) -> Lease | None:
         return self.engine.lease_ready(model, keep_alive_s)

@@ -126,6 +126,26 @@ def commit_body(turn: Turn, body: bytes | dict[str, Any]) -> None:
     turn.commit(answer)
 
 
+def settled(turn: Turn, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """A shared store's turn (several workers or fronts: store.py): each chunk that follows the
+    turn's commit (or a change of it, a stored response kept) waits until the database has it,
+    so the client cannot see the end of the answer before another process could read it."""
+    store, owner, sid = turn.store, turn.session.owner, turn.session.id
+
+    async def after_writes() -> AsyncIterator[bytes]:
+        async for chunk in chunks:
+            if store.pending(owner, sid):
+                await store.settle(owner, sid)
+            yield chunk
+
+    return after_writes()
+
+
+async def settle(turn: Turn) -> None:
+    """A whole answer's turn: in the database (shared store) before the answer is sent."""
+    await turn.store.settle(turn.session.owner, turn.session.id)
+
+
 def tagged(response: Response, turn: Turn | None) -> Response:
     if turn is not None:
         response.headers[RESPONSE_HEADER] = turn.session.id

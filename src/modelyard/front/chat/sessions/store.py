@@ -22,6 +22,16 @@ by a periodic sweep). With `chat_session_persist` the sessions are written (behi
 task; flushed at shutdown) to the SQLite table `chat_sessions` (`front/chat/sessions/db.py`) and
 reloaded at start.
 
+Several fronts on one database (PostgreSQL), or the workers of `serve --workers N` (on any
+database: persistence is then on whatever `chat_session_persist` says), share the sessions
+(`shared`): the database is the truth and each process's memory a cache of it. A session is
+read back before each use (`refresh`; a listing or a stored response's lookup reads the
+caller's rows: `refresh_all`), and a turn's change is in the database before its answer ends
+(`settle`, awaited by the answer's last bytes), so a client's next turn, sent to any of them at
+once, finds it; a session deleted by one is gone for the others. A session a process drops
+from its memory (TTL, bounds) leaves the database's row alone if another used it since (it has
+more turns there).
+
 Ownership: a session belongs to the caller's user (anonymous callers share one owner, `""`);
 another owner's session is "not found" (404 `session_not_found`), never "forbidden". Admins list
 every session and may name another owner with `?owner=`.
@@ -193,6 +203,7 @@ class SessionStore:
         ttl_s: float = 3600.0,
         sweep_interval_s: float = 60.0,
         database: sa.Engine | None = None,
+        shared: bool = False,
         clock: Callable[[], float] = time.time,
         on_drop: Callable[[str, str], None] | None = None,
     ) -> None:
@@ -202,11 +213,16 @@ class SessionStore:
         self.ttl_s = ttl_s
         self.sweep_interval_s = sweep_interval_s
         self.db = database
+        # Other processes write the same rows: on SQLite only `serve --workers N`'s (`shared`
+        # asked), on another database any front's.
+        self.shared = database is not None and (shared or database.dialect.name != "sqlite")
         self.clock = clock
         self._sessions: OrderedDict[tuple[str, str], ChatSession] = OrderedDict()  # LRU first
         self.total_bytes = 0
         self.evicted = {"count": 0, "bytes": 0, "ttl": 0, "size": 0}
         self._dirty: set[tuple[str, str]] = set()
+        self._gone: dict[tuple[str, str], int] = {}  # dropped, not yet written: their turns
+        self._writing = asyncio.Lock()  # one write at a time: the latest change lands last
         self._wake = asyncio.Event()
         self._closing = False
         self._tasks: list[asyncio.Task[None]] = []
@@ -220,13 +236,15 @@ class SessionStore:
         database: sa.Engine | None,
         on_drop: Callable[[str, str], None] | None = None,
     ) -> SessionStore:
+        workers = settings.worker_count > 1  # one process's memory would be one worker's
         return cls(
             max_count=settings.chat_session_max_count,
             max_bytes=settings.chat_session_max_bytes,
             max_total_bytes=settings.chat_session_max_total_bytes,
             ttl_s=settings.chat_session_ttl_s,
             sweep_interval_s=settings.chat_session_sweep_interval_s,
-            database=database if settings.chat_session_persist else None,
+            database=database if settings.chat_session_persist or workers else None,
+            shared=workers,
             on_drop=on_drop,
         )
 
@@ -273,9 +291,25 @@ class SessionStore:
         if self.db is None:
             self._dirty.clear()
             return
-        while self._dirty:
-            batch = self._take_dirty()
-            await asyncio.to_thread(self._write, batch)
+        async with self._writing:
+            while self._dirty:
+                batch = self._take_dirty(list(self._dirty))
+                await asyncio.to_thread(self._write, batch)
+
+    async def settle(self, owner: str, session_id: str) -> None:
+        """Shared: the session's pending change written now, before the answer that made it
+        ends (another process may get the client's next request at once). Otherwise nothing:
+        the writer task writes behind."""
+        key = (owner, session_id)
+        if not self.shared or key not in self._dirty:
+            return
+        async with self._writing:
+            if key in self._dirty:
+                await asyncio.to_thread(self._write, self._take_dirty([key]))
+
+    def pending(self, owner: str, session_id: str) -> bool:
+        """Shared, and the session has a change `settle` would write."""
+        return self.shared and (owner, session_id) in self._dirty
 
     # ---- lookups ---------------------------------------------------------------------------
 
@@ -310,25 +344,42 @@ class SessionStore:
         return [s for s in reversed(self._sessions.values())
                 if principal.is_admin or s.owner == mine]
 
-    @property
-    def shared(self) -> bool:
-        """Persisted in a database other fronts may write too (not SQLite, which is one
-        front's): a session is then read back before each use (`refresh`)."""
-        return self.db is not None and self.db.dialect.name != "sqlite"
-
     async def refresh(self, owner: str, session_id: str) -> None:
-        """Several fronts: take the database's row of a session when it is newer than ours
-        (more turns: another front answered since), or when we have none (made elsewhere)."""
+        """Shared: the session as the database has it (see the module doc)."""
         if not self.shared:
             return
         assert self.db is not None
         row = await asyncio.to_thread(session_db.load_one, self.db, owner, session_id)
-        if row is None or self.clock() - row["last_used_at"] > self.ttl_s:
+        self._reconcile([(owner, session_id)], [] if row is None else [row])
+
+    async def refresh_all(self, principal: Principal) -> None:
+        """Shared: the caller's sessions (an admin's: every one) as the database has them."""
+        if not self.shared:
             return
-        mine = self._sessions.get((owner, session_id))
-        if mine is None or row["turns"] > mine.turns:
-            self._put(_session(row))
-            self._enforce(keep=(owner, session_id))
+        assert self.db is not None
+        owner = None if principal.is_admin else owner_of(principal)
+        rows = await asyncio.to_thread(session_db.load_owned, self.db, owner)
+        self._reconcile([k for k in self._sessions if owner is None or k[0] == owner], rows)
+
+    def _reconcile(self, keys: list[tuple[str, str]], rows: list[dict[str, Any]]) -> None:
+        """Take each row newer than our copy (another process answered or changed it since:
+        more turns, or as many used later); forget our copies of `keys` the database no
+        longer has (deleted elsewhere), unless our own change of it is not written yet."""
+        now = self.clock()
+        found = set()
+        for row in rows:
+            key = (row["owner"], row["id"])
+            found.add(key)
+            mine = self._sessions.get(key)
+            if now - row["last_used_at"] > self.ttl_s or key in self._dirty:
+                continue
+            if mine is None or (row["turns"], row["last_used_at"]) > (
+                    mine.turns, mine.last_used_at):
+                self._put(_session(row))
+                self._enforce(keep=key)
+        for key in keys:
+            if key not in found and key not in self._dirty:
+                self._remove(key)
 
     # ---- turns -----------------------------------------------------------------------------
 
@@ -368,6 +419,7 @@ class SessionStore:
         self._remove(key)
         if not self._trim(session):
             self.evicted["size"] += 1
+            self._gone[key] = session.turns
             self._mark(key)
             if self.on_drop is not None:
                 self.on_drop(*key)
@@ -377,8 +429,10 @@ class SessionStore:
         self._enforce(keep=key)
 
     def changed(self, session: ChatSession) -> None:
-        """`session.extra` changed outside a turn (a stored response forgotten): written
-        behind like a turn."""
+        """`session.extra` changed outside a turn (a stored response kept or forgotten): written
+        behind like a turn. Shared: it counts as a use, so the others take this copy."""
+        if self.shared:
+            session.last_used_at = max(self.clock(), session.last_used_at)
         self._mark((session.owner, session.id))
 
     # ---- deleting --------------------------------------------------------------------------
@@ -426,7 +480,8 @@ class SessionStore:
         return session
 
     def _drop(self, key: tuple[str, str], why: str | None) -> None:
-        if self._remove(key) is not None:
+        if (session := self._remove(key)) is not None:
+            self._gone[key] = session.turns
             if why is not None:
                 self.evicted[why] += 1
             self._mark(key)
@@ -468,10 +523,16 @@ class SessionStore:
             self._dirty.add(key)
             self._wake.set()
 
-    def _take_dirty(self) -> list[tuple[tuple[str, str], dict[str, Any] | None]]:
-        batch = [(k, _row(s) if (s := self._sessions.get(k)) is not None else None)
-                 for k in self._dirty]
-        self._dirty.clear()
+    def _take_dirty(self, keys: list[tuple[str, str]]) -> list[session_db.Change]:
+        """The changes of `keys`, taken out of the pending set: a session's row, or the turns
+        of one dropped (its row goes only if no other process added turns since)."""
+        batch: list[session_db.Change] = []
+        for key in keys:
+            self._dirty.discard(key)
+            gone = self._gone.pop(key, None)
+            session = self._sessions.get(key)
+            batch.append((key, _row(session)) if session is not None else
+                         (key, gone if gone is not None else session_db.ALL_TURNS))
         return batch
 
     async def _write_behind(self) -> None:
@@ -488,7 +549,7 @@ class SessionStore:
             await asyncio.sleep(self.sweep_interval_s)
             self.sweep()
 
-    def _write(self, batch: list[tuple[tuple[str, str], dict[str, Any] | None]]) -> None:
+    def _write(self, batch: list[session_db.Change]) -> None:
         assert self.db is not None
         session_db.write(self.db, batch)
 
