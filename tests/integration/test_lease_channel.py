@@ -1,6 +1,7 @@
 """The lease channel over real loopback sockets, with an engine whose model is a fake process:
 leases, their release when a connection closes, the hello that only the secret's holder passes,
-and the heartbeat that finds an engine which stopped answering."""
+the heartbeat that finds an engine which stopped answering, and lease reuse (a lease given
+back taken again without a grant; given back for real after the linger or a change of models)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from modelyard.config import OpenAIServerModel, Settings
 from modelyard.engine.lease_channel import serve_lease_channel
 from modelyard.engine.loop import Engine
 from modelyard.errors import EngineUnavailable, ModelNotFound
+from modelyard.front.engines.idle_leases import LINGER_S, IdleLeases
 from modelyard.front.engines.lease_client import LeaseChannelRefused, LeaseClient
 from modelyard.store.registry import ModelRegistry
 from modelyard.types import Lease
@@ -297,3 +299,40 @@ async def test_a_cancel_after_the_grant_leaves_the_lease_to_its_release_or_its_c
     assert _leases(engine, "fast") == 1
     writer.close()
     await _until(lambda: _leases(engine, "fast") == 0)
+
+
+# ---- lease reuse (front/engines/idle_leases.py) ------------------------------------------------
+
+
+async def test_the_next_request_takes_the_lease_given_back_without_a_grant(
+        channel: tuple[Engine, int]) -> None:  # fmt: skip
+    engine, port = channel
+    client = await LeaseClient.connect("127.0.0.1", port, SECRET)
+    first = await client.acquire("fast")
+    assert first.load_duration_ns > 0  # this grant loaded the model
+    client.give_back(first)
+    again = client.kept_lease("fast", None)
+    assert again is not None and again.id == first.id
+    assert again.load_duration_ns == 0  # this request loaded nothing
+    assert _leases(engine, "fast") == 1  # held all along: no release and no grant in between
+    client.give_back(again)
+    await asyncio.sleep(LINGER_S)  # idle now: it goes back within the linger
+    await _until(lambda: _leases(engine, "fast") == 0)
+    assert client.kept_lease("fast", None) is None
+    await client.close()
+
+
+async def test_a_change_of_the_engines_models_gives_kept_leases_back(
+        channel: tuple[Engine, int]) -> None:  # fmt: skip
+    engine, port = channel
+    client = await LeaseClient.connect("127.0.0.1", port, SECRET)
+    # Kept far longer than the test: only the engine's State frame can send it back.
+    client._idle = IdleLeases(client.release, linger_s=60.0)
+    lease = await client.acquire("fast")
+    client.give_back(lease)
+    assert _leases(engine, "fast") == 1
+    other = await client.acquire("slow")  # a load: the engine's models change
+    await _until(lambda: _leases(engine, "fast") == 0)
+    assert client.kept_lease("fast", None) is None  # never reused past a change
+    client.release(other.id)
+    await client.close()
