@@ -448,6 +448,12 @@ def ratios(summary: dict[str, Any]) -> dict[str, dict[str, float]]:
     return out
 
 
+def times(ratio: float) -> str:
+    """A ratio to the floor, or n/a: at small counts the floor's CPU can read 0 (/proc counts
+    in clock ticks, 10 ms each), and nothing is measured then."""
+    return "n/a" if math.isnan(ratio) else f"{ratio:.2f}x"
+
+
 def cpu_cells(cpu: dict[str, float] | None, spec: str) -> list[str]:
     """front, engine and total, `—` for a role the target does not have."""
     cpu = cpu or {}
@@ -465,14 +471,14 @@ def request_table(summary: dict[str, Any], ratio: dict[str, dict[str, float]],
         for name, s in summary[workload].items():
             rows.append([label, name, fmt(s["rps"]), fmt(s["p50_ms"], ".2f"),
                          *cpu_cells(s.get("cpu_ms_per_request"), ".3f"),
-                         fmt(ratio[workload][name], ".2f") + "x", str(s["errors"])])
+                         times(ratio[workload][name]), str(s["errors"])])
     return md_table(["workload", "target", "req/s", "p50 ms", "front CPU ms", "engine CPU ms",
                      "total CPU ms", "vs floor", "errors"], rows)
 
 
 def chunk_table(paced: dict[str, Any], ratio: dict[str, float]) -> str:
     rows = [[name, str(s["n"]), str(s["chunks"]), *cpu_cells(s.get("cpu_us_per_chunk"), ".1f"),
-             fmt(ratio[name], ".2f") + "x", str(s["errors"])] for name, s in paced.items()]
+             times(ratio[name]), str(s["errors"])] for name, s in paced.items()]
     return md_table(["target", "streams", "chunks", "front CPU µs", "engine CPU µs",
                      "total CPU µs", "vs floor", "errors"], rows)
 
@@ -500,9 +506,13 @@ def verdicts(ratio: dict[str, dict[str, float]], args: dict[str, Any]) -> list[s
         for name, value in per_target.items():
             if name == FLOOR:
                 continue
-            met = value <= TARGET_RATIO
             unit = "chunk" if workload == "paced" else "request"
-            lines.append(f"- {name}, {labels[workload]}: CPU per {unit} {fmt(value, '.2f')}x "
+            if math.isnan(value):
+                lines.append(f"- {name}, {labels[workload]}: CPU per {unit} not measured (the "
+                             "floor's CPU read 0 at these counts: raise them) → n/a")
+                continue
+            met = value <= TARGET_RATIO
+            lines.append(f"- {name}, {labels[workload]}: CPU per {unit} {value:.2f}x "
                          f"the floor's (target ≤ {TARGET_RATIO:g}x) → "
                          f"{'met' if met else 'NOT MET'}")
     return lines

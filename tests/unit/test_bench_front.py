@@ -90,6 +90,19 @@ def test_the_report_says_met_or_not_met_per_target_and_workload() -> None:
     assert rows["embedding", "floor"] == ["1.000", "—", "1.000", "1.00x"]
 
 
+def test_a_floor_whose_cpu_read_zero_gives_no_ratio_and_no_verdict() -> None:
+    """/proc counts CPU in 10 ms ticks: at a smoke run's counts the floor can read 0. Then
+    nothing is measured (the smoke test once failed on a printed `n/ax`)."""
+    found = results()
+    found["workloads"]["chat"]["floor"] = front.summarize(samples(100, {"front": 0.0}))
+    text = front.render(found)
+    rows = {tuple(cells[:2]): cells[4:8] for cells in table_rows(text)}
+    assert rows["1-token chat", "modelyard"][3] == "n/a"
+    assert ("- modelyard, 1-token chat: CPU per request not measured (the floor's CPU read 0 "
+            "at these counts: raise them) → n/a") in text
+    assert "n/ax" not in text
+
+
 def table_rows(text: str) -> list[list[str]]:
     return [[c.strip() for c in line.strip("|").split("|")]
             for line in text.splitlines() if line.startswith("| ")]
