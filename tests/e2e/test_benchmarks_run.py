@@ -78,10 +78,11 @@ BENCHES = [
         "bench-front", ("--chats", "32", "--embeddings", "32", "--streams", "8", "--batch", "16",
                         "--paced-streams", "8", "--paced-rounds", "1", "--saturation-requests",
                         "32", "--saturation-concurrency", "8", "--warmup", "2"),
-        # A ratio is n/a when the floor's CPU reads 0 at these small counts (10 ms ticks).
+        # A ratio is n/a when the floor's CPU reads 0 at these small counts (10 ms ticks); the
+        # cells are right-aligned, padded to their column's widest (e.g. the floor's 1090.8).
         (r"^\| 1-token chat\s+\|\s+modelyard \|( +[\d.]+ \|){5} +([\d.]+x|n/a) \| +0 \|$",
          r"^\| modelyard-features \| +8 \| +\d+ \|( +[\d.]+ \|){3} +([\d.]+x|n/a) \| +0 \|$",
-         r"^\| modelyard +\| +2 \| (n/a \(no --workers\)|[\d.]+) \|",
+         r"^\| modelyard +\| +2 \| +(n/a \(no --workers\)|[\d.]+) \|",
          r"^- modelyard, embedding: CPU per request .* → (met|NOT MET|n/a)$"),
     ),
     Bench(
