@@ -31,7 +31,7 @@ from modelyard.front.dispatch.drain import track_relay
 from modelyard.front.dispatch.final_usage import FinalUsage
 from modelyard.front.engines.client import EngineClient
 from modelyard.front.sse import DONE, read_event
-from modelyard.metrics import Request, Usage, current, stream_failed, usage_in_body, usage_of
+from modelyard.metrics import Usage, current, stream_failed, usage_in_body, usage_of
 from modelyard.request_ids import outgoing_headers
 from modelyard.types import Lease
 
@@ -125,7 +125,7 @@ class Relay:
         self._untrack = track_relay(self)  # a shutdown past its grace aborts it
         self._unwatch = engine.watch(self)  # so does its engine falling silent
         # The request's record: the relay's events (leased, usage) go to its observers.
-        self.record: Request | None = current.get()
+        self.record = current.get()
         if self.record is not None:
             self.record.on_leased()
 
