@@ -336,3 +336,75 @@ async def test_a_change_of_the_engines_models_gives_kept_leases_back(
     assert client.kept_lease("fast", None) is None  # never reused past a change
     client.release(other.id)
     await client.close()
+
+
+# ---- kept leases and the engine's queue (Granted.busy, Wanted) ---------------------------------
+
+
+@pytest.fixture
+async def one_slot(tmp_path: Path) -> AsyncIterator[tuple[Engine, int]]:
+    """An engine whose model serves one lease at a time, and its lease channel's port."""
+    settings = Settings(home=tmp_path, scan_hf_cache=False, models=[
+        OpenAIServerModel.model_validate(fake_model("one", max_concurrency=1))])
+    engine = Engine(settings, ModelRegistry.build(settings))
+    server = await serve_lease_channel(engine, SECRET)
+    yield engine, int(server.sockets[0].getsockname()[1])
+    server.close()
+    await engine.shutdown()
+
+
+async def _worker(port: int) -> LeaseClient:
+    """A front (a worker of `serve --workers N`) that keeps given-back leases far longer than
+    the test: only the engine's frames can make it give one back early. The model is loaded
+    and the State frame of that load is in (a State frame gives kept leases back too)."""
+    client = await LeaseClient.connect("127.0.0.1", port, SECRET)
+    client.release((await client.acquire("one")).id)
+    await _until(lambda: (status := client.latest_status()) is not None
+                 and any(m.model == "one" and m.state == "ready" for m in status.models))
+    client._idle = IdleLeases(client.release, linger_s=60.0, span_s=60.0)
+    return client
+
+
+async def test_a_lease_kept_idle_goes_back_when_another_front_waits_for_the_slot(
+        one_slot: tuple[Engine, int]) -> None:  # fmt: skip
+    engine, port = one_slot
+    a, b = await _worker(port), await _worker(port)
+    a.give_back(await a.acquire("one"))  # kept by a: the engine still counts it
+    assert _leases(engine, "one") == 1
+    # b waits for the one slot: the engine tells a, which gives its kept lease back at once
+    # (before: b waited the whole linger, a minute here)
+    granted = await asyncio.wait_for(b.acquire("one"), 10)
+    assert a.kept_lease("one", None) is None
+    b.release(granted.id)
+    await a.close()
+    await b.close()
+
+
+async def test_a_lease_in_use_goes_back_at_its_end_while_another_front_waits(
+        one_slot: tuple[Engine, int]) -> None:  # fmt: skip
+    engine, port = one_slot
+    a, b, c = await _worker(port), await _worker(port), await _worker(port)
+    held = await a.acquire("one")
+    waiting_b = asyncio.create_task(b.acquire("one"))
+    await _until(lambda: engine.slots_wanted("one"))
+    waiting_c = asyncio.create_task(c.acquire("one"))
+    await _until(lambda: _waiting(engine, "one") == 2)
+    a.give_back(held)  # its request ended while b and c wait: released, not kept
+    to_b = await asyncio.wait_for(waiting_b, 10)
+    assert a.kept_lease("one", None) is None
+    # b's grant said others (c) still wait: b gives it back at its end too, and c gets it
+    b.give_back(to_b)
+    to_c = await asyncio.wait_for(waiting_c, 10)
+    assert b.kept_lease("one", None) is None
+    # nobody waits now: c keeps its lease for its next request, as before
+    c.give_back(to_c)
+    again = c.kept_lease("one", None)
+    assert again is not None and again.id == to_c.id
+    c.release(again.id)
+    for client in (a, b, c):
+        await client.close()
+
+
+def _waiting(engine: Engine, model: str) -> int:
+    rt = engine._models.get(model)
+    return 0 if rt is None else rt.slots.waiting

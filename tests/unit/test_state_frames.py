@@ -4,6 +4,7 @@ change of its models, coalesced, so routing reads the front's copy instead of /s
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any, cast
 
 import orjson
@@ -40,6 +41,7 @@ class FakeEngine:
     def __init__(self) -> None:
         self._changed = asyncio.Event()
         self.statuses = 0
+        self.slot_wanted: set[Callable[[str], None]] = set()  # the channel's Wanted listeners
 
     def change_event(self) -> asyncio.Event:
         return self._changed

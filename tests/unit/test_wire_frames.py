@@ -18,6 +18,8 @@ LEASE = Lease(id="l1", model="m", upstream="http://127.0.0.1:5", load_duration_n
 
 FRONT_FRAMES: list[tuple[wire.FrontFrame, bytes]] = [
     (wire.Hello("s3cret"), b'{"op":"hello","secret":"s3cret","protocol":1}\n'),
+    (wire.Hello("s3cret", 1, state=True, wanted=True),
+     b'{"op":"hello","secret":"s3cret","protocol":1,"state":true,"wanted":true}\n'),
     (wire.Ping(), b'{"op":"ping"}\n'),
     (wire.Acquire(7, "m"), b'{"op":"acquire","id":7,"model":"m"}\n'),
     (wire.Acquire(8, "m", 300.0, True, "req-1"),
@@ -33,6 +35,9 @@ ENGINE_FRAMES: list[tuple[wire.EngineFrame, bytes]] = [
     (wire.Progress(7, "loading m"), b'{"id":7,"progress":"loading m"}\n'),
     (wire.Granted(7, LEASE), b'{"id":7,"lease":{"lease_id":"l1","model":"m",'
      b'"upstream":"http://127.0.0.1:5","load_duration_ns":7}}\n'),
+    (wire.Granted(8, LEASE, busy=True), b'{"id":8,"lease":{"lease_id":"l1","model":"m",'
+     b'"upstream":"http://127.0.0.1:5","load_duration_ns":7},"busy":true}\n'),
+    (wire.Wanted("m"), b'{"op":"wanted","model":"m"}\n'),
     (wire.Refused(7, {"error": "model_not_found", "message": "no m"}),
      b'{"id":7,"error":{"error":"model_not_found","message":"no m"}}\n'),
 ]

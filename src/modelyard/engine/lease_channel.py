@@ -52,6 +52,7 @@ from modelyard.wire.lease import (
     Release,
     State,
     Ticket,
+    Wanted,
     decode_front_frame,
 )
 
@@ -88,7 +89,17 @@ class _Connection:
             await changed.wait()
             await asyncio.sleep(STATE_COALESCE_S)  # the changes that follow go in one frame
 
-    def _send(self, frame: Pong | Progress | Granted | Refused | State) -> None:
+    def tell_wanted(self) -> None:
+        """Send Wanted frames on this channel (the front asked in its hello)."""
+        self.engine.slot_wanted.add(self._wanted)
+
+    def _wanted(self, model_id: str) -> None:
+        # Only a channel holding leases can keep one; a Wanted per waiting request, coalesced
+        # with the turn's other frames.
+        if self.held:
+            self._send(Wanted(model_id))
+
+    def _send(self, frame: Pong | Progress | Granted | Refused | State | Wanted) -> None:
         if not self.writer.is_closing():
             self.out.write(frame.encode())
 
@@ -113,7 +124,7 @@ class _Connection:
         else:
             # No await between the grant and this line: a cancel cannot lose the lease.
             self.held.add(lease.id)
-            self._send(Granted(request_id, lease))
+            self._send(Granted(request_id, lease, self.engine.slots_wanted(lease.model)))
         finally:
             self.pending.pop(request_id, None)
 
@@ -146,6 +157,7 @@ class _Connection:
             raise FrameError(f"unexpected {type(frame).__name__} after the hello")
 
     def close(self) -> None:
+        self.engine.slot_wanted.discard(self._wanted)
         if self.pushing is not None:
             self.pushing.cancel()
         for task in self.pending.values():
@@ -208,6 +220,8 @@ async def serve_lease_channel(
         conn = _Connection(engine, writer)
         if hello.state:
             conn.push_state()
+        if hello.wanted:
+            conn.tell_wanted()
         try:
             while line := await reader.readline():
                 try:

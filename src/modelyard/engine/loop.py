@@ -194,6 +194,8 @@ class Engine(ConfigReload):
                     f"{rt.slots.waiting} waiting (max_queue {limit}); retry in about "
                     f"{self._retry_after_s(rt):.0f}s",
                     model=rt.entry.id, retry_after_s=self._retry_after_s(rt))
+        for listener in list(self.slot_wanted):
+            listener(rt.entry.id)
         timeout_s = None if ticket is None else ticket.timeout_s
         if timeout_s is None:
             await rt.slots.wait(lambda: self._hand_slot(rt), ticket)
@@ -217,6 +219,11 @@ class Engine(ConfigReload):
     def _hand_slot(self, rt: Runtime) -> None:
         """Hand free slots of `rt` to the waiters at the head of its queue."""
         rt.slots.hand(len(rt.leases), self._max_concurrency(rt))
+
+    def slots_wanted(self, model_id: str) -> bool:
+        """Whether requests wait for a slot of `model_id` now."""
+        rt = self._models.get(model_id)
+        return rt is not None and rt.slots.waiting > 0
 
     def lease_ready(self, name: str, keep_alive_s: float | None = None) -> Lease | None:
         """A lease on `name` at once, without awaiting, if it is ready to serve now (the hot

@@ -60,6 +60,9 @@ class EngineState:
         self.clock = clock
         self._models: dict[str, Runtime] = {}
         self._leases: dict[str, str] = {}
+        # Told the model's id when a request has to wait for one of its slots (the lease
+        # channel's Wanted frames: a front then stops keeping that model's leases).
+        self.slot_wanted: set[Callable[[str], None]] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._placing = asyncio.Lock()
         self._changed = asyncio.Event()  # replaced on every change; waiters re-plan

@@ -7,7 +7,8 @@ reads). This is the hottest path between the front and an engine (every request 
 back a lease), so frames are plain slotted dataclasses coded with orjson: no validation library.
 A malformed frame is a `FrameError` (a ValueError).
 
-    front → engine  Hello {"op": "hello", "secret": "…", "protocol": 1, "state": true}
+    front → engine  Hello {"op": "hello", "secret": "…", "protocol": 1, "state": true,
+                           "wanted": true}
     engine → front  HelloReply {"op": "hello", "protocol": 1}   (then the frames below)
     engine → front  State {"op": "state", "version": 3, "status": {...EngineStatus JSON}}
                     (only if the hello asked "state": right after the reply, then after each
@@ -18,7 +19,9 @@ A malformed frame is a `FrameError` (a ValueError).
                              "queue": {"owner": "ann", "weight": 1.0, "priority": 0,
                                        "timeout_s": 600}}   (the last four optional)
     engine → front  Progress {"id": 7, "progress": "loading m"}   (only if asked)
-    engine → front  Granted {"id": 7, "lease": {...}}   or   Refused {"id": 7, "error": {...}}
+    engine → front  Granted {"id": 7, "lease": {...}, "busy": true}   or
+                    Refused {"id": 7, "error": {...}}
+    engine → front  Wanted {"op": "wanted", "model": "m"}   (only if the hello asked "wanted")
     front → engine  Release {"op": "release", "lease": "…"}
     front → engine  Cancel {"op": "cancel", "id": 7}   (the front stopped waiting for that grant)
 
@@ -26,6 +29,13 @@ A malformed frame is a `FrameError` (a ValueError).
 the engine's slot queue: it waits there in its owner's fair share, by priority, at most
 `timeout_s`. Without it (one front, or an older one) the engine's slot queue is first come first
 served and unbounded in time, as before; an older engine ignores the field. So PROTOCOL stays 1.
+
+`busy` and `Wanted` keep the front's kept leases (front/engines/idle_leases.py) out of the
+engine's queue order: a grant says `busy` when others still wait for that model's slots (the
+front gives that lease back when its request ends instead of keeping it), and a request that
+has to wait for a slot makes the engine send `Wanted` to each channel holding leases (which
+gives back at once the ones it keeps for that model, and the ones in use when their requests
+end). A front asks for `Wanted` in its hello, as for State frames below.
 
 State frames are asked for in the hello, so PROTOCOL stays 1 too: an older engine ignores the
 unknown hello field (the front then reads /status as before), and an older front never asks, so
@@ -100,12 +110,15 @@ class Hello:
     secret: str
     protocol: int = PROTOCOL
     state: bool = False  # push State frames on this channel
+    wanted: bool = False  # send Wanted frames on this channel
 
     def encode(self) -> bytes:
         message: dict[str, Any] = {"op": "hello", "secret": self.secret,
                                    "protocol": self.protocol}
         if self.state:
             message["state"] = True
+        if self.wanted:
+            message["wanted"] = True
         return _line(message)
 
 
@@ -203,7 +216,8 @@ def decode_front_frame(line: bytes) -> FrontFrame:
             secret = m["secret"]
             if not isinstance(secret, str):
                 raise FrameError("hello: the secret is not a string")
-            return Hello(secret, int(m["protocol"]), bool(m.get("state")))
+            return Hello(secret, int(m["protocol"]), bool(m.get("state")),
+                         bool(m.get("wanted")))
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
         raise FrameError(f"not a lease-channel frame: {exc}") from exc
     raise FrameError(f"unknown op {op!r}")
@@ -239,9 +253,13 @@ class Progress:
 class Granted:
     id: int
     lease: Lease
+    busy: bool = False  # others wait for this model's slots: give it back, do not keep it
 
     def encode(self) -> bytes:
-        return _line({"id": self.id, "lease": self.lease.to_json()})
+        message: dict[str, Any] = {"id": self.id, "lease": self.lease.to_json()}
+        if self.busy:
+            message["busy"] = True
+        return _line(message)
 
 
 @dataclass(slots=True)
@@ -265,7 +283,17 @@ class State:
         return _line({"op": "state", "version": self.version, "status": self.status})
 
 
-EngineFrame = HelloReply | Pong | Progress | Granted | Refused | State
+@dataclass(slots=True)
+class Wanted:
+    """A request waits for a slot of `model`: give back the leases kept for it."""
+
+    model: str
+
+    def encode(self) -> bytes:
+        return _line({"op": "wanted", "model": self.model})
+
+
+EngineFrame = HelloReply | Pong | Progress | Granted | Refused | State | Wanted
 
 
 def decode_engine_frame(line: bytes) -> EngineFrame:
@@ -273,7 +301,7 @@ def decode_engine_frame(line: bytes) -> EngineFrame:
     try:
         m = orjson.loads(line)
         if "lease" in m:
-            return Granted(int(m["id"]), Lease.from_json(m["lease"]))
+            return Granted(int(m["id"]), Lease.from_json(m["lease"]), bool(m.get("busy")))
         if "progress" in m:
             return Progress(int(m["id"]), str(m["progress"]))
         if "error" in m:
@@ -289,6 +317,8 @@ def decode_engine_frame(line: bytes) -> EngineFrame:
             if not isinstance(status, dict):
                 raise FrameError("state without a status object")
             return State(int(m["version"]), status)
+        if op == "wanted":
+            return Wanted(str(m["model"]))
         if op == "hello":
             return HelloReply(int(m["protocol"]))
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:

@@ -6,9 +6,14 @@ at many short requests the largest cost the engine has. A lease given back is he
 `LINGER_S` instead; the front's next request for that model (with the same keep-alive) takes it
 without a frame. What bounds what that changes on the engine's side:
 
-- a lease is reused only within `REUSE_SPAN_S` of its grant: after that it goes back for real,
-  so another front's (or worker's) request waiting at the engine for the model's slots, or the
-  engine's fair order between owners, waits at most that long longer than it did;
+- a lease is kept only while no request waits at the engine for a slot of its model: a grant
+  made while others wait says so (`busy`) and is never kept, and a request that starts waiting
+  makes the engine tell every front holding leases (`Wanted`), which gives back the model's kept
+  leases at once and its leases in use when their requests end. So the engine's queue order
+  (first come, or fair between owners and by priority under `serve --workers N`) holds: a kept
+  lease never goes to a request that came after one waiting at the engine;
+- a lease is reused only within `REUSE_SPAN_S` of its grant: after that it goes back for real
+  (the engine's keep-alive and idle accounting see it);
 - an idle model's lease goes back within `LINGER_S`: its keep-alive timer and an eviction that
   needs it idle start at most that much later;
 - `keep_alive_s: 0` (unload at once) is never kept;
@@ -79,6 +84,16 @@ class IdleLeases:
         self._parked.setdefault(held[0], []).append((lease, now))
         if self._sweep is None:
             self._sweep = asyncio.get_running_loop().call_later(self._linger_s, self._expire)
+
+    def wanted(self, model: str) -> None:
+        """Requests wait at the engine for a slot of `model`: give back its kept leases now and
+        its leases in use when their requests end."""
+        for lease_id, (key, _) in list(self._granted.items()):
+            if key[0] == model:
+                del self._granted[lease_id]
+        for key in [key for key in self._parked if key[0] == model]:
+            for lease, _ in self._parked.pop(key):
+                self._release(lease.id)
 
     def flush(self) -> None:
         """Give every kept lease back now."""

@@ -39,6 +39,7 @@ from modelyard.wire.lease import (
     Release,
     State,
     Ticket,
+    Wanted,
     decode_engine_frame,
 )
 from modelyard.wire.status import EngineStatus
@@ -97,7 +98,7 @@ class LeaseClient:
         if it speaks another version."""
         reader, writer = await asyncio.open_connection(host, port, limit=MAX_LINE_BYTES)
         try:
-            writer.write(Hello(secret, PROTOCOL, state).encode())
+            writer.write(Hello(secret, PROTOCOL, state, wanted=True).encode())
             answer = await asyncio.wait_for(reader.readline(), HELLO_TIMEOUT_S)
             reply = decode_engine_frame(answer) if answer else None
         except (TimeoutError, ConnectionError, ValueError) as exc:
@@ -161,7 +162,8 @@ class LeaseClient:
             self._progress.pop(request_id, None)
         if isinstance(reply, Refused):
             raise from_native_body(dict(reply.error))
-        self._idle.granted(reply.lease, keep_alive_s)
+        if not reply.busy:  # others wait for its slots at the engine: not kept for this front
+            self._idle.granted(reply.lease, keep_alive_s)
         return reply.lease
 
     def _give_up(self, request_id: int, future: asyncio.Future[Granted | Refused]) -> None:
@@ -210,6 +212,9 @@ class LeaseClient:
                 if isinstance(reply, State):
                     self._state = reply
                     self._idle.flush()  # its models changed: no lease reused for what went
+                    continue
+                if isinstance(reply, Wanted):
+                    self._idle.wanted(reply.model)  # others wait: none kept ahead of them
                     continue
                 if not isinstance(reply, Granted | Refused):
                     continue  # pong: the heartbeat's answer, nothing more to do
