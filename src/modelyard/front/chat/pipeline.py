@@ -74,6 +74,7 @@ async def answer(ctx: RequestContext, call: ChatCall, render: Render) -> Respons
         answered = await render.tool_loop(ctx, loop, call.model, call.stream)
         if loop.turn is not None and not call.stream:
             await settle(loop.turn)  # a whole answer: its turn is written before it is sent
+        # (a streamed one's: before the chunks that follow its commit, tools/http.py)
         return tool_loop_http.finished(loop, answered)
     turn = None if sid is None else begin_turn(ctx, sid, call.model, call.payload)
     payload = call.payload if turn is None else turn.body

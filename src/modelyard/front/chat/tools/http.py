@@ -18,7 +18,7 @@ from starlette.responses import Response, StreamingResponse
 
 from modelyard.errors import InvalidRequest, ModelyardError
 from modelyard.front.archive import capture as archive_capture
-from modelyard.front.chat.sessions.relay import begin_turn, commit_body, tagged
+from modelyard.front.chat.sessions.relay import begin_turn, commit_body, settled, tagged
 from modelyard.front.chat.tools.loop import (
     Final,
     RoundEvent,
@@ -73,15 +73,20 @@ def tool_loop_for(ctx: RequestContext, data: dict[str, Any], model: str, *, api:
 
 def finished(loop: ToolLoop, response: Response) -> Response:
     """The loop's response naming its chat session and the archive item its transcript is
-    saved as (when it answered, or streamed: see `_archived`)."""
+    saved as (when it answered, or streamed: see `streamed_body`)."""
     if loop.capture is not None and response.status_code == 200:
         response = loop.capture.attach(response)
     return tagged(response, loop.turn)
 
 
-def _archived(loop: ToolLoop, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """A streamed loop's body: archived, one that ends before the answer still saves the
-    exchange so far (its response named the item)."""
+def streamed_body(loop: ToolLoop, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """A streamed loop's body. In a chat session shared by several processes (workers, fronts),
+    the chunks that follow the turn's commit wait until the database has it, as a plain turn's
+    do (sessions/relay.py `settled`): the client's next turn, sent to another process as soon
+    as this answer ends, continues it. Archived when asked: one that ends before the answer
+    still saves the exchange so far (its response named the item)."""
+    if loop.turn is not None:
+        chunks = settled(loop.turn, chunks)
     if loop.capture is None:
         return chunks
     return loop.capture.tap_exchange(chunks, lambda: loop.messages)
@@ -104,7 +109,7 @@ async def openai_chat(ctx: RequestContext, loop: ToolLoop, model: str, stream: b
             assert isinstance(items.body, bytes)
             return Response(items.body, status_code=items.status, media_type="application/json")
         return StreamingResponse(
-            _archived(loop, _sse(items, model)), media_type="text/event-stream",
+            streamed_body(loop, _sse(items, model)), media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
         )
 
@@ -203,7 +208,7 @@ async def ollama_chat(ctx: RequestContext, loop: ToolLoop, model: str, stream: b
         if isinstance(items, Final):
             return Response(orjson.dumps({"error": _error_text(items)}), status_code=items.status,
                             media_type="application/json")  # fmt: skip
-        return StreamingResponse(_archived(loop, _ndjson_rounds(items, model)),
+        return StreamingResponse(streamed_body(loop, _ndjson_rounds(items, model)),
                                  media_type="application/x-ndjson")  # fmt: skip
     final = await unless_disconnected(ctx.receive, _whole(loop, open_round), lambda _: None)
     if isinstance(final.body, bytes):
