@@ -198,6 +198,10 @@ class Auth:
         self.db = database
         self.cookies = URLSafeTimedSerializer(secret_key, salt="modelyard-session")
         self._tokens: dict[str, tuple[float, tokens.Token | None]] = {}
+        # Lookups in flight, by hash: the requests that find the cache cold at once (a burst
+        # of streams with one token, every _TOKEN_CACHE_S) share one database query.
+        self._looking: dict[str, asyncio.Future[tokens.Token | None]] = {}
+        self._generation = 0  # moved by forget_tokens: a lookup begun before it is not cached
         # Several worker processes count failed logins together, in the database: else each
         # would allow its own share of guesses (login_throttle_db.py).
         self.logins = (SharedLoginThrottle(database) if settings.worker_count > 1
@@ -217,6 +221,8 @@ class Auth:
     def forget_tokens(self) -> None:
         """After a revocation here: it takes effect on the next request."""
         self._tokens.clear()
+        self._looking.clear()
+        self._generation += 1
 
     async def by_token_id(self, token_id: str) -> tokens.Token | None:
         return await asyncio.to_thread(tokens.get_token, self.db, token_id)
@@ -231,12 +237,28 @@ class Auth:
         if cached is not None and now - cached[0] < _TOKEN_CACHE_S:
             token = cached[1]
         else:
+            looking = self._looking.get(key)
+            if looking is None:
+                looking = self._looking[key] = asyncio.ensure_future(
+                    self._look_up(key, secret, now))
+                looking.add_done_callback(_retrieved)  # a failure all its waiters left
+            # Shielded: one waiter that leaves (its client gave up) does not cancel the others'.
+            token = await asyncio.shield(looking)
+        if token is not None and token.expires_at is not None and token.expires_at <= time.time():
+            return None
+        return token
+
+    async def _look_up(self, key: str, secret: str, now: float) -> tokens.Token | None:
+        generation = self._generation
+        try:
             token = await asyncio.to_thread(tokens.find_token, self.db, secret)
+        finally:
+            if generation == self._generation:
+                self._looking.pop(key, None)
+        if generation == self._generation:  # else a revocation came meanwhile: not kept
             if len(self._tokens) > 10_000:
                 self._tokens.clear()
             self._tokens[key] = (now, token)
-        if token is not None and token.expires_at is not None and token.expires_at <= time.time():
-            return None
         return token
 
     async def by_cookie(self, value: str) -> accounts.LoginSession | None:
@@ -263,6 +285,11 @@ class Auth:
             if login is not None:
                 return Identified(login_principal(login.user), login), False
         return None, False
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def login_principal(user: accounts.User) -> Principal:
