@@ -44,6 +44,8 @@ from modelyard.request_ids import HEADER, REQUEST_ID, accept
 
 _REQUEST_ID = b"x-request-id"
 _ORIGIN = b"origin"
+_ANSWER_HEADERS = "modelyard.answer_headers"  # headers the edge adds to the answer (scope key)
+_NONE: dict[str, str] = {}
 
 
 class Edge:
@@ -96,7 +98,12 @@ class Edge:
         async def answer(message: Message) -> None:
             if message["type"] == "http.response.start":
                 Drain.started(record, message)
-                MutableHeaders(scope=message)[HEADER] = rid
+                headers = MutableHeaders(scope=message)
+                headers[HEADER] = rid
+                # A limited caller's X-RateLimit-* (_gated): added here, not by one more
+                # wrapper every chunk of a stream would pass.
+                for name, value in scope.get(_ANSWER_HEADERS, _NONE).items():
+                    headers[name] = value
             if metered is not None:
                 metered.on_send(message)
             await send(message)
@@ -132,8 +139,9 @@ class Edge:
                 await self._routed(scope, receive, send)
                 return
             limiter, admission, extra = admitted
+            scope[_ANSWER_HEADERS] = extra
             try:
-                await self._routed(scope, receive, _with_headers(send, extra))
+                await self._routed(scope, receive, send)
             finally:
                 if admission.slots:  # not lost if the client's leaving cancels us here
                     await asyncio.shield(limiter.release(admission))
@@ -178,16 +186,3 @@ def _handler_for(handlers: dict[Any, ExceptionHandler], exc: Exception) -> Any:
     return None
 
 
-def _with_headers(send: Send, extra: dict[str, str]) -> Send:
-    """`send`, adding `extra` to the answer's headers (a limited caller's X-RateLimit-*)."""
-    if not extra:
-        return send
-
-    async def with_headers(message: Message) -> None:
-        if message["type"] == "http.response.start":
-            headers = MutableHeaders(scope=message)
-            for name, value in extra.items():
-                headers[name] = value
-        await send(message)
-
-    return with_headers
