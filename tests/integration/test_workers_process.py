@@ -96,3 +96,36 @@ def test_a_dead_worker_is_restarted_and_sigterm_stops_every_process(two_workers:
     assert two_workers.stop() == 0 or two_workers.proc.returncode is not None
     poll(lambda: not pid_alive(again) and not pid_alive(engine_pid),
          what="the worker and the engine to stop with the supervisor")
+
+
+def test_status_shows_every_worker_and_a_restart_from_either_worker(two_workers: Server,
+                                                                    ) -> None:
+    def workers_seen() -> dict[str, Any]:
+        """/status's `workers` as each worker answers it (the same file behind both)."""
+        answers = from_each_worker(lambda c: c.get(two_workers.url + "/status",
+                                                   headers=two_workers.admin_headers))
+        return {worker: r.json()["workers"] for worker, r in answers.items()}
+
+    first = poll(lambda: "worker-1 started" in two_workers.output() and worker_pid(two_workers),
+                 what="worker-1 to start")
+    def started_seen() -> dict[str, Any] | None:
+        found = workers_seen()
+        return found if all(s[1]["pid"] == first for s in found.values()) else None
+
+    seen = poll(started_seen, what="worker-1 in /status")
+    for states in seen.values():
+        assert [(s["index"], s["alive"], s["restarts"]) for s in states] == [
+            (0, True, 0), (1, True, 0)]
+        assert states[1]["pid"] == first and states[1]["last_exit"] is None
+    os.kill(first, signal.SIGKILL)
+    again = poll(lambda: (p := worker_pid(two_workers)) != first and p, timeout_s=30,
+                 what="worker-1 to be restarted")
+    def restarted_seen() -> dict[str, Any] | None:
+        found = workers_seen()
+        return found if all(s[1]["pid"] == again for s in found.values()) else None
+
+    seen = poll(restarted_seen, timeout_s=30, what="the restarted worker-1 in /status")
+    for states in seen.values():
+        restarted = states[1]
+        assert restarted["alive"] and restarted["restarts"] == 1
+        assert restarted["last_exit"] == -signal.SIGKILL  # how it died

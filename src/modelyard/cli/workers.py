@@ -26,12 +26,14 @@ import secrets
 import signal
 import socket
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from modelyard import metrics
 from modelyard.config import Settings
 from modelyard.front.engines.shared import Worker
+from modelyard.front.engines.worker_states import WorkerState, workers_file, write_states
 from modelyard.proc.process import ChildProcess
 
 log = logging.getLogger("modelyard.workers")
@@ -101,10 +103,14 @@ class WorkerPool:
         self.secret = secret
         self.processes: dict[int, ChildProcess] = {}
         self.restarts = 0
+        # What /status shows of each worker (front/engines/worker_states.py); 0 is this process.
+        self.states = {0: WorkerState(0, os.getpid(), True, started_at=time.time())}
+        self.states.update({i: WorkerState(i, None, False) for i in range(1, len(sockets))})
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
 
     async def started(self) -> None:
+        self._tell()
         for index in range(1, len(self.sockets)):
             self._tasks.append(asyncio.create_task(self._keep(index), name=f"worker-{index}"))
 
@@ -153,17 +159,32 @@ class WorkerPool:
             process = self.processes[index] = self._spawn(index)
             await process.start()
             log.info("worker-%d started (pid %s)", index, process.pid)
+            state = self.states[index]
+            state.pid, state.alive, state.started_at = process.pid, True, time.time()
+            self._tell()
             code = await process.wait()
             if process.pid is not None:
                 metrics.process_exited(process.pid)
+            state.alive, state.last_exit, state.last_exit_at = False, code, time.time()
             if self._stopping:
                 return
+            state.restarts += 1
+            self._tell()
             log.error("worker-%d exited with status %s; restarting in %.1f s. Last lines:\n%s",
                       index, code, backoff,
                       "\n".join(process.tail(self.settings.log_tail_lines)))
             self.restarts += 1
             await asyncio.sleep(backoff)
             backoff = min(MAX_BACKOFF_S, backoff * 2)
+
+
+    def _tell(self) -> None:
+        """Write the workers' states for /status (any worker may answer it)."""
+        try:
+            write_states(workers_file(self.settings),
+                         [self.states[i] for i in sorted(self.states)])
+        except OSError as exc:  # a full disk: /status shows the last states written
+            log.error("could not write the workers' states: %s", exc)
 
 
 def new_secret() -> str:

@@ -21,6 +21,7 @@ from starlette.requests import Request
 from modelyard.errors import InvalidRequest
 from modelyard.front.catalog import Catalog
 from modelyard.front.dispatch.dispatcher import Dispatcher
+from modelyard.front.engines.worker_states import read_states, workers_file
 from modelyard.front.identity.principal import Principal, principal_of
 from modelyard.front.ops.request_log import RequestLog
 
@@ -90,7 +91,16 @@ class FrontState:
             "queues": self.dispatch.queues.stats(),
             "replicas": self.dispatch.replicas.stats(),
             "chat_sessions": self.chat.sessions.stats(),
+            **self._workers(),
         }
+
+    def _workers(self) -> dict[str, Any]:
+        """`serve --workers N`: each worker's pid, whether it runs, its restarts and last exit
+        (as the supervisor wrote them); which one answered is in X-Modelyard-Worker."""
+        settings = self.catalog.settings
+        if settings.worker_count <= 1:
+            return {}
+        return {"workers": read_states(workers_file(settings))}
 
 
 # X-Modelyard-Priority's range. A queue admits strictly by priority and shares fairly only
