@@ -1,11 +1,11 @@
 """A backend that dies mid-stream: every byte it sent before it died reaches the client, then
-the in-band error (front/dispatch/relay.py).
+the in-band error (front/dispatch/relay.py, front/dispatch/upstream.py).
 
 The backend here is a real socket server that answers with three SSE events and closes the
 connection without the last chunk, as a crashed llama-server does. The relay starts reading
 only once the connection is known lost: the case of a front busy elsewhere while the last tokens
-and the close arrive together, where aiohttp raises the lost connection's error ahead of the
-bytes still in its buffer (test_front_engine's crash-mid-stream test failed that way under
+and the close arrive together, where the lost connection's error is raised ahead of the
+bytes still in the body's buffer (test_front_engine's crash-mid-stream test failed that way under
 load, with an empty text before the error).
 """
 
@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 
-import aiohttp
 import orjson
 import pytest
 
@@ -26,6 +25,7 @@ from modelyard.front.dispatch.relay import (
     relay_raw,
     send_upstream,
 )
+from modelyard.front.dispatch.upstream import UpstreamPool
 from modelyard.types import Lease
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
@@ -74,7 +74,7 @@ class Engine:
         self.released.append(lease)
 
 
-async def broken_relay(session: aiohttp.ClientSession, url: str, engine: Engine) -> Relay:
+async def broken_relay(session: UpstreamPool, url: str, engine: Engine) -> Relay:
     """A relay whose upstream connection is already lost, with the events still unread."""
     response = await send_upstream(session, url + "/v1/chat/completions", b"{}", "crashy")
     relay = Relay(engine, Lease("l1", "crashy", url, 0), response)  # type: ignore[arg-type]

@@ -15,7 +15,6 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple, TypeVar
 
-import aiohttp
 from starlette.types import Receive
 
 from modelyard import metrics
@@ -37,6 +36,7 @@ from modelyard.front.dispatch.replicas import MovedToCopy, Replicas, unless_move
 from modelyard.front.dispatch.reroute import Reroutes
 from modelyard.front.dispatch.routing import EngineView, pick_engine, view_from_status
 from modelyard.front.dispatch.swap_share import IDLE_GRACE_S, SwapLedger, swap_wait_s
+from modelyard.front.dispatch.upstream import UpstreamPool, UpstreamResponse
 from modelyard.front.engines.client import EngineClient
 from modelyard.front.identity.principal import CURRENT_PRINCIPAL, owner_key
 from modelyard.placement import policy as scheduler
@@ -68,7 +68,7 @@ class Dispatcher:
         self,
         catalog: Catalog,
         provider: EngineProvider,
-        upstream: aiohttp.ClientSession,
+        upstream: UpstreamPool,
         session_kv: SessionKv,
     ) -> None:
         self.catalog = catalog  # the settings and models in force (a reload replaces them)
@@ -513,7 +513,7 @@ class Dispatcher:
 
     async def _lease_while_sending(
         self, engine: EngineClient, model_id: str, guess: str, guess_key: str | None, call: Call
-    ) -> tuple[Lease, aiohttp.ClientResponse | None]:
+    ) -> tuple[Lease, UpstreamResponse | None]:
         """Take the lease and, meanwhile, send the request where the model was last granted.
 
         An engine grants a ready model at once, so the grant nearly always names that upstream
@@ -584,9 +584,9 @@ def _then(first: Callable[[], None] | None, then: Callable[[], None]) -> Callabl
     return both
 
 
-def _drop(early: asyncio.Future[aiohttp.ClientResponse]) -> None:
+def _drop(early: asyncio.Future[UpstreamResponse]) -> None:
     """Abandon a request sent before its lease: close its response whenever it arrives."""
-    discard_when_done(early, aiohttp.ClientResponse.close)
+    discard_when_done(early, UpstreamResponse.close)
 
 
 async def _disconnect(receive: Receive) -> None:

@@ -16,7 +16,6 @@ import asyncio
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, Literal, TypeVar
 
-import aiohttp
 import orjson
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -29,6 +28,7 @@ from modelyard.errors import (
 )
 from modelyard.front.dispatch.drain import track_relay
 from modelyard.front.dispatch.final_usage import FinalUsage
+from modelyard.front.dispatch.upstream import Body, UpstreamBroken, UpstreamPool, UpstreamResponse
 from modelyard.front.engines.client import EngineClient
 from modelyard.front.sse import DONE, read_event
 from modelyard.metrics import Usage, current, stream_failed, usage_in_body, usage_of
@@ -38,33 +38,22 @@ from modelyard.types import Lease
 T = TypeVar("T")
 R = TypeVar("R")
 
-# aiohttp rather than httpx on this path: per request it costs about a third of httpx's CPU,
-# which is most of what a relay adds over talking to the backend directly.
-RELAY_ERRORS = (aiohttp.ClientError, TimeoutError)
+# The backends are called with front/dispatch/upstream.py's client (why: its module doc).
+RELAY_ERRORS = (UpstreamBroken, TimeoutError)
 
 
-# llama-server closes a connection idle for 5 s; pooling ours for less avoids most races with that.
-UPSTREAM_KEEPALIVE_S = 4.0
-
-
-def new_upstream_session(read_timeout_s: float) -> aiohttp.ClientSession:
-    return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(
-            limit=0, limit_per_host=0, keepalive_timeout=UPSTREAM_KEEPALIVE_S
-        ),
-        timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=read_timeout_s),
-        auto_decompress=False,
-    )
+def new_upstream_session(read_timeout_s: float) -> UpstreamPool:
+    return UpstreamPool(read_timeout_s)
 
 
 async def send_upstream(
-    session: aiohttp.ClientSession,
+    session: UpstreamPool,
     url: str,
     payload: bytes,
     model: str,
     content_type: str = "application/json",
     api_key: str | None = None,
-) -> aiohttp.ClientResponse:
+) -> UpstreamResponse:
     """POST the request and read the response headers.
 
     The headers are built here, never copied from the client's request: its own Authorization
@@ -72,16 +61,13 @@ async def send_upstream(
     lease's `api_key`) does, as `Authorization: Bearer`.
 
     A pooled connection the backend closed while idle fails before the request reached it, so
-    that one case is retried once, on a fresh connection.
+    that one case is retried once, on a fresh connection (by the pool).
     """
     headers = {"content-type": content_type, **outgoing_headers()}
     if api_key is not None:
         headers["authorization"] = f"Bearer {api_key}"
     try:
-        try:
-            return await session.post(url, data=payload, headers=headers)
-        except aiohttp.ServerDisconnectedError:
-            return await session.post(url, data=payload, headers=headers)
+        return await session.request("POST", url, payload, headers)
     except RELAY_ERRORS as exc:
         raise UpstreamError(
             f"backend of '{model}' is unreachable ({type(exc).__name__})", model=model
@@ -109,7 +95,7 @@ class Relay:
     """One leased request to a backend; `close()` is idempotent and synchronous."""
 
     def __init__(
-        self, engine: EngineClient, lease: Lease, response: aiohttp.ClientResponse
+        self, engine: EngineClient, lease: Lease, response: UpstreamResponse
     ) -> None:
         self.engine = engine
         self.lease = lease
@@ -119,7 +105,7 @@ class Relay:
         self.on_release: Callable[[], asyncio.Future[Any] | None] | None = None
         self.watch: ClientWatch | None = None  # a non-streamed request's client, watched
         # The dispatcher's upstream session, for `call` (set by the dispatcher that opened it).
-        self.session: aiohttp.ClientSession | None = None
+        self.session: UpstreamPool | None = None
         self._closed = False
         self._body: bytes | None = None  # the body, once read()
         self._untrack = track_relay(self)  # a shutdown past its grace aborts it
@@ -144,7 +130,7 @@ class Relay:
 
     @property
     def content_type(self) -> str:
-        return self.response.headers.get("content-type", "application/json")
+        return self.response.headers.get("content-type") or "application/json"
 
     def header(self, name: str) -> str | None:
         """One of the backend's response headers."""
@@ -411,22 +397,12 @@ def _sse_event(relay: Relay, raw: bytes) -> dict[str, Any] | Literal["done"] | N
     return event
 
 
-def unread_bytes(content: aiohttp.StreamReader) -> bytes:
-    """The bytes of a broken upstream connection still in `content`'s buffer, taken out.
-
-    aiohttp's StreamReader raises a lost connection's error ahead of the bytes that arrived
-    with it (readany and readline check the error first; set_exception keeps the buffer), so
-    the last tokens a backend sent before it crashed would vanish whenever the relay was busy
-    as they came with the close. Only a private method reads them: with an aiohttp that lacks
-    it nothing is taken (tests/integration/test_relay_broken_upstream.py then fails)."""
-    read = getattr(content, "_read_nowait", None)
-    if read is None:
-        return b""
-    try:
-        data = read(-1)
-    except Exception:  # the reader's own timeout
-        return b""
-    return data if isinstance(data, bytes) else b""
+def unread_bytes(content: Body) -> bytes:
+    """The bytes of a broken upstream connection still in `content`'s buffer, taken out: a
+    lost connection's error is raised ahead of the bytes that arrived with it, so the last
+    tokens a backend sent before it crashed would vanish whenever the relay was busy as they
+    came with the close (tests/integration/test_relay_broken_upstream.py)."""
+    return content.take_unread()
 
 
 async def translated_stream(
