@@ -30,7 +30,7 @@ def two_workers(home_factory: pytest.TempPathFactory, name: str, tokens_per_s: i
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = two_workers(tmp_path_factory, "workers-fair")
+    server = two_workers(tmp_path_factory, "workers-fair", 100)  # 4 tokens: 40 ms a request
     try:
         yield server
     finally:
@@ -41,9 +41,13 @@ def test_one_owner_flooding_through_both_workers_does_not_starve_another(
     server: Server,
 ) -> None:
     alice, bob = add_user(server, "alice"), add_user(server, "bob")
-    # alice keeps 16 requests in flight, bob 3, each on a connection of its own (spread over
-    # both workers): FIFO at the engine would give bob about 3/19; fair share gives each half.
-    served = asyncio.run(flood(server, {"alice": (alice, 16, "m1"), "bob": (bob, 3, "m1")}, 66))
+    # alice keeps 16 requests in flight, bob 6, each on a connection of its own (spread over
+    # both workers): FIFO at the engine would give bob about 6/22; fair share gives each half.
+    # Bob's next request must be back in the engine's queue before his queued ones are served
+    # (else his turn goes to alice, and fair queuing owes nothing for the gap): 6 in flight and
+    # 40 ms a request leave it about 200 ms for the round trip through a worker, on a machine
+    # that also runs the rest of the tests (with 3 and 20 ms it once got 0.42 there).
+    served = asyncio.run(flood(server, {"alice": (alice, 16, "m1"), "bob": (bob, 6, "m1")}, 66))
     assert share_of("bob", served) == pytest.approx(0.5, rel=0.15), served
 
 
