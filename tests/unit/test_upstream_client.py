@@ -84,6 +84,12 @@ def chunked(*parts: bytes, end: bool = True) -> bytes:
     return out + (b"0\r\n\r\n" if end else b"")
 
 
+async def stalled(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """One event of a stream, then nothing more for longer than a test waits."""
+    writer.write(chunked(b"data: 1\n\n", end=False))
+    await asyncio.sleep(5)
+
+
 async def test_one_connection_serves_request_after_request(serve: Callable[..., Awaitable[
         tuple[Backend, str]]]) -> None:  # fmt: skip
     async def handler(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -182,11 +188,7 @@ async def test_a_body_left_unread_closes_its_connection(
 
 async def test_no_byte_for_the_read_timeout_is_a_read_timeout(
         serve: Callable[..., Awaitable[tuple[Backend, str]]]) -> None:  # fmt: skip
-    async def handler(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writer.write(chunked(b"data: 1\n\n", end=False))
-        await asyncio.sleep(5)
-
-    _, url = await serve(handler)
+    _, url = await serve(stalled)
     async with UpstreamPool(0.3) as pool:
         r = await pool.request("POST", url + "/", b"{}", {})
         assert await r.content.readany() == b"data: 1\n\n"
@@ -215,11 +217,7 @@ async def test_a_break_mid_body_is_raised_ahead_of_the_bytes_that_came_before_it
 
 async def test_an_abort_makes_the_read_in_progress_raise(
         serve: Callable[..., Awaitable[tuple[Backend, str]]]) -> None:  # fmt: skip
-    async def handler(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writer.write(chunked(b"data: 1\n\n", end=False))
-        await asyncio.sleep(5)
-
-    _, url = await serve(handler)
+    _, url = await serve(stalled)
     async with UpstreamPool(10) as pool:
         r = await pool.request("POST", url + "/", b"{}", {})
         await r.content.readany()
