@@ -278,3 +278,25 @@ async def test_a_slow_reader_pauses_the_socket_and_loses_nothing(
         assert body == part * 32
         r.release()
         assert pool.idle == 1
+
+
+async def test_a_second_release_leaves_the_connection_to_its_next_answer(
+        serve: Callable[..., Awaitable[tuple[Backend, str]]]) -> None:  # fmt: skip
+    async def handler(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(answer(b"ok"))
+
+    backend, url = await serve(handler)
+    async with UpstreamPool(10) as pool:
+        first = await pool.request("POST", url + "/", b"{}", {})
+        assert await first.read() == b"ok"
+        first.release()
+        second = await pool.request("POST", url + "/", b"{}", {})  # on the same connection
+        first.release()  # again (a bug elsewhere): must not touch the connection now in use
+        first.close()
+        assert await second.read() == b"ok"
+        second.release()
+        third = await pool.request("POST", url + "/", b"{}", {})  # still that connection
+        assert await third.read() == b"ok"
+        third.release()
+        assert pool.idle == 1
+    assert backend.connections == 1

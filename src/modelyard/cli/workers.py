@@ -102,7 +102,6 @@ class WorkerPool:
         self.lock_fd = lock_fd
         self.secret = secret
         self.processes: dict[int, ChildProcess] = {}
-        self.restarts = 0
         # What /status shows of each worker (front/engines/worker_states.py); 0 is this process.
         self.states = {0: WorkerState(0, os.getpid(), True, started_at=time.time())}
         self.states.update({i: WorkerState(i, None, False) for i in range(1, len(sockets))})
@@ -173,10 +172,13 @@ class WorkerPool:
             log.error("worker-%d exited with status %s; restarting in %.1f s. Last lines:\n%s",
                       index, code, backoff,
                       "\n".join(process.tail(self.settings.log_tail_lines)))
-            self.restarts += 1
             await asyncio.sleep(backoff)
             backoff = min(MAX_BACKOFF_S, backoff * 2)
 
+    @property
+    def restarts(self) -> int:
+        """Worker restarts since the supervisor started, all workers together."""
+        return sum(state.restarts for state in self.states.values())
 
     def _tell(self) -> None:
         """Write the workers' states for /status (any worker may answer it)."""

@@ -4,7 +4,8 @@ responses httptools parses (the parser uvicorn serves the front with).
 Why not aiohttp here: a backend call is the front's largest single cost per request, and on
 this path nothing of a general client is used (no redirects, cookies, proxies, compression,
 multipart). Measured on 2 cores against the fake backend, 1-token chats at c=16: aiohttp's
-client spent 248 µs of CPU per request, this one 68 µs (bench numbers in issue 33's note).
+client spent 249-267 µs of CPU per request, this one 115-126 µs in the same runs (a bare
+protocol with none of the keeps below: 68 µs; issue 33's note has the bench-front tables).
 
 What it keeps from the client it replaces (front/dispatch/relay.py relies on each):
 - a response's body is read as it arrives (`Body.iter_any`, lines, `read`), chunked or with a
@@ -194,7 +195,7 @@ class UpstreamResponse:
     __slots__ = ("_conn", "content", "headers", "status")
 
     def __init__(self, conn: _Connection, status: int, headers: Headers) -> None:
-        self._conn = conn
+        self._conn: _Connection | None = conn
         self.status = status
         self.headers = headers
         self.content = conn.body
@@ -204,12 +205,17 @@ class UpstreamResponse:
 
     def release(self) -> None:
         """Done with it: its connection goes back to the pool if the body was read to its end
-        and both sides keep it alive; else it closes."""
-        self._conn.done(pool=self.content.at_eof())
+        and both sides keep it alive; else it closes. Once: a pooled connection may carry
+        another request's answer by the time a second call came."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.done(pool=self.content.at_eof())
 
     def close(self) -> None:
         """Done with it, and its connection closes (a body not read to its end)."""
-        self._conn.done(pool=False)
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.done(pool=False)
 
 
 class _Connection(asyncio.Protocol):
