@@ -65,13 +65,15 @@ class Engine:
 
     def __init__(self, up: bool = True) -> None:
         self.released: list[Lease] = []
+        self.kept: list[bool] = []  # each release's `keep`
         self.up = up
 
     def watch(self, relay: object) -> Callable[[], None]:
         return lambda: None
 
-    def release(self, lease: Lease) -> None:
+    def release(self, lease: Lease, *, keep: bool = True) -> None:
         self.released.append(lease)
+        self.kept.append(keep)
 
 
 async def broken_relay(session: UpstreamPool, url: str, engine: Engine) -> Relay:
@@ -156,3 +158,16 @@ async def test_an_engine_that_goes_down_just_after_its_backend_broke_is_still_th
             async for _ in iter_sse_json(relay):
                 pass
         relay.close()
+
+
+async def test_a_whole_read_not_keeping_its_lease_gives_it_back_so_even_when_it_breaks(
+    backend: str,
+) -> None:
+    """The tool loop reads each round so (front/chat/tools/loop.py): the engine must have the
+    lease back while the tools run, whatever the round's end."""
+    engine = Engine()
+    async with new_upstream_session(30) as session:
+        relay = await broken_relay(session, backend, engine)
+        with pytest.raises(UpstreamError):
+            await relay.read(keep_lease=False)
+    assert engine.released == [relay.lease] and engine.kept == [False]

@@ -95,3 +95,20 @@ async def test_flush_gives_every_kept_lease_back_and_clear_forgets_them() -> Non
     idle.give_back(_lease(4))
     idle.clear()  # the channel closed: the engine released it itself
     assert "l4" not in released and idle.take("m", None) is None
+
+
+async def test_a_lease_given_back_not_to_keep_goes_back_at_once() -> None:
+    """A tool loop between rounds (front/chat/tools/loop.py) gives its lease back this way: its
+    next round comes after its tools run, so the engine must see the lease free meanwhile (a
+    kept one counted as held for up to the linger, and another front's request waited on it)."""
+    released: list[str] = []
+    clock = Clock()
+    idle = _idle(released, clock)
+    idle.granted(_lease(1), keep_alive_s=None)
+    idle.give_back(_lease(1), keep=False)
+    assert released == ["l1"] and idle.kept == 0
+    assert idle.take("m", None) is None
+    idle.granted(_lease(2), keep_alive_s=None)  # the default still keeps
+    idle.give_back(_lease(2))
+    assert released == ["l1"] and idle.kept == 1
+    idle.clear()

@@ -60,7 +60,10 @@ class EngineClient(Protocol):
         process's engine; a lease this front gave back a moment ago): None says "acquire"."""
         ...
 
-    def release(self, lease: Lease) -> None: ...
+    def release(self, lease: Lease, *, keep: bool = True) -> None:
+        """Give `lease` back; `keep=False`: to the engine now, never kept for reuse (a tool
+        loop between rounds: its next request comes after its tools, not in a moment)."""
+        ...
 
     def watch(self, relay: Abortable) -> Callable[[], None]:
         """Abort `relay` if this engine goes down while it runs; returns the unwatch call."""

@@ -136,12 +136,12 @@ class Relay:
         """One of the backend's response headers."""
         return self.response.headers.get(name)
 
-    async def read(self) -> bytes:
+    async def read(self, *, keep_lease: bool = True) -> bytes:
         """The whole body; closes the relay. Under a ClientWatch, a client that disconnects
         before the body is complete ends the wait: the upstream connection is closed (the
         backend stops generating), the lease given back, and ClientClosedRequest raised.
         Read again, it answers the same bytes (an error may be looked at before it is
-        rendered: front/chat/ollama_fit.py)."""
+        rendered: front/chat/ollama_fit.py). `keep_lease`: as in `close`."""
         if self._body is not None:
             return self._body
         try:
@@ -155,7 +155,7 @@ class Relay:
         except RELAY_ERRORS as exc:
             raise await stream_broke(self, exc) from exc
         finally:
-            self.close()
+            self.close(keep_lease=keep_lease)
 
     async def body(self) -> bytes:
         """The whole body, leaving the relay (and its lease) open for `call`."""
@@ -189,8 +189,10 @@ class Relay:
         if not self._closed:
             self.response.content.set_exception(exc)
 
-    def close(self) -> None:
+    def close(self, *, keep_lease: bool = True) -> None:
         """Release the lease; a response not read to its end is closed, not pooled.
+        `keep_lease=False`: the engine has it back at once, not after the front kept it a moment
+        for its next request (front/engines/idle_leases.py).
 
         Closing the connection is what tells llama-server to stop generating for a client that
         went away.
@@ -208,9 +210,9 @@ class Relay:
             self.response.close()
         pending = self.on_release() if self.on_release is not None else None
         if pending is not None and not pending.done():
-            pending.add_done_callback(lambda _: self.engine.release(self.lease))
+            pending.add_done_callback(lambda _: self.engine.release(self.lease, keep=keep_lease))
         else:
-            self.engine.release(self.lease)
+            self.engine.release(self.lease, keep=keep_lease)
         if self.on_close is not None:
             self.on_close()
 

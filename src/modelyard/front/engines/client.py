@@ -236,10 +236,10 @@ class HttpEngineClient:
             return None
         return leases.kept_lease(model, keep_alive_s)
 
-    def release(self, lease: Lease) -> None:
+    def release(self, lease: Lease, *, keep: bool = True) -> None:
         # An engine that restarted has forgotten the lease already; nothing to do then.
         if self._leases is not None:
-            self._leases.give_back(lease)
+            self._leases.give_back(lease, keep=keep)
 
     async def status(self) -> EngineStatus:
         return EngineStatus.from_json(

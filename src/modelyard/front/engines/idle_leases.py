@@ -73,11 +73,12 @@ class IdleLeases:
             self._release(lease.id)
         return None
 
-    def give_back(self, lease: Lease) -> None:
-        """The request holding `lease` ended: keep it for a while, or release it now."""
+    def give_back(self, lease: Lease, *, keep: bool = True) -> None:
+        """The request holding `lease` ended: keep it for a while, or release it now (always,
+        when not `keep`: its holder knows no request follows soon)."""
         held = self._granted.get(lease.id)
         now = self._clock()
-        if held is None or now - held[1] >= self._span_s:
+        if not keep or held is None or now - held[1] >= self._span_s:
             self._granted.pop(lease.id, None)
             self._release(lease.id)
             return

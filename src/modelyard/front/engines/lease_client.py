@@ -185,11 +185,11 @@ class LeaseClient:
         """A lease this front gave back a moment ago for `model`, if one is kept."""
         return None if self.silent or self._closed else self._idle.take(model, keep_alive_s)
 
-    def give_back(self, lease: Lease) -> None:
+    def give_back(self, lease: Lease, *, keep: bool = True) -> None:
         """The request that held `lease` ended: kept a moment for the next one (idle_leases.py),
-        or released."""
+        or released (at once when not `keep`)."""
         if not self._closed:
-            self._idle.give_back(lease)
+            self._idle.give_back(lease, keep=keep)
 
     def release(self, lease_id: str) -> None:
         # A closed channel has released everything on the engine's side already.

@@ -144,8 +144,8 @@ class LocalEngineClient:
         assert isinstance(settings, Settings)
         return await self.engine.reload(settings)
 
-    def release(self, lease: Lease) -> None:
-        self.engine.release(lease.id)
+    def release(self, lease: Lease, *, keep: bool = True) -> None:
+        self.engine.release(lease.id)  # in this process: no frame to save, nothing kept
 
     async def status(self) -> EngineStatus:
         return self.engine.status()

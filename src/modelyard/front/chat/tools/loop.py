@@ -139,7 +139,9 @@ class ToolLoop:
         rounds = 0
         while True:
             relay: Relay = await open_round(orjson.dumps({**body, "messages": messages}))
-            raw = await relay.read()  # closes the relay: the lease is free while tools run
+            # Closes the relay: the engine has its lease back while tools run (none kept for a
+            # next round that comes only after them).
+            raw = await relay.read(keep_lease=False)
             if relay.status != 200:
                 yield Final(relay.status, raw, trace)
                 return
