@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import httpx
 import pytest
-from tests.support import Server, fake_model, free_port
+from tests.support import Server, fake_model, free_port, poll
 
 T = TypeVar("T")
 
@@ -88,6 +88,14 @@ def model_status(server: Server, model: str) -> dict[str, Any] | None:
             if m["model"] == model:
                 return dict(m)
     return None
+
+
+def leases_back(server: Server, model: str) -> dict[str, Any]:
+    """`model`'s status once the engine holds no lease of it. A request's lease can reach the
+    engine up to 20 ms after its answer ended: the front keeps it that long for its next
+    request (front/engines/idle_leases.py, LINGER_S); one that never comes back fails here."""
+    return poll(lambda: (m := model_status(server, model)) is not None and m["leases"] == 0 and m,
+                timeout_s=5, what=f"{model}'s leases back at the engine")  # fmt: skip
 
 
 def chat_request(

@@ -9,7 +9,13 @@ from typing import Any
 
 import httpx
 import pytest
-from tests.integration.harness import config, crash_once_model, model_status, pid_alive
+from tests.integration.harness import (
+    config,
+    crash_once_model,
+    leases_back,
+    model_status,
+    pid_alive,
+)
 from tests.support import fake_model, poll
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -31,7 +37,7 @@ def test_each_request_reaches_the_backend_once(start_server: Any) -> None:
     stats = poll(lambda: (s := _stats(model["upstream"]))["active"] == 0 and s, what="idle")
     assert stats["requests_started"] == 6
     assert stats["requests_completed"] == 6 and stats["requests_cancelled"] == 0
-    assert model["leases"] == 0
+    leases_back(server, "m")
 
 
 def test_a_stale_guess_is_dropped_for_the_granted_upstream(

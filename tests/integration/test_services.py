@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 from tests.fakes.fake_service import FIXED_CREATED, failure_body, image_b64, speech_audio
-from tests.integration.harness import config, model_status
+from tests.integration.harness import config, leases_back, model_status
 from tests.support import ROOT, Server, fake_model, free_port, poll
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -172,9 +172,8 @@ def test_speech_loads_the_service_then_returns_its_audio_unchanged(
     assert r.content == speech_audio("hello there")
     stats = tts.stats()
     assert (stats["loaded"], stats["loads"], stats["requests"]) == (True, 1, 1)
-    ms = model_status(server, "tts")
-    assert ms is not None and ms["state"] == "ready" and ms["backend"] == "service"
-    assert ms["leases"] == 0  # the lease went back with the end of the body
+    ms = leases_back(server, "tts")  # the lease went back with the end of the body
+    assert ms["state"] == "ready" and ms["backend"] == "service"
 
     again = speak(server, "tts", "again")  # already loaded: no second load
     assert again.content == speech_audio("again")
@@ -227,8 +226,7 @@ def test_upstream_error_passes_through_unchanged(
     assert r.headers["content-type"] == "application/json"
     assert r.json() == failure_body(500)
     assert fakes["broken-tts"].stats()["requests"] == 1
-    ms = model_status(server, "broken-tts")
-    assert ms is not None and ms["leases"] == 0
+    leases_back(server, "broken-tts")
 
 
 # --- modelyard's own errors: OpenAI's envelope, as on every /v1/ route ---------------------------
