@@ -23,8 +23,10 @@ from modelyard.engine.backends.keys import key_dir
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
-CFG = config(fake_model("m", "--parallel", "1"), fake_model("e", "--embeddings"))
+CFG = config(fake_model("m", "--parallel", "1"), fake_model("e", "--embeddings"),
+             fake_model("short", "--ctx-size", "4"))
 CHAT = {"model": "m", "messages": HELLO, "max_tokens": 5}
+LONG = {"model": "short", "messages": [{"role": "user", "content": "one two three four five six"}]}
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +63,9 @@ REQUESTS: dict[str, Any] = {
     "openai stream": lambda s: stream(s, "/v1/chat/completions", {**CHAT, "stream": True})[0],
     "openai stream include_usage": lambda s: stream(s, "/v1/chat/completions", {
         **CHAT, "stream": True, "stream_options": {"include_usage": True}})[0],
-    "openai whole": lambda s: whole(s, "/v1/chat/completions", CHAT),
+    "openai whole": lambda s: whole(s, "/v1/chat/completions", CHAT),  # the lane (lane.py)
+    # The same, off the lane (`n` is not a plain field): through the route and the pipeline.
+    "openai whole, routed": lambda s: whole(s, "/v1/chat/completions", {**CHAT, "n": 1}),
     "ollama stream": lambda s: stream(s, "/api/chat", {
         "model": "m", "messages": HELLO, "options": {"num_predict": 5}})[0],
     "anthropic stream": lambda s: stream(s, "/v1/messages", {
@@ -78,8 +82,11 @@ def answered(server: Server) -> dict[str, tuple[str, str, dict[str, int]]]:
         for turn in (1, 2):
             rid = send(server)
             out[f"{name} #{turn}"] = (rid, "m", backend_usage(server, "m"))
-    rid = whole(server, "/v1/embeddings", {"model": "e", "input": ["one two three", "four"]})
+    texts = {"model": "e", "input": ["one two three", "four"]}
+    rid = whole(server, "/v1/embeddings", texts)  # the lane
     out["embeddings"] = (rid, "e", backend_usage(server, "e"))
+    rid = whole(server, "/v1/embeddings", {**texts, "truncate": True})  # routed: not plain
+    out["embeddings, routed"] = (rid, "e", backend_usage(server, "e"))
     return out
 
 
@@ -159,3 +166,25 @@ def test_a_client_that_did_not_ask_gets_the_backends_stream_unchanged(
     assert _normal(through_front) == _normal(direct)
     # The first and last figures are the same ones, not only the shape.
     assert through_front.count(b"data: ") == direct.count(b"data: ")
+
+
+@pytest.mark.parametrize(("path", "plain", "routed", "status"), [
+    ("/v1/chat/completions", CHAT, {**CHAT, "n": 1}, 200),
+    ("/v1/embeddings", {"model": "e", "input": "one two"},
+     {"model": "e", "input": "one two", "truncate": True}, 200),
+    # Errors, in the same shape either way: a backend's context overflow (OpenAI's shape for
+    # it), a model nobody has.
+    ("/v1/chat/completions", LONG, {**LONG, "n": 1}, 400),
+    ("/v1/chat/completions", {**CHAT, "model": "ghost"}, {**CHAT, "model": "ghost", "n": 1}, 404),
+])
+def test_the_lane_answers_as_the_route_does(server: Server, path: str, plain: dict[str, Any],
+                                          routed: dict[str, Any], status: int) -> None:
+    """A plain request answered on the lane (front/api/lane.py) and the same request made
+    not plain by a field that changes nothing, answered by its route: the same status, headers
+    and body (but for the figures that differ from one answer to the next)."""
+    answers = [httpx.post(server.url + path, json=body, timeout=60) for body in (plain, routed)]
+    assert [r.status_code for r in answers] == [status, status], [r.text for r in answers]
+    [lane, route] = [(dict(r.headers), _normal(r.content)) for r in answers]
+    for headers in (lane[0], route[0]):  # (the length: of figures that differ)
+        del headers["x-request-id"], headers["date"], headers["content-length"]
+    assert lane == route

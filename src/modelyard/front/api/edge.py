@@ -8,7 +8,10 @@ Every request passes the same steps, in this order (each module keeps its own lo
 4. CORS, only for a request that carries an Origin (front/identity/cors.py);
 5. the caller (front/identity/auth.py `AuthGate`): Host, body limit, identity, policy;
 6. its limits, when any apply (front/identity/limits.py `admit`);
-7. the route, with the exception handlers: a ModelyardError is answered in its API's shape
+7. a plain OpenAI chat or embedding is answered by its lane (front/api/lane.py), without the
+   framework; any other request (one the lane finds not plain included, its body replayed)
+   goes to its route;
+8. the route, with the exception handlers: a ModelyardError is answered in its API's shape
    (the routes' endpoints run without Starlette's own per-route exception layer:
    `endpoint_app`).
 
@@ -32,6 +35,7 @@ from starlette.types import ASGIApp, ExceptionHandler, Message, Receive, Scope, 
 
 from modelyard.config import Settings
 from modelyard.errors import ModelyardError
+from modelyard.front.api.lane import Lanes
 from modelyard.front.dispatch.drain import Drain, InFlight, in_flight
 from modelyard.front.identity import limits
 from modelyard.front.identity.auth import AuthGate
@@ -61,6 +65,7 @@ class Edge:
         self.gate = AuthGate(settings)
         self.cors = OllamaCors(self._gated, settings)
         self.handlers = handlers
+        self.lanes = Lanes()  # plain OpenAI chats and embeddings, without the framework
         # The exceptions with a handler of their own (a catch-all `Exception` is not one).
         self._handled = tuple(k for k in handlers if isinstance(k, type) and k is not Exception)
         # What Starlette's routes look up for the exceptions their endpoints raise.
@@ -154,6 +159,12 @@ class Edge:
         the server to log, as Starlette's ServerErrorMiddleware does."""
         scope["starlette.exception_handlers"] = self._route_handlers
         try:
+            lane = self.lanes.get(scope["path"]) if scope["method"] == "POST" else None
+            if lane is not None:  # a plain request is answered there; another goes on
+                replayed = await lane(scope, receive, send)
+                if replayed is None:
+                    return
+                receive = replayed
             await self.router(scope, receive, send)
         except Exception as exc:
             handler = _handler_for(self.handlers, exc)

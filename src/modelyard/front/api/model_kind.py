@@ -40,6 +40,21 @@ def _check(registry: ModelRegistry, model: str, needs: ModelKind) -> None:
     raise WrongModelKind.for_model(model, kind, needs, models_of_kind(registry, needs))
 
 
+# The catalog entries that passed a check, by (name, kind needed): the same entry asked again
+# passes without a worker thread (handing `_check` to one costs more than the rest of an
+# embedding request's front). A changed model is a new entry (a rescan, a reload): checked anew.
+_passed: dict[tuple[str, ModelKind], object] = {}
+_PASSED_MAX = 1024
+
+
 async def require_kind(state: FrontState, model: str, needs: ModelKind) -> None:
     """Raise unless `model` can serve `needs` (a model this server cannot tell passes)."""
-    await asyncio.to_thread(_check, state.catalog.registry, model, needs)
+    registry = state.catalog.registry
+    entry = registry.get(model)
+    if entry is not None and _passed.get((model, needs)) is entry:
+        return
+    await asyncio.to_thread(_check, registry, model, needs)
+    if entry is not None:
+        if len(_passed) >= _PASSED_MAX:  # names of variants a client makes up: bounded
+            _passed.clear()
+        _passed[(model, needs)] = entry
