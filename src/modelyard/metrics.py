@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, TypeVar
 
+import orjson
+
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 E = TypeVar("E")
 T = TypeVar("T")
@@ -630,10 +632,21 @@ def _count(value: Any) -> int:
 _DECODER = json.JSONDecoder()
 
 
+# Up to this size an answer is decoded whole (orjson, at once); a larger one (an embedding's
+# vectors) only from its `usage` and `timings` objects on.
+_WHOLE_BODY_BYTES = 16_384
+
+
 def usage_in_body(body: bytes) -> Usage | None:
     """The usage of a whole JSON answer, read once: only its `usage` and `timings` objects
     are decoded (found from the end, where backends put them), not the answer around them (an
-    embedding's vectors)."""
+    embedding's vectors), unless it is small."""
+    if len(body) <= _WHOLE_BODY_BYTES:
+        try:
+            answer = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return None
+        return usage_of(answer) if isinstance(answer, dict) else None
     found: dict[str, Any] = {}
     for key in (b'"usage":', b'"timings":'):
         at = body.rfind(key)

@@ -109,7 +109,11 @@ class SwapLedger:
 
     def charged(self, engine: str, owner: str, now: float, window_s: float) -> bool:
         """Cheap first test: whether `owner` has any swap on `engine` in the window."""
-        found = self.charges.get(engine, ())
+        found = self.charges.get(engine)
+        # Charges come in time order: when the newest is out of the window, all are (the case
+        # of every request to a model that stays loaded, so it is not a scan per request).
+        if not found or found[-1].at <= now - window_s:
+            return False
         return any(c.owner == owner and c.at > now - window_s for c in found)
 
     def notify(self) -> None:
