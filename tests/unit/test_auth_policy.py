@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from starlette.datastructures import Headers
 
 from modelyard.config import Settings
 from modelyard.errors import (
@@ -16,6 +15,7 @@ from modelyard.errors import (
 from modelyard.front.identity.accounts import LoginSession, User
 from modelyard.front.identity.auth import (
     Identified,
+    RequestHeaders,
     RouteClass,
     allowed_host_names,
     check_bind,
@@ -217,7 +217,9 @@ def test_origins(origin: str, host: str, allowed: bool) -> None:
 def browser(method: str, path: str, who: Identified | None, **headers: str) -> str:
     try:
         check_browser_request(LOOPBACK, method, path,
-                              Headers({"host": "127.0.0.1:8770", **headers}), who)
+                              RequestHeaders([(k.encode(), v.encode()) for k, v in
+                                              {"host": "127.0.0.1:8770", **headers}.items()]),
+                              who)
     except ModelyardError as exc:
         return exc.code
     return "ok"
@@ -244,3 +246,20 @@ def test_cross_site_requests_are_refused_where_the_browser_carries_the_authority
     admin_token = token(("inference", "admin"))
     assert browser("POST", "/tokens", admin_token, authorization="Bearer my-x", **text,
                    **evil) == "ok"
+
+
+def test_the_gates_headers_answer_as_starlettes_do() -> None:
+    """RequestHeaders replaced Starlette's Headers in the gate: the same answers (the first of a
+    repeated name, any case of the name asked), read in one pass."""
+    from starlette.datastructures import Headers
+
+    raw = [(b"host", b"a.example"), (b"x-api-key", b"k1"), (b"x-api-key", b"k2"),
+           (b"content-type", b"application/json")]
+    ours, theirs = RequestHeaders(raw), Headers(raw=raw)
+    for name in ("host", "X-Api-Key", "x-api-key", "content-type", "cookie", "Origin"):
+        assert ours.get(name) == theirs.get(name), name
+        assert ours.get(name, "") == theirs.get(name, ""), name
+        assert (name in ours) == (name in theirs), name
+    assert ours["X-API-KEY"] == theirs["X-API-KEY"] == "k1"
+    with pytest.raises(KeyError):
+        ours["cookie"]

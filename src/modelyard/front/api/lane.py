@@ -6,7 +6,8 @@ embedding of text. For those, the regular route (Starlette's router, its Request
 the pydantic schema, the chat pipeline's feature checks) costs more CPU than the relay itself
 (issue 33's bench-front). The edge (front/api/edge.py) offers such a request here first, after
 its caller and limits are decided; a request the lane does not recognise as plain goes on to
-its route with the body already read, replayed, so it is answered exactly as before.
+its route with the body already read, replayed, so it is answered exactly as before. A chat
+to a preset that enables MCP servers (the tool loop) is not plain, whatever its body.
 
 What the lane does is what the route does for the plain case, through the same parts: the
 dispatcher's `open_relay` (queue, fair share, lease, the early send), the relay's `read` (usage
@@ -33,6 +34,7 @@ from modelyard.front.archive.capture import HEADER as ARCHIVE_HEADER
 from modelyard.front.chat import openai_compat
 from modelyard.front.chat.request import CHAT_PATH
 from modelyard.front.chat.sessions.store import HEADER as SESSION_HEADER
+from modelyard.front.chat.tools.loop import mcp_servers_of
 from modelyard.front.dispatch.relay import ClientWatch, Relay, watched
 from modelyard.front.state import PRIORITY_HEADER, FrontState, priority_for
 from modelyard.wire.speculative import SPECULATIVE_HEADER
@@ -126,8 +128,10 @@ class Lanes:
         read, data, priority = await _read(scope, receive)
         if data is None or not plain_chat(data):
             return _replay(read, receive)
-        body = _body(read)
         state: FrontState = scope["app"].state.front
+        if mcp_servers_of(data, state.catalog.settings) is not None:
+            return _replay(read, receive)  # a preset that runs the MCP tool loop
+        body = _body(read)
         # A non-streamed answer is awaited watching the client: one that leaves stops it.
         watch = ClientWatch(receive)
         relay: Relay = await watched(watch, state.dispatch.open_relay(

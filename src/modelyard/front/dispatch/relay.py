@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, Literal, TypeVar
 
 import orjson
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from modelyard.errors import (
@@ -28,6 +28,7 @@ from modelyard.errors import (
 )
 from modelyard.front.dispatch.drain import track_relay
 from modelyard.front.dispatch.final_usage import FinalUsage
+from modelyard.front.dispatch.streaming import WatchedStream
 from modelyard.front.dispatch.upstream import Body, UpstreamBroken, UpstreamPool, UpstreamResponse
 from modelyard.front.engines.client import EngineClient
 from modelyard.front.sse import DONE, read_event
@@ -282,7 +283,7 @@ async def watched(watch: ClientWatch | None, opening: Coroutine[Any, Any, R]) ->
     return opened
 
 
-class LeasedStream(StreamingResponse):
+class LeasedStream(WatchedStream):
     """A streaming response that closes its Relay however the ASGI call ends."""
 
     def __init__(self, content: AsyncIterator[bytes], relay: Relay, media_type: str) -> None:

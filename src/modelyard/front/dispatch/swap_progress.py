@@ -14,12 +14,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from modelyard.errors import ModelyardError, UpstreamError
 from modelyard.front.dispatch import drain
 from modelyard.front.dispatch.relay import Relay, discard_when_done
+from modelyard.front.dispatch.streaming import WatchedStream
 from modelyard.front.state import upstream_message
 from modelyard.metrics import counting_errors
 
@@ -125,7 +126,7 @@ async def open_for_stream(
     return ProgressStream(stream, opened, media_type)
 
 
-class ProgressStream(StreamingResponse):
+class ProgressStream(WatchedStream):
     """Swap progress, then the answer: a response that closes its relay however the ASGI call
     ends. The stream's own `finally` is not enough: a client that leaves before the first
     progress line went out ends the call before the stream ever started, and a stream never

@@ -137,7 +137,9 @@ class Activity:
     """The ring of finished requests, those in flight, the captures' ids and the live feeds."""
 
     def __init__(self, max_entries: int, *, feed_rows: int = FEED_QUEUE_ROWS) -> None:
-        self._rows: deque[dict[str, Any]] = deque(maxlen=max_entries)
+        # The finished requests as recorded (with their capture's id): made into rows when read
+        # (`row_of`), not for each request, as the ring is read far less often than written.
+        self._records: deque[tuple[RequestRecord, str | None]] = deque(maxlen=max_entries)
         self._in_flight: dict[int, _InFlight] = {}
         self._capture: str | None = None  # the archive item of the record emitted next
         self._feeds: set[Feed] = set()
@@ -160,19 +162,23 @@ class Activity:
     def __call__(self, record: RequestRecord) -> None:
         """The RequestLog sink: on the event loop, no awaits, no I/O."""
         capture, self._capture = self._capture, None
-        row = row_of(record, capture)
-        self._rows.append(row)
-        for feed in list(self._feeds):
-            if not feed.offer(row):
-                self._feeds.discard(feed)
+        self._records.append((record, capture))
+        if self._feeds:
+            row = row_of(record, capture)
+            for feed in list(self._feeds):
+                if not feed.offer(row):
+                    self._feeds.discard(feed)
 
     # ---- read by the API ------------------------------------------------------------------
 
     def recent(self, principal: Principal, filters: Filters, limit: int) -> list[dict[str, Any]]:
         """Newest first, at most `limit`."""
         out: list[dict[str, Any]] = []
-        for row in reversed(self._rows):
-            if visible_to(principal, row["owner"]) and filters.match(row):
+        for record, capture in reversed(self._records):
+            if not visible_to(principal, record.user):
+                continue
+            row = row_of(record, capture)
+            if filters.match(row):
                 out.append(row)
                 if len(out) >= limit:
                     break
@@ -219,7 +225,7 @@ class Activity:
         return len(self._feeds)
 
     def rows(self) -> Iterable[dict[str, Any]]:
-        return tuple(self._rows)
+        return tuple(row_of(record, capture) for record, capture in self._records)
 
 
 def _live_match(filters: Filters, row: dict[str, Any]) -> bool:
