@@ -133,14 +133,14 @@ async def test_concurrency_never_passes_the_limit_across_two_fronts(url: str) ->
     writes = writes_to(a)
     first, *rest = held_a or held_b
     owner = a if held_a else b
-    await owner.release(first)
+    owner.release(first)
     again = await owner.admit([rule])
     assert writes() == 0
     # ...and a slot no request used for a whole flush interval goes back to the database,
     # where the other front finds it.
     other = b if owner is a else a
     for admission in [again, *rest]:
-        await owner.release(admission)
+        owner.release(admission)
     await owner._give_back()  # the background loop's step: marks the idle ones
     await owner._give_back()  # unused since: given back
     assert store.usage(a.db, ["token:c"], T0 + 1)["token:c"]["concurrent"] == len(
@@ -192,8 +192,8 @@ async def test_a_lowered_concurrency_limit_holds_across_fronts_holding_slots(url
     four, two = Rule("token:t", max_concurrent=4), Rule("token:t", max_concurrent=2)
     held = {a: [await a.admit([four]) for _ in range(2)],
             b: [await b.admit([four]) for _ in range(2)]}
-    await a.release(held[a].pop())
-    await b.release(held[b].pop())  # each runs 1 and holds 2
+    a.release(held[a].pop())
+    b.release(held[b].pop())  # each runs 1 and holds 2
     for limiter in (a, b):
         with pytest.raises(RateLimited):  # 4 held, limit 2
             await limiter.admit([two])
@@ -201,7 +201,7 @@ async def test_a_lowered_concurrency_limit_holds_across_fronts_holding_slots(url
         await limiter._give_back()  # keeps only the slot in use
     with pytest.raises(RateLimited):  # still 2 running: the new limit
         await a.admit([two])
-    await a.release(held[a].pop())
+    a.release(held[a].pop())
     await a._give_back()
     assert len(await admit_all(a, two, 3)) == 1  # 2 running in all, no more
     await asyncio.gather(a.stop(), b.stop())

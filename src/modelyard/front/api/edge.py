@@ -148,8 +148,8 @@ class Edge:
             try:
                 await self._routed(scope, receive, send)
             finally:
-                if admission.slots:  # not lost if the client's leaving cancels us here
-                    await asyncio.shield(limiter.release(admission))
+                if admission.slots:
+                    limiter.release(admission)
         finally:
             CURRENT_PRINCIPAL.reset(owner)
 

@@ -200,9 +200,10 @@ class Limiter:
                 await self._reserve(asks)
             return self._take(rules, shares)
 
-    async def release(self, admission: Admission) -> None:
+    def release(self, admission: Admission) -> None:
         """The request ended: its slots are free here (given back to the database when unused
-        for a while: `_give_back`)."""
+        for a while: `_give_back`). Synchronous: a cancel cannot cut it short, and the edge
+        calls it without a task (an `asyncio.shield` per limited request, before)."""
         for subject in admission.slots:
             if (share := self._shares.get(subject)) is not None:
                 share.running -= 1
