@@ -13,7 +13,8 @@ What the lane does is what the route does for the plain case, through the same p
 dispatcher's `open_relay` (queue, fair share, lease, the early send), the relay's `read` (usage
 from the body, the lease released), a non-streamed chat's client watch (a client that leaves
 stops the backend), the OpenAI error shapes (`openai_compat.openai_error` for llama-server's
-context overflow; a backend's other errors passed through), the embedding model's kind check.
+context overflow, a backend's other errors passed through: the same functions the routes call),
+the embedding model's kind check.
 What makes a request plain is checked strictly and cheaply here (`plain_chat`,
 `plain_embedding`); anything else — a wrong type included — goes the regular way, which checks
 it fully and answers its 400 in the documented shape.
@@ -31,11 +32,11 @@ from modelyard.front.api.embeddings import PATH as EMBEDDINGS_PATH
 from modelyard.front.api.embeddings import upstream_path
 from modelyard.front.api.model_kind import require_kind
 from modelyard.front.archive.capture import HEADER as ARCHIVE_HEADER
-from modelyard.front.chat import openai_compat
+from modelyard.front.chat.render import openai_upstream_error
 from modelyard.front.chat.request import CHAT_PATH
 from modelyard.front.chat.sessions.store import HEADER as SESSION_HEADER
 from modelyard.front.chat.tools.loop import mcp_servers_of
-from modelyard.front.dispatch.relay import ClientWatch, Relay, watched
+from modelyard.front.dispatch.relay import ClientWatch, Relay, passthrough_error, watched
 from modelyard.front.state import PRIORITY_HEADER, FrontState, priority_for
 from modelyard.wire.speculative import SPECULATIVE_HEADER
 
@@ -137,12 +138,9 @@ class Lanes:
         relay: Relay = await watched(watch, state.dispatch.open_relay(
             data["model"], CHAT_PATH, body, priority=priority))
         raw = await relay.read()
-        if relay.status != 200:
-            shaped = openai_compat.openai_error(relay.status, raw, infill=False)
-            if shaped is not None:
-                await _answer(send, shaped[0], _JSON, shaped[1])
-            else:
-                await _answer(send, relay.status, _typed(relay.content_type), raw)
+        if relay.status != 200:  # the route's own error answer (not a hot path)
+            failed = openai_upstream_error(relay.status, relay.content_type, raw)
+            await failed(scope, receive, send)
             return None
         headers = _JSON
         note = relay.header(SPECULATIVE_HEADER)
@@ -163,7 +161,7 @@ class Lanes:
             model, upstream_path(state, model), body, priority=priority, client=receive)
         raw = await relay.read()  # closes the relay: the lease goes back
         if relay.status != 200:
-            await _answer(send, relay.status, _typed(relay.content_type), raw)
+            await passthrough_error(relay, raw)(scope, receive, send)
         else:
             await _answer(send, 200, _JSON, raw)
         return None
@@ -209,10 +207,6 @@ def _replay(read: list[Message], receive: Receive) -> Receive:
         return pending.pop(0) if pending else await receive()
 
     return replayed
-
-
-def _typed(content_type: str) -> list[tuple[bytes, bytes]]:
-    return [(b"content-type", content_type.encode("latin-1"))]
 
 
 async def _answer(send: Send, status: int, headers: list[tuple[bytes, bytes]],

@@ -92,12 +92,8 @@ class OpenAIRender(Render):
 
     def upstream_error(self, call: ChatCall, status: int, content_type: str,
                        body: bytes) -> Response:  # fmt: skip
-        # Upstream 4xx/5xx pass through unchanged, but for llama-server's own shapes of errors
-        # OpenAI has a shape for (a context overflow).
         infill = call.reshape is not None and call.reshape.infill
-        if (shaped := openai_compat.openai_error(status, body, infill=infill)) is not None:
-            return Response(shaped[1], status_code=shaped[0], media_type="application/json")
-        return Response(body, status_code=status, media_type=content_type)
+        return openai_upstream_error(status, content_type, body, infill=infill)
 
 
 def swap_progress_chunk(model: str, text: str) -> bytes:
@@ -244,6 +240,15 @@ def native_final(model: str, gen: Generation, *, with_message: bool = True) -> d
     if gen.tool_calls:  # the complete calls, OpenAI's shape (arguments as JSON text)
         final["tool_calls"] = gen.openai_tool_calls()
     return {**final, "done": True, "done_reason": gen.done_reason, **gen.stats()}
+
+
+def openai_upstream_error(status: int, content_type: str, body: bytes, *,
+                          infill: bool = False) -> Response:
+    """A backend's refusal before the first byte, for an OpenAI client: its 4xx/5xx unchanged,
+    but for llama-server's own shapes of errors OpenAI has a shape for (a context overflow)."""
+    if (shaped := openai_compat.openai_error(status, body, infill=infill)) is not None:
+        return Response(shaped[1], status_code=shaped[0], media_type="application/json")
+    return Response(body, status_code=status, media_type=content_type)
 
 
 OPENAI = OpenAIRender()
