@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,32 @@ async def engines_listed(http: httpx.AsyncClient, home: Path) -> dict[str, dict[
     r = await http.get("/status", headers={"Authorization": f"Bearer {token}"}, timeout=10)
     assert r.status_code == 200, r.text
     return {e["name"]: e for e in r.json()["engines"]}
+
+
+async def test_an_engine_starts_though_a_free_port_is_taken_before_it_binds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fresh-clone CI's failure on 149152b: the supervisor chose a free port and the engine
+    bound it a second later, by which time another process held it (exit 3, "address already
+    in use"). Here every port the supervisor could be told is free is held by the test: the
+    engine still starts, on the socket it inherits."""
+    from modelyard.front.engines import supervisor
+
+    thief = socket.socket()
+    thief.bind(("127.0.0.1", 0))
+    thief.listen()
+    taken = thief.getsockname()[1]
+    monkeypatch.setattr(supervisor, "free_port", lambda host="127.0.0.1": taken, raising=False)
+    home = tmp_path / "home"
+    try:
+        async with front(home, config(fake_model("m1"))) as (url, provider), \
+                httpx.AsyncClient(base_url=url) as http:
+            r = await chat(http, "m1")
+            assert r.status_code == 200, r.text
+            [engine] = (await engines_listed(http, home)).values()
+            assert engine["up"], engine
+    finally:
+        thief.close()
 
 
 async def test_engines_removed_and_added_back_by_name_while_the_front_runs(

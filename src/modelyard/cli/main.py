@@ -6,6 +6,7 @@ import json
 import logging
 import logging.handlers
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -81,6 +82,10 @@ def serve(
     ] = False,
     internal_port: Annotated[
         int | None, typer.Option(help="Loopback port of an --engine-only process.")
+    ] = None,
+    internal_fd: Annotated[
+        int | None, typer.Option(help="A listening socket an --engine-only process inherits "
+                                      "(on --internal-port), instead of binding that port.")
     ] = None,
     engine_index: Annotated[int, typer.Option(help="Index of an --engine-only process.")] = 0,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
@@ -165,8 +170,9 @@ def serve(
         registry = ModelRegistry.build(settings, database=not catalog_pushed(settings))
         engine = Engine(settings, registry, index=engine_index)
         engine_app = create_engine_app(engine, secret=secret, watch_parent=True)
+        inherited = [] if internal_fd is None else [_adopt_socket(internal_fd)]
         serving.run(engine_app, host=settings.node_address, port=internal_port,
-                    keep_alive_s=serving.ENGINE_SERVER_KEEPALIVE_S,
+                    sockets=inherited, keep_alive_s=serving.ENGINE_SERVER_KEEPALIVE_S,
                     limits=serving.http_limits(settings))
         return
 
@@ -285,6 +291,14 @@ def _serve_worker(settings: Settings, token: Any, config: Path | None, log_level
 # An engine restarted right after its predecessor was killed may find it still dying (its
 # lock goes with its last breath): it waits this long before it gives up.
 ENGINE_LOCK_WAIT_S = 5.0
+
+
+def _adopt_socket(fd: int) -> socket.socket:
+    """The listening socket an engine inherited from its supervisor; its own children (model
+    servers) must not inherit it in turn."""
+    sock = socket.socket(fileno=fd)
+    sock.set_inheritable(False)
+    return sock
 
 
 def _hold_home(lock: Path, owner: str, what: str, wait_s: float = 0.0) -> None:

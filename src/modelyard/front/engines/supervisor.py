@@ -1,6 +1,7 @@
 """The front's engine supervisor: one engine process per device group (or one CPU engine).
 
-Each engine runs `python -m modelyard serve --engine-only --internal-port N` with its own
+Each engine runs `python -m modelyard serve --engine-only --internal-port N --internal-fd F`
+(F: a socket the supervisor bound, which the engine inherits) with its own
 CUDA_VISIBLE_DEVICES. The supervisor waits until the engine answers /health, watches its exit,
 restarts it with a doubling backoff (its HttpEngineClient answers 503 engine_unavailable in the
 meantime), and on shutdown stops it with TERM → grace → KILL.
@@ -38,7 +39,7 @@ from modelyard import metrics
 from modelyard.config import EngineSpec, Settings
 from modelyard.errors import EngineProtocolMismatch
 from modelyard.placement.groups import device_groups
-from modelyard.proc.ports import free_port
+from modelyard.proc.ports import listening_socket
 from modelyard.proc.process import ChildProcess
 from modelyard.proc.readiness import NotReady, wait_ready
 from modelyard.wire.lease import SECRET_ENV
@@ -99,10 +100,11 @@ class EngineSupervisor:
         self._stopping = False
         self._first_start: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-    def _argv(self, port: int) -> list[str]:
+    def _argv(self, port: int, fd: int) -> list[str]:
         argv = [
             sys.executable, "-m", "modelyard", "serve", "--engine-only",
-            "--internal-port", str(port), "--engine-index", str(self.plan.index),
+            "--internal-port", str(port), "--internal-fd", str(fd),
+            "--engine-index", str(self.plan.index),
         ]
         if self.config_file is not None:
             argv += ["--config", str(self.config_file)]
@@ -170,17 +172,24 @@ class EngineSupervisor:
 
     async def _start_once(self) -> None:
         address = self.settings.node_address
-        port = free_port(address)
+        # The engine inherits a socket already listening, not a port number to bind: a port
+        # that was free here can be taken (by any connect's ephemeral port) before it binds.
+        sock = listening_socket(address)
+        port = int(sock.getsockname()[1])
         self._secret = self._fixed_secret or secrets.token_urlsafe(32)
         self.process = ChildProcess(
-            self._argv(port),
+            self._argv(port, sock.fileno()),
             name=self.client.name,
             log_file=engine_log_path(self.settings, self.client.name),
             env=self._env(),
             log_max_bytes=self.settings.log_file_max_bytes,
             log_backups=self.settings.log_file_backups,
+            pass_fds=(sock.fileno(),),
         )
-        await self.process.start()
+        try:
+            await self.process.start()
+        finally:
+            sock.close()  # the engine holds its own copy; a new start listens anew
         base_url = f"http://{address}:{port}"
         async with httpx.AsyncClient(base_url=base_url, timeout=2.0,
                                      headers=self._auth()) as probe_client:
