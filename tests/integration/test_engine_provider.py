@@ -94,7 +94,7 @@ async def test_an_engine_starts_though_a_free_port_is_taken_before_it_binds(
     monkeypatch.setattr(supervisor, "free_port", lambda host="127.0.0.1": taken, raising=False)
     home = tmp_path / "home"
     try:
-        async with front(home, config(fake_model("m1"))) as (url, provider), \
+        async with front(home, config(fake_model("m1"))) as (url, _provider), \
                 httpx.AsyncClient(base_url=url) as http:
             r = await chat(http, "m1")
             assert r.status_code == 200, r.text

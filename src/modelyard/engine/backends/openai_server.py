@@ -6,10 +6,15 @@ lifecycle. The key (keys.py) reaches the child as `$api_key_file` (a private fil
 `--api-key-file`), as the environment variable `api_key_env` names (vLLM's VLLM_API_KEY), or as
 `$api_key` in an argv template (readable in the process list: a last resort); a template that
 uses none of them serves without a key, and its leases carry none.
+
+A child can only be told a port number (llama-server takes no inherited socket), and a port free
+when chosen may be taken before the child binds it: a child that exits saying so is started
+once more on another port.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import string
 from collections.abc import Callable, Mapping
@@ -26,6 +31,11 @@ from modelyard.proc.ports import LOOPBACK, free_port
 from modelyard.proc.process import ChildProcess
 from modelyard.proc.readiness import NotReady, wait_ready
 from modelyard.store.registry import served_name
+
+log = logging.getLogger(__name__)
+
+# What a child prints when its port was taken: llama-server; uvicorn and most others (EADDRINUSE).
+PORT_TAKEN = ("couldn't bind http server socket", "address already in use")
 
 __all__ = ["LOOPBACK", "ChildServer", "free_port", "log_path", "on_gpus", "render_argv",
            "url_host"]
@@ -131,7 +141,34 @@ class ChildServer:
         return self.process.tail(lines)
 
     async def start(self, on_spawn: Callable[[int], None] | None = None) -> None:
-        """Spawn the child and return when it is ready; ModelLoadFailed (child stopped) if not."""
+        """Spawn the child and return when it is ready; ModelLoadFailed (child stopped) if not.
+        A child whose port was taken meanwhile is started again on a new one (the module's
+        docstring)."""
+        try:
+            await self._start_once(on_spawn)
+        except ModelLoadFailed:
+            if not self._lost_its_port():
+                raise
+            taken = self.port
+            self._choose_port()
+            log.warning("%s: port %d was taken before it could bind it; starting it on %d",
+                        self.spec.id, taken, self.port)
+            await self._start_once(on_spawn)
+
+    def _lost_its_port(self) -> bool:
+        if self.process.returncode is None:
+            return False
+        tail = "\n".join(self.process.tail(self.settings.log_tail_lines)).lower()
+        return any(said in tail for said in PORT_TAKEN)
+
+    def _choose_port(self) -> None:
+        self.port = free_port(self.host)
+        self.url = f"http://{url_host(self.host)}:{self.port}"
+        child_env = self.process.env if self.process.env is not None else os.environ
+        placed = self.placement if self.placement and on_gpus(child_env) else None
+        self.process.argv = self._render(placed)
+
+    async def _start_once(self, on_spawn: Callable[[int], None] | None) -> None:
         try:
             if _uses(self._template, "api_key_file"):
                 write_key_file(self.key_file, self._key)
