@@ -21,9 +21,12 @@ Nothing here imports more than the standard library at import time (the front st
 
 from __future__ import annotations
 
+import asyncio
 import atexit
+import bisect
 import contextvars
 import json
+import math
 import os
 import shutil
 import sys
@@ -301,6 +304,89 @@ def _child(name: str, *labels: str) -> Any:
     return _families[name].child(*labels)
 
 
+# ---- the request path's tally ------------------------------------------------------------------
+
+# How long a front request's counts may wait before they reach the metric objects (a scrape
+# folds them first; this bounds what another `serve --workers` worker's scrape misses).
+FOLD_S = 1.0
+
+
+class _Tally:
+    """The request path's counts and observations, summed here and folded into the metric
+    objects (prometheus_client's memory-mapped files in multiprocess mode) at most FOLD_S later
+    and before every read (`fold`): a lock and a file write per label set and fold, instead of
+    ten per request. Only the event loop's code records here (the front's requests)."""
+
+    __slots__ = ("_due", "counts", "observed")
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, tuple[str, ...]], float] = {}
+        self.observed: dict[tuple[str, tuple[str, ...]], list[float]] = {}
+        self._due: asyncio.AbstractEventLoop | None = None  # the loop a fold is due on
+
+    def inc(self, name: str, labels: tuple[str, ...], amount: float = 1.0) -> None:
+        key = (name, labels)
+        self.counts[key] = self.counts.get(key, 0.0) + amount
+        self._soon()
+
+    def observe(self, name: str, labels: tuple[str, ...], value: float) -> None:
+        found = self.observed.get((name, labels))
+        if found is None:
+            self.observed[(name, labels)] = [value]
+        else:
+            found.append(value)
+        self._soon()
+
+    def _soon(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop to wait on (a thread, a script): write through
+            self.fold()
+            return
+        if self._due is not loop:  # (a fold due on a loop that closed since never comes)
+            self._due = loop
+            loop.call_later(FOLD_S, self.fold)
+
+    def fold(self) -> None:
+        self._due = None
+        counts, self.counts = self.counts, {}
+        observed, self.observed = self.observed, {}
+        for (name, labels), amount in counts.items():
+            _child(name, *labels).inc(amount)
+        for (name, labels), values in observed.items():
+            _observe_all(_child(name, *labels), values)
+
+
+def _observe_all(histogram: Any, values: list[float]) -> None:
+    """`histogram.observe` for each of `values`, writing each bucket and the sum once:
+    prometheus_client keeps a histogram's buckets uncumulated, one value per upper bound."""
+    bounds = getattr(histogram, "_upper_bounds", None)
+    buckets = getattr(histogram, "_buckets", None)
+    total = getattr(histogram, "_sum", None)
+    if bounds is None or buckets is None or total is None or len(bounds) != len(buckets):
+        for value in values:  # another prometheus_client layout: the public way
+            histogram.observe(value)
+        return
+    counts = [0] * len(bounds)
+    for value in values:
+        counts[bisect.bisect_left(bounds, value)] += 1  # the first bound >= value
+    total.inc(math.fsum(values))
+    for bucket, count in zip(buckets, counts, strict=True):
+        if count:
+            bucket.inc(count)
+
+
+_TALLY = _Tally()
+
+
+def fold() -> None:
+    """Write what the request path counted to the metric objects (before reading them)."""
+    _TALLY.fold()
+
+
+atexit.register(fold)
+
+
 # ---- engine records ---------------------------------------------------------------------------
 
 LoadOutcome = Literal["success", "failed", "no_fit", "cancelled"]
@@ -351,7 +437,7 @@ def draft_counted(model: str, drafted: int, accepted: int) -> None:
 
 
 def queue_waited(model: str, seconds: float) -> None:
-    _child("modelyard_queue_wait_seconds", model).observe(seconds)
+    _TALLY.observe("modelyard_queue_wait_seconds", (model,), seconds)
 
 
 def session_turn(model: str, cached_tokens: int | None) -> None:
@@ -362,10 +448,10 @@ def session_turn(model: str, cached_tokens: int | None) -> None:
 
 def usage_counted(owner: str, model: str, prompt: int, cached: int, completion: int) -> None:
     """One finished request in the usage families (`owner` already bounded by the caller)."""
-    _child("modelyard_usage_requests_total", owner, model).inc()
+    _TALLY.inc("modelyard_usage_requests_total", (owner, model))
     for kind, n in (("prompt", prompt), ("cached", cached), ("completion", completion)):
         if n:
-            _child("modelyard_usage_tokens_total", owner, model, kind).inc(n)
+            _TALLY.inc("modelyard_usage_tokens_total", (owner, model, kind), n)
 
 
 def pull_fetched(nbytes: int) -> None:
@@ -408,18 +494,18 @@ class _Prometheus(Observer):
 
     def ended(self, request: Request) -> None:
         model, api, status = request.model, request.api, request.status_label
-        _child("modelyard_requests_total", model, api, status).inc()
+        _TALLY.inc("modelyard_requests_total", (model, api, status))
         if request.first_at is not None:
-            _child("modelyard_time_to_first_token_seconds", model, api).observe(
-                request.first_at - request.started)
+            _TALLY.observe("modelyard_time_to_first_token_seconds", (model, api),
+                           request.first_at - request.started)
         if status != "200":
             return
-        _child("modelyard_request_duration_seconds", model, api).observe(
-            request.ended - request.started)
+        _TALLY.observe("modelyard_request_duration_seconds", (model, api),
+                       request.ended - request.started)
         if request.tokens_in:
-            _child("modelyard_tokens_total", model, "in").inc(request.tokens_in)
+            _TALLY.inc("modelyard_tokens_total", (model, "in"), request.tokens_in)
         if request.tokens_out:
-            _child("modelyard_tokens_total", model, "out").inc(request.tokens_out)
+            _TALLY.inc("modelyard_tokens_total", (model, "out"), request.tokens_out)
 
 
 PROMETHEUS = _Prometheus()

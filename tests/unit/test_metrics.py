@@ -4,6 +4,7 @@ metric definitions."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import AsyncIterator
@@ -74,6 +75,7 @@ def test_no_usage_in_a_body(body: bytes) -> None:
 
 
 def sample(name: str, **labels: str) -> float:
+    metrics.fold()  # the request path's tally reaches the metric objects when they are read
     return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
@@ -318,3 +320,55 @@ def test_the_grafana_dashboard_uses_only_defined_metrics() -> None:
                  "modelyard_engine_up", "modelyard_pull_bytes_total",
                  "modelyard_pull_jobs_total"):
         assert name in used, name
+
+
+# ---- the request path's tally -----------------------------------------------------------------
+
+
+def _histogram(name: str, model: str) -> dict[str, float]:
+    return {s.name + "|" + s.labels.get("le", ""): s.value
+            for s in REGISTRY.collect() if s.name == name
+            for s in s.samples if s.labels.get("model") == model}
+
+
+def test_a_folded_histogram_is_the_one_observed_value_by_value() -> None:
+    """The tally writes a histogram's buckets and sum once per fold (prometheus_client's
+    internal layout); the exposed series must be those of observing each value."""
+    import prometheus_client as pc
+
+    values = [0.0, 0.004, 0.005, 0.0051, 0.3, 2.5, 7.0, 121.0, 1e9]
+    reference = pc.Histogram("tally_reference_seconds", "h", ["model"],
+                             buckets=metrics.QUEUE_BUCKETS, registry=None)
+    for value in values:
+        reference.labels("ref").observe(value)
+    for value in values:
+        metrics.queue_waited("tallied", value)
+    metrics.fold()
+    want = {s.name.replace("tally_reference", "modelyard_queue_wait") + "|" +
+            s.labels.get("le", ""): s.value
+            for f in reference.collect() for s in f.samples
+            if s.labels.get("model") == "ref" and not s.name.endswith("_created")}
+    got = {k: v for k, v in _histogram("modelyard_queue_wait_seconds", "tallied").items()
+           if "_created" not in k}
+    assert got == want
+
+
+async def test_the_tally_reaches_the_metrics_within_its_fold_time_and_at_every_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(metrics, "FOLD_S", 0.05)
+    before = sample("modelyard_usage_requests_total", owner="o", model="tally-a")
+    metrics.usage_counted("o", "tally-a", 3, 0, 2)
+    waited = 0
+    while REGISTRY.get_sample_value("modelyard_usage_requests_total",
+                                    {"owner": "o", "model": "tally-a"}) in (None, before):
+        assert waited < 200, "the tally was not folded within 10 s"
+        await asyncio.sleep(0.05)  # polled: the fold is a timer on this loop, not an event
+        waited += 1
+    assert sample("modelyard_usage_tokens_total", owner="o", model="tally-a",
+                  kind="completion") >= 2
+
+    monkeypatch.setattr(metrics, "FOLD_S", 3600.0)
+    metrics.usage_counted("o", "tally-b", 1, 0, 1)
+    text = exposition([]).decode()  # a scrape folds first
+    assert 'modelyard_usage_requests_total{model="tally-b",owner="o"} 1.0' in text

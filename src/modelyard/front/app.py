@@ -159,6 +159,7 @@ def create_app(
                 metrics.setup_multiprocess(settings.home)  # before engines start: they inherit
             metrics.prepare()  # not on the first request's time
             stack.callback(metrics.release_multiprocess)  # last, once the engines have stopped
+            stack.callback(metrics.fold)  # a worker's last second of counts, into the files
             # The front's own records, for GET /admin/logs (and an in-process engine's).
             logs = stack.enter_context(LogBuffer(settings.log_buffer_lines).capture())
             feed = CatalogFeed()  # the catalog engines are pushed (front/catalog.py)

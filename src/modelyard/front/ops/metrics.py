@@ -299,6 +299,7 @@ def exposition(families: list[Any], pseudonym: Callable[[str], str] | None = Non
     replaced by it (a scraper without the admin scope)."""
     from prometheus_client import REGISTRY, CollectorRegistry, ProcessCollector, generate_latest
 
+    m.fold()  # this process's tally of recent requests, written before anything is read
     m.family("modelyard_requests_total")  # every recorded family exists, so each is described
     source = REGISTRY
     if m.multiprocess_on():
