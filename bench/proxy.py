@@ -449,6 +449,18 @@ class StreamTiming:
     ttft_s: float
     total_s: float
     chunks: int
+    server_s: float = math.nan  # llama-server's own time for it (its final chunk's `timings`)
+
+
+def server_time_s(line: str) -> float | None:
+    """llama-server's own time for a stream (prompt processing + generation), from the
+    `timings` its final chunk carries; None for a line without them."""
+    if '"timings"' not in line or not line.startswith("data:"):
+        return None
+    timings = orjson.loads(line[5:]).get("timings")
+    if not isinstance(timings, dict):
+        return None
+    return (float(timings.get("prompt_ms", 0.0)) + float(timings.get("predicted_ms", 0.0))) / 1e3
 
 
 def has_content(line: str) -> bool:
@@ -464,7 +476,7 @@ async def stream_once(
 ) -> StreamTiming:
     """One SSE request; times to the first content chunk and to the end, from `since`."""
     start = time.perf_counter() if since is None else since
-    ttft, chunks = math.nan, 0
+    ttft, chunks, server = math.nan, 0, math.nan
     try:
         async with client.stream("POST", url + "/v1/chat/completions", content=payload,
                                  headers=HEADERS) as r:
@@ -478,11 +490,12 @@ async def stream_once(
                             break
                 elif line.startswith("data:") and not line.endswith("[DONE]"):
                     chunks += 1
+                    server = server_time_s(line) or server
     except httpx.HTTPError as exc:
         raise RequestFailed(f"{url}: {type(exc).__name__}: {exc}") from exc
     if math.isnan(ttft):
         raise RequestFailed(f"{url}: the stream ended without content")
-    return StreamTiming(ttft, time.perf_counter() - start, chunks)
+    return StreamTiming(ttft, time.perf_counter() - start, chunks, server)
 
 
 # --------------------------------------------------------------------------------------------
@@ -502,6 +515,9 @@ class Samples:
     busy_s: float = 0.0  # wall time spent driving this target
     ttft_s: list[float] = field(default_factory=list)
     chunks: list[int] = field(default_factory=list)
+    # A stream's total less llama-server's own time for it: what HTTP and the relay added,
+    # without the generation's run-to-run spread (±60 ms at 128 tokens on 2 cores).
+    net_s: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     cpu_s: dict[str, float] = field(default_factory=dict)  # the relay's CPU, by process role
 
@@ -510,6 +526,7 @@ class Samples:
         self.latencies_s.append(math.nan)
         if stream:
             self.ttft_s.append(math.nan)
+            self.net_s.append(math.nan)
 
 
 async def request(client: httpx.AsyncClient, target: Target, payload: bytes, s: Samples) -> None:
@@ -530,6 +547,7 @@ async def stream_request(
     s.latencies_s.append(timing.total_s)
     s.ttft_s.append(timing.ttft_s)
     s.chunks.append(timing.chunks)
+    s.net_s.append(timing.total_s - timing.server_s)
 
 
 async def timed(s: Samples, target: Target, work: Awaitable[None]) -> None:
@@ -766,6 +784,8 @@ def summarize(s: Samples, base: Samples | None = None) -> dict[str, Any]:
             "ttft_ms": rounded_ms(s.ttft_s),
             "chunks_min": min(s.chunks, default=0),
         }
+    if s.net_s and not any(math.isnan(x) for x in s.net_s):  # every stream told its timings
+        out["net_p50_ms"] = ms(percentile(s.net_s, 0.5))
     ok = len(s.latencies_s) - len(s.errors)
     if s.cpu_s and ok:
         out["cpu_ms_per_request"] = {role: ms(used / ok) for role, used in s.cpu_s.items()}
@@ -773,6 +793,8 @@ def summarize(s: Samples, base: Samples | None = None) -> dict[str, Any]:
         out["paired_added_p50_ms"] = paired_delta_ms(s.latencies_s, base.latencies_s)
         if s.ttft_s:
             out["paired_added_ttft_p50_ms"] = paired_delta_ms(s.ttft_s, base.ttft_s)
+        if "net_p50_ms" in out and not any(math.isnan(x) for x in base.net_s):
+            out["paired_added_net_p50_ms"] = paired_delta_ms(s.net_s, base.net_s)
     return out
 
 
@@ -830,11 +852,15 @@ def stream_table(summary: dict[str, dict[str, Any]]) -> str:
             fmt(s["paired_added_ttft_p50_ms"], ".2f", sign=True),
             fmt(s["p50_ms"], ".1f"), fmt(s["p50_ms"] - base["p50_ms"], ".1f", sign=True),
             fmt(s["paired_added_p50_ms"], ".1f", sign=True),
+            fmt(s.get("net_p50_ms", math.nan) - base.get("net_p50_ms", math.nan), ".2f",
+                sign=True),
+            fmt(s.get("paired_added_net_p50_ms", math.nan), ".2f", sign=True),
             str(s["chunks_min"]), cpu_cell(s), str(s["errors"]),
         ])
     return md_table(["target", "TTFT p50 ms", "TTFT p99 ms", "added TTFT p50",
                      "paired added TTFT p50", "total p50 ms", "added total p50",
-                     "paired added total p50", "min chunks", "relay CPU ms/stream", "errors"],
+                     "paired added total p50", "added net p50", "paired added net p50",
+                     "min chunks", "relay CPU ms/stream", "errors"],
                     rows)
 
 
@@ -883,8 +909,10 @@ def verdicts(results: dict[str, Any]) -> list[str]:
     if "chat_1tok_wide" in w:
         rows.append((f"req/s ratio at concurrency {results['args']['wide_concurrency']}",
                      lambda n: ratio("chat_1tok_wide", n), True))
-    rows.append((f"{results['args']['stream_tokens']}-token stream: added total p50, ms",
-                 lambda n: added("stream", n), False))
+    net = all("net_p50_ms" in s for s in w["stream"].values())
+    rows.append((f"{results['args']['stream_tokens']}-token stream: added total p50"
+                 f"{' (net of the server time)' if net else ''}, ms",
+                 lambda n: added("stream", n, "net_p50_ms" if net else "p50_ms"), False))
     cold = results.get("cold", {})
     if "modelyard" in cold:
         rows.append(("cold load → first token: added, ms",
@@ -947,6 +975,8 @@ def render(results: dict[str, Any]) -> str:
           if "chat_1tok_wide" in w else []),
         f"## {a['stream_tokens']}-token streams, concurrency 1 ({a['streams']} per target)",
         stream_table(w["stream"]),
+        "net: a stream's total less llama-server's own time for it (its final chunk's "
+        "`timings`: prompt + generation), so the generation's spread cancels out",
     ]
     if results.get("cold"):
         parts += ["", f"## Cold load: request → first token ({a['cold_repeats']} runs each; "
