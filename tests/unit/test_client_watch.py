@@ -1,5 +1,6 @@
 """front.proxy.ClientWatch: a non-streamed request's wait ends when its client leaves, and only
-then. The client is an ASGI `receive` fed from a queue, as uvicorn feeds it."""
+then. The client is an ASGI `receive` fed from a queue, as uvicorn feeds it, and, as the front's
+server gives it, a ClientGone signal (modelyard/http_limits.py): every test runs both ways."""
 
 from __future__ import annotations
 
@@ -10,21 +11,35 @@ import pytest
 
 from modelyard.errors import ClientClosedRequest
 from modelyard.front.dispatch.relay import ClientWatch
+from modelyard.http_limits import ClientGone
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(10)]
 
 
 class Client:
-    """An ASGI receive channel: `leave()` sends `http.disconnect`."""
+    """An ASGI receive channel and its ClientGone signal: `leave()` sends `http.disconnect` and
+    fires the signal. `watch()`: a ClientWatch on the signal (`signalled`) or on `receive`."""
+
+    signalled = False
 
     def __init__(self) -> None:
         self.messages: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.gone = ClientGone()
 
     async def receive(self) -> dict[str, Any]:
         return await self.messages.get()
 
     def leave(self) -> None:
         self.messages.put_nowait({"type": "http.disconnect"})
+        self.gone.fire()
+
+    def watch(self) -> ClientWatch:
+        return ClientWatch(self.receive, self.gone if self.signalled else None)
+
+
+@pytest.fixture(autouse=True, params=["receive", "signal"])
+def _both_ways(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(Client, "signalled", request.param == "signal")
 
 
 async def test_a_client_that_leaves_ends_the_wait_and_cancels_the_work() -> None:
@@ -44,7 +59,7 @@ async def test_a_client_that_leaves_ends_the_wait_and_cancels_the_work() -> None
         client.leave()
 
     leaving = asyncio.create_task(leave_once_started())
-    watch = ClientWatch(client.receive)  # watches this task
+    watch = client.watch()  # watches this task
     with pytest.raises(ClientClosedRequest):
         await watch.wait(generating())
     watch.stop()
@@ -55,7 +70,7 @@ async def test_a_client_that_leaves_ends_the_wait_and_cancels_the_work() -> None
 
 async def test_an_answer_in_time_is_returned_and_the_watch_stops() -> None:
     client = Client()
-    watch = ClientWatch(client.receive)
+    watch = client.watch()
 
     async def answer() -> str:
         await asyncio.sleep(0)
@@ -72,7 +87,7 @@ async def test_an_answer_in_time_is_returned_and_the_watch_stops() -> None:
 
 async def test_a_client_gone_between_waits_fails_the_next_wait_at_once() -> None:
     client = Client()
-    watch = ClientWatch(client.receive)
+    watch = client.watch()
     client.leave()
     for _ in range(3):  # the watcher hears it while nothing waits: it must not cancel the task
         await asyncio.sleep(0)
@@ -90,7 +105,7 @@ async def test_a_cancel_from_elsewhere_stays_a_cancel() -> None:
     client = Client()
 
     async def serve() -> None:
-        watch = ClientWatch(client.receive)
+        watch = client.watch()
         try:
             await watch.wait(asyncio.Event().wait())
         finally:
@@ -101,3 +116,11 @@ async def test_a_cancel_from_elsewhere_stays_a_cancel() -> None:
     task.cancel()  # e.g. the server shutting down: not the client's doing
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+def test_a_signal_fired_before_the_subscription_is_heard_at_once() -> None:
+    gone, heard = ClientGone(), []
+    gone.fire()
+    gone.subscribe(lambda: heard.append(1))
+    gone.fire()  # once only
+    assert heard == [1] and gone.happened

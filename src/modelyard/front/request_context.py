@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from modelyard.front.identity.limits_store import Admission
     from modelyard.front.identity.principal import Principal
     from modelyard.front.state import FrontState
+    from modelyard.http_limits import ClientGone
 
 
 @dataclass(slots=True)
@@ -39,6 +40,9 @@ class RequestContext:
     # The client's ASGI receive channel: its `http.disconnect` is how a request that waits, or a
     # non-streamed answer, learns that its client left (front/dispatch/relay.py ClientWatch).
     receive: Receive
+    # Under the front's server, the signal that the client's connection was lost (the same
+    # news as `http.disconnect`, without a task listening for it: modelyard/http_limits.py).
+    client_gone: ClientGone | None = None
     priority: int = 0  # X-Modelyard-Priority, clamped for the caller (front/state.py)
     # The chat session the request names, validated (front/chat/sessions/store.py); None: none.
     session_id: str | None = None

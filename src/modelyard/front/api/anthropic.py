@@ -118,7 +118,7 @@ async def count_tokens(request: Request) -> Response:
     req = validate(CountTokensRequest, data)
     payload = _openai_body(state, data, req, max_tokens=1, stream=False)
     ctx = context_of(request)
-    watch = ClientWatch(ctx.receive)  # a client that leaves stops the backend
+    watch = ClientWatch(ctx.receive, ctx.client_gone)  # a client that leaves stops the backend
     relay = await watched(watch, state.dispatch.open_relay(
         req.model, CHAT_PATH, orjson.dumps(payload), priority=ctx.priority))
     body = await relay.read()  # closes the relay (the lease goes back)

@@ -17,6 +17,7 @@ from modelyard.front.identity.limits import ADMISSION_KEY
 from modelyard.front.identity.principal import principal_of
 from modelyard.front.request_context import RequestContext
 from modelyard.front.state import PRIORITY_HEADER, priority_for, state_of
+from modelyard.http_limits import CLIENT_GONE
 
 # The headers a context is made of, as ASGI hands them (names lowercased), and their place in
 # `_read_headers`' answer: one pass over the raw list, not a parsed Headers object and a scan
@@ -46,7 +47,7 @@ def context_of(request: Request) -> RequestContext:
 def _context(request: Request, headers: list[str | None]) -> RequestContext:
     principal = principal_of(request)
     return RequestContext(
-        state_of(request), principal, request.receive,
+        state_of(request), principal, request.receive, request.scope.get(CLIENT_GONE),
         priority=priority_for(headers[_PRIORITY], principal),
         admission=request.scope.get(ADMISSION_KEY),
     )

@@ -38,6 +38,7 @@ from modelyard.front.chat.sessions.store import HEADER as SESSION_HEADER
 from modelyard.front.chat.tools.loop import mcp_servers_of
 from modelyard.front.dispatch.relay import ClientWatch, Relay, passthrough_error, watched
 from modelyard.front.state import PRIORITY_HEADER, FrontState, priority_for
+from modelyard.http_limits import CLIENT_GONE
 from modelyard.wire.speculative import SPECULATIVE_HEADER
 
 # A chat body with only these fields, of the types `plain_chat` checks, is plain: none of them
@@ -134,7 +135,7 @@ class Lanes:
             return _replay(read, receive)  # a preset that runs the MCP tool loop
         body = _body(read)
         # A non-streamed answer is awaited watching the client: one that leaves stops it.
-        watch = ClientWatch(receive)
+        watch = ClientWatch(receive, scope.get(CLIENT_GONE))
         relay: Relay = await watched(watch, state.dispatch.open_relay(
             data["model"], CHAT_PATH, body, priority=priority))
         raw = await relay.read()

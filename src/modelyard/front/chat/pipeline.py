@@ -104,7 +104,7 @@ async def answer(ctx: RequestContext, call: ChatCall, render: Render) -> Respons
     several = reshape is not None and reshape.n > 1
 
     # A non-streamed answer is awaited watching the client: one that leaves stops it.
-    watch = None if call.stream else ClientWatch(ctx.receive)
+    watch = None if call.stream else ClientWatch(ctx.receive, ctx.client_gone)
 
     def send(sent: bytes, say: Callable[[str], None] | None) -> Awaitable[Relay]:
         return state.dispatch.open_relay(

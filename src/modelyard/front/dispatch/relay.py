@@ -32,6 +32,7 @@ from modelyard.front.dispatch.streaming import WatchedStream
 from modelyard.front.dispatch.upstream import Body, UpstreamBroken, UpstreamPool, UpstreamResponse
 from modelyard.front.engines.client import EngineClient
 from modelyard.front.sse import DONE, read_event
+from modelyard.http_limits import ClientGone
 from modelyard.metrics import Usage, current, stream_failed, usage_in_body, usage_of
 from modelyard.request_ids import outgoing_headers
 from modelyard.types import Lease
@@ -221,30 +222,41 @@ class Relay:
 class ClientWatch:
     """Watches the client of a non-streamed request while its answer is prepared (the queue, a
     load, the backend generating): the body must have been read already. One task listens for
-    `http.disconnect`; if the client leaves during `wait(work)`, `work` is cancelled there —
+    `http.disconnect` (or, under the front's server, the request's ClientGone signal says so:
+    no task); if the client leaves during `wait(work)`, `work` is cancelled there —
     the upstream connection closes, which stops the backend's generation — and
     ClientClosedRequest is raised, counted in the metrics as a stream cut by its client is.
     `stop()` (Relay.close calls it) ends the watch."""
 
-    __slots__ = ("_gone", "_task", "_waiting", "_watcher")
+    __slots__ = ("_gone", "_stopped", "_task", "_waiting", "_watcher")
 
-    def __init__(self, receive: Receive) -> None:
+    def __init__(self, receive: Receive, gone: ClientGone | None = None) -> None:
         task = asyncio.current_task()
         assert task is not None
         self._task = task
-        self._gone = False
-        self._waiting = False
-        self._watcher = asyncio.create_task(self._watch(receive))
+        self._gone = self._waiting = self._stopped = False
+        self._watcher: asyncio.Task[None] | None = None
+        if gone is not None:  # the request's scope's CLIENT_GONE, under the front's server
+            gone.subscribe(self._client_left)
+        else:
+            self._watcher = asyncio.create_task(self._watch(receive))
 
     async def _watch(self, receive: Receive) -> None:
         while (await receive())["type"] != "http.disconnect":
             pass
+        self._client_left()
+
+    def _client_left(self) -> None:
+        if self._stopped:
+            return
         self._gone = True
         if self._waiting:  # else the next wait() sees it: no cancel lands outside a wait
             self._task.cancel()
 
     def stop(self) -> None:
-        self._watcher.cancel()
+        self._stopped = True
+        if self._watcher is not None:
+            self._watcher.cancel()
 
     async def wait(self, work: Coroutine[Any, Any, T]) -> T:
         if self._gone:
