@@ -10,6 +10,7 @@ SIGKILLed (whole groups), so nothing is left orphaned, and the process exits wit
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import os
 import signal
@@ -39,6 +40,16 @@ ENGINE_SERVER_KEEPALIVE_S = ENGINE_CLIENT_KEEPALIVE_S + 15.0
 PUBLIC_KEEPALIVE_S = 5.0  # uvicorn's default, for clients we do not know
 
 
+# The cyclic garbage collector, tuned for a server. What the process built to start (settings,
+# routes, the catalog, imported modules) lives as long as it does, so once it serves it is
+# frozen out of every collection: a full collection of the front's heap took 130-150 ms, about
+# one per 6,000 one-token chats, and 8 ms frozen. Young collections every 2,000 allocations
+# rather than Python's 700: fewer, each a little longer. Measured in the front under 6,000
+# one-token chats at c=16 (gc.callbacks): 58-70 µs of collection per request before, 23-26 after.
+# Garbage without cycles is freed at once, as always.
+GC_THRESHOLDS = (2_000, 10, 10)
+
+
 class GracefulServer(uvicorn.Server):
     def __init__(
         self, config: uvicorn.Config, *, on_shutdown: Callable[[], None] | None = None,
@@ -50,6 +61,11 @@ class GracefulServer(uvicorn.Server):
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
+        if self.started:
+            # The start's objects, garbage included (a one-off, bounded), are never scanned
+            # again (GC_THRESHOLDS); no collection first: it would pause the server it started.
+            gc.freeze()
+            gc.set_threshold(*GC_THRESHOLDS)
         if self.hooks is not None and self.started and not self.should_exit:
             await self.hooks.started()
 
