@@ -12,6 +12,9 @@ def listening_socket(host: str = LOOPBACK, backlog: int = 2048) -> socket.socket
     number from `free_port`, nobody can take it between the choice and the child's bind."""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     try:
+        # As servers bind (uvicorn does): else its connections left in TIME_WAIT when the child
+        # exits keep the port from being bound again, even by a server that sets it.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, 0))
         sock.listen(backlog)
     except OSError:
