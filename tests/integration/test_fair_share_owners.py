@@ -89,8 +89,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         yield found
 
 
-def share_of(owner: str, served: list[str], skip: int = 6) -> float:
-    """`owner`'s share of the requests served once both queue (the first ones are the start)."""
+def share_of(owner: str, served: list[str], skip: int = 12) -> float:
+    """`owner`'s share of the requests served once both queue (the first ones are the start:
+    a fresh CI run once saw bob at 0.77 of 60 where 2/3 was due, so the window is 84)."""
     window = served[skip:]
     return window.count(owner) / len(window)
 
@@ -99,7 +100,7 @@ def test_one_owner_flooding_does_not_starve_another_weights_one_to_one(server: S
     alice, bob = add_user(server, "alice"), add_user(server, "bob")
     # alice floods (16 requests in flight), bob sends steadily (3 in flight): FIFO would give
     # bob about 3/19 of the model; fair share gives each half
-    served = asyncio.run(flood(server, {"alice": (alice, 16, "m1"), "bob": (bob, 3, "m1")}, 66))
+    served = asyncio.run(flood(server, {"alice": (alice, 16, "m1"), "bob": (bob, 3, "m1")}, 96))
     assert share_of("bob", served) == pytest.approx(0.5, rel=0.10), served
     # the per-owner figures are gone once nothing runs or waits (bounded by demand)
     poll(lambda: httpx.get(server.url + "/status", headers=server.admin_headers, timeout=10)
@@ -108,7 +109,7 @@ def test_one_owner_flooding_does_not_starve_another_weights_one_to_one(server: S
     # weights take effect on a config reload, without a restart: bob 2, alice 1
     result = reload_with(server, flood_config(weights={"bob": 2.0}))
     assert "fair_share" not in result["restart_required"]
-    served = asyncio.run(flood(server, {"alice": (alice, 16, "m1"), "bob": (bob, 3, "m1")}, 66))
+    served = asyncio.run(flood(server, {"alice": (alice, 16, "m1"), "bob": (bob, 3, "m1")}, 96))
     assert share_of("bob", served) == pytest.approx(2 / 3, rel=0.10), served
 
 
