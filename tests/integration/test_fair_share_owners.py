@@ -90,8 +90,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 def share_of(owner: str, served: list[str], skip: int = 12) -> float:
-    """`owner`'s share of the requests served once both queue (the first ones are the start:
-    a fresh CI run once saw bob at 0.77 of 60 where 2/3 was due, so the window is 84)."""
+    """`owner`'s share of the requests served once both queue (the first ones are the start).
+    A fresh CI run once saw bob at 0.77 where 2/3 was due: the flood before had left alice a
+    debt (fair_tags.py's withdrawn waiters; tests/unit/test_fair_share.py has the case)."""
     window = served[skip:]
     return window.count(owner) / len(window)
 

@@ -147,6 +147,29 @@ def test_withdrawn_waiter_gives_its_cost_back() -> None:
     assert tags.arrive(0, "a", 1.0).start == 1.0  # not 2: the cancelled one is not charged
 
 
+def test_a_flood_of_waiters_that_left_in_any_order_leaves_no_debt() -> None:
+    """test_fair_share_owners' flood ends by cancelling alice's 15 waiters in its tasks' order:
+    only a waiter that was her latest gave its cost back, so she kept a debt of about 14
+    requests and bob was served alone at the next flood (0.77 of it where 2/3 was due)."""
+    tags = FairTags()
+    served = tags.arrive(0, "alice", 1.0)
+    tags.admitted(0, served)
+    queued = [tags.arrive(0, "alice", 1.0) for _ in range(15)]
+    for tag in queued:  # earliest first: none is the latest when it leaves, but the last one
+        tags.withdrawn(0, "alice", tag)
+    assert tags.arrive(0, "alice", 1.0).start == served.finish  # charged for what she got
+    assert tags.arrive(0, "bob", 1.0).start == 0.0
+
+
+def test_a_waiter_that_leaves_while_others_wait_keeps_their_tags() -> None:
+    tags = FairTags()
+    first, second, third = (tags.arrive(0, "a", 1.0) for _ in range(3))
+    tags.withdrawn(0, "a", first)  # the others still wait: their tags stand
+    assert tags.arrive(0, "a", 1.0).start == third.finish
+    tags.admitted(0, second)
+    assert second.owner == "a"
+
+
 def test_weight_of_user_then_group_then_default() -> None:
     settings = FairShareSettings(weights={"alice": 3.0, "group:ml": 2.0}, default_weight=0.5)
     def who(user: str | None, group: str | None = None) -> Principal:
