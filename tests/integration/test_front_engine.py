@@ -28,6 +28,7 @@ from tests.integration.harness import (
     config,
     crash_once_model,
     event_text,
+    leases_back,
     model_status,
     module_server,
     pid_alive,
@@ -406,9 +407,8 @@ async def test_concurrent_cold_requests_share_one_load(server: Server, files: Pa
     # One process was started for all six, and each of them waited for that load (~1 s).
     pids = starts(files / "cold.starts")
     assert len(pids) == 1
-    cold = model_status(server, "cold")
-    assert cold is not None
-    assert (cold["pid"], cold["state"], cold["leases"]) == (pids[0], "ready", 0)
+    cold = leases_back(server, "cold")  # (a lease may linger 20 ms: the fresh-clone CI's failure)
+    assert (cold["pid"], cold["state"]) == (pids[0], "ready")
     native = [r.json() for (p, b), r in zip(requests, responses, strict=True)
               if p == "/chat" and not b["stream"]]
     assert native[0]["load_duration"] > 0.5e9
