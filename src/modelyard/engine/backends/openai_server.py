@@ -127,8 +127,13 @@ class ChildServer:
             base = self.process.env if self.process.env is not None else os.environ
             self.process.env = {**base, **env}
         self.placement = placement
+        self._rerender()
+
+    def _rerender(self) -> None:
+        """The child's command line for its placement (when it gets GPUs) and port, now."""
         child_env = self.process.env if self.process.env is not None else os.environ
-        self.process.argv = self._render(placement if on_gpus(child_env) else None)
+        placed = self.placement if on_gpus(child_env) else None
+        self.process.argv = self._render(placed)
 
     @property
     def alive(self) -> bool:
@@ -164,9 +169,7 @@ class ChildServer:
     def _choose_port(self) -> None:
         self.port = free_port(self.host)
         self.url = f"http://{url_host(self.host)}:{self.port}"
-        child_env = self.process.env if self.process.env is not None else os.environ
-        placed = self.placement if self.placement and on_gpus(child_env) else None
-        self.process.argv = self._render(placed)
+        self._rerender()
 
     async def _start_once(self, on_spawn: Callable[[int], None] | None) -> None:
         try:
